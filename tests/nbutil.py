@@ -1,0 +1,98 @@
+"""Run notebook cells in a real Jupyter kernel and read their outputs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+
+
+def _kernel_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The kernel must import this checkout's devlab, and must not inherit a simulation switch
+    # from the test runner's environment unless a test asks for one.
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("DEVLAB_SIMULATE_GPUS", None)
+    env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    return env
+
+
+def execute(nb: nbformat.NotebookNode, timeout: int = 600, cwd: Path | None = None,
+            allow_errors: bool = False, env: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    """Execute a notebook in a fresh python3 kernel and return it with outputs."""
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        allow_errors=allow_errors,
+        resources={"metadata": {"path": str(cwd or NOTEBOOKS)}},
+    )
+    kernel_env = _kernel_env()
+    if env:
+        kernel_env.update(env)
+    with _patched_environ(kernel_env):
+        client.execute()
+    return nb
+
+
+def run_cells(*sources: str, allow_errors: bool = True, **kwargs) -> list[nbformat.NotebookNode]:
+    """Execute the given cell sources in one kernel; return the executed cells."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    execute(nb, allow_errors=allow_errors, **kwargs)
+    return nb.cells
+
+
+def run_notebook(name: str, **kwargs) -> nbformat.NotebookNode:
+    """Execute notebooks/<name> top to bottom (errors fail the test)."""
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    return execute(nb, **kwargs)
+
+
+def text(cell: nbformat.NotebookNode) -> str:
+    """All text a cell showed: stream output, text/plain results and error lines."""
+    parts: list[str] = []
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type in ("execute_result", "display_data"):
+            parts.append(out.data.get("text/plain", ""))
+        elif out.output_type == "error":
+            parts.append(f"{out.ename}: {out.evalue}")
+    return "\n".join(parts)
+
+
+def html(cell: nbformat.NotebookNode) -> str:
+    """All HTML a cell displayed."""
+    return "\n".join(
+        out.data.get("text/html", "")
+        for out in cell.get("outputs", [])
+        if out.output_type in ("execute_result", "display_data")
+    )
+
+
+def errors(cell: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [out for out in cell.get("outputs", []) if out.output_type == "error"]
+
+
+def stream(cell: nbformat.NotebookNode, name: str = "stdout") -> str:
+    return "".join(o.text for o in cell.get("outputs", []) if o.output_type == "stream" and o.name == name)
+
+
+class _patched_environ:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def __enter__(self) -> None:
+        self.saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc: object) -> None:
+        os.environ.clear()
+        os.environ.update(self.saved)
