@@ -1,5 +1,39 @@
-"""devlab: a Jupyter-native interactive device lab for PyTorch."""
+"""devlab: a Jupyter-native interactive device lab for PyTorch.
+
+`%load_ext devlab` in a notebook; `devlab.device("/GPU:1")`, `devlab.config`,
+`devlab.debugging.set_log_device_placement` and the d2l helpers from Python.
+"""
 
 from __future__ import annotations
 
+from devlab import config, debugging, placement_log, runtime, simulated
+from devlab.d2l import cpu, gpu, num_gpus, try_all_gpus, try_gpu
+from devlab.inventory import device_table
+from devlab.magics import load_ipython_extension, unload_ipython_extension
+from devlab.names import DeviceSpec, full_name
+from devlab.placement_log import PlacementLog
+from devlab.scope import Placement, device, resolve
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "DeviceSpec",
+    "Placement",
+    "PlacementLog",
+    "config",
+    "cpu",
+    "debugging",
+    "device",
+    "device_table",
+    "full_name",
+    "gpu",
+    "load_ipython_extension",
+    "num_gpus",
+    "placement_log",
+    "resolve",
+    "runtime",
+    "simulated",
+    "try_all_gpus",
+    "try_gpu",
+    "unload_ipython_extension",
+]

@@ -7,9 +7,18 @@ places work (a simulated GPU tensor, a placement scope, listing logical devices)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 _initialized = False
+_on_initialize: list[Callable[[], None]] = []
+
+
+def on_initialize(hook: Callable[[], None]) -> None:
+    """Run `hook` once when the runtime initializes (applies settings chosen before)."""
+    if hook not in _on_initialize:
+        _on_initialize.append(hook)
 
 
 def is_initialized() -> bool:
@@ -20,7 +29,11 @@ def is_initialized() -> bool:
 def mark_initialized() -> None:
     """Record that devlab has placed work; device settings are fixed from now on."""
     global _initialized
+    if _initialized:
+        return
     _initialized = True
+    for hook in list(_on_initialize):
+        hook()
 
 
 def reset() -> None:

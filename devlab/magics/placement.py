@@ -1,0 +1,200 @@
+"""`%device`, `%%device`, `%placement_log`, `%devices`: thin wrappers over devlab's core."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from devlab import config, debugging, inventory, placement_log, scope
+from devlab.magics.cell import run_body
+from devlab.names import full_name
+from devlab.placement_log import DEFAULT_LIMIT, PlacementLog
+
+
+class LogView:
+    """A finished log as shown under a cell: collapsed past `limit` lines."""
+
+    def __init__(self, log: PlacementLog, limit: int = DEFAULT_LIMIT) -> None:
+        self.log = log
+        self.limit = limit
+
+    def _repr_html_(self) -> str:
+        return self.log.render_html(self.limit)
+
+    def __repr__(self) -> str:
+        return self.log.render_text(self.limit)
+
+
+@magics_class
+class PlacementMagics(Magics):
+    """Device placement in the notebook, the TensorFlow guide's way."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.limit = DEFAULT_LIMIT
+        self.file: Path | None = None
+        self._pending: list[PlacementLog] = []
+        self._depth = 0
+
+    # -- %device / %%device ------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("name", nargs="?", help="A device: /GPU:1, /device:GPU:1, GPU:1, cuda:1, /CPU:0 ...")
+    @argument("--soft", action="store_true", help="Fall back to an existing device (and log it) if NAME does not exist.")
+    @argument("--log", action="store_true", help="(cell) Show the placement log of this cell.")
+    @argument("--limit", type=int, default=None, help="(cell, with --log) Show at most this many log lines.")
+    @argument("--reset", action="store_true", help="(line) Undo %%device NAME: back to the default device before.")
+    @line_cell_magic
+    def device(self, line: str, cell: str | None = None) -> Any:
+        """Run a cell on a device named the TensorFlow way, or set the session's default device.
+
+        %%device /GPU:1 [--soft] [--log]   run this cell with /GPU:1 as the default device
+        %device /GPU:1                     make /GPU:1 the default for the rest of the session
+        %device                            show the current default device
+        %device --reset                    back to the default device before %device NAME
+
+        Tensors and modules created in the cell land on the device; existing tensors do not
+        move. A device that does not exist is an error unless --soft (or
+        devlab.config.set_soft_device_placement(True)) is given.
+        """
+        __tracebackhide__ = True  # noqa: F841
+        args = self._parse(self.device, line)
+        soft = True if args.soft else None
+        if cell is None:
+            if args.reset:
+                scope.reset_default()
+                print(f"Default device: {full_name(scope.current_default())}")
+            elif args.name:
+                placement = self._guard(scope.set_default, args.name, soft=soft)
+                print(placement.note or f"Default device: {placement.full_name} (torch {placement.device})")
+            else:
+                print(f"Default device: {full_name(scope.current_default())} (torch {scope.current_default()})")
+            return None
+        if not args.name:
+            raise UsageError("%%device needs a device name, e.g. %%device /GPU:0 or %%device /CPU:0.")
+        self._guard(scope.resolve, args.name, soft=soft)  # a bad name is a one-line error
+        with scope.device(args.name, soft=soft):
+            if args.log:
+                return self._run_logged(cell, args.limit)
+            return run_body(self.shell, cell)
+
+    # -- %placement_log / %%placement_log --------------------------------------------------------
+
+    @magic_arguments()
+    @argument("state", nargs="?", choices=["on", "off"], help="(line) Switch the log on or off for every cell after.")
+    @argument("--limit", type=int, default=None, help=f"Show at most this many lines under a cell (default {DEFAULT_LIMIT}).")
+    @argument("--file", default=None, help="Also append every logged cell's full log to this file.")
+    @line_cell_magic
+    def placement_log(self, line: str, cell: str | None = None) -> Any:
+        """Log which device every op runs on, copies between devices and host syncs.
+
+        %placement_log on [--limit N] [--file PATH]   log every cell from now on
+        %placement_log off
+        %%placement_log [--limit N] [--file PATH]     log this cell only
+
+        Lines read as TensorFlow's: "Executing op aten::mm in device
+        /job:localhost/replica:0/task:0/device:CPU:0". Copies between devices and host syncs
+        (.item(), .tolist(), .numpy(), .cpu(), printing a device tensor) are highlighted, and
+        a summary ends the log. Long logs are collapsed; --file keeps every line.
+        """
+        __tracebackhide__ = True  # noqa: F841
+        args = self._parse(self.placement_log, line)
+        if args.limit is not None and args.limit < 0:
+            raise UsageError(f"--limit is the number of lines to show, 0 or more; got {args.limit}.")
+        if cell is not None:
+            if args.state:
+                raise UsageError("%%placement_log logs its own cell; on/off is for the line form %placement_log on.")
+            return self._run_logged(cell, args.limit, args.file)
+        if args.limit is not None:
+            self.limit = args.limit
+        if args.file is not None:
+            self.file = Path(args.file)
+        if args.state == "on":
+            debugging.set_log_device_placement(True)
+            print("Placement log on: each cell's log appears under it.")
+        elif args.state == "off":
+            debugging.set_log_device_placement(False)
+            print("Placement log off.")
+        else:
+            print(f"Placement log is {'on' if debugging.get_log_device_placement() else 'off'}.")
+        return None
+
+    # -- %devices ------------------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("--simulate-gpus", type=int, default=None, metavar="N", help="First simulate N GPUs on the CPU (before first use).")
+    @argument("--memory-limit", type=int, default=None, metavar="MB", help="With --simulate-gpus: each simulated GPU's memory.")
+    @line_magic
+    def devices(self, line: str) -> Any:
+        """Show every device: type, name, torch device, memory, utilisation, real or simulated.
+
+        %devices
+        %devices --simulate-gpus 2 [--memory-limit 1024]
+        """
+        args = self._parse(self.devices, line)
+        if args.memory_limit is not None and args.simulate_gpus is None:
+            raise UsageError("--memory-limit goes with --simulate-gpus N.")
+        if args.simulate_gpus is not None:
+            self._guard(config.simulate_gpus, args.simulate_gpus, memory_limit=args.memory_limit)
+        return inventory.device_table()
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _parse(self, magic: Any, line: str) -> Any:
+        try:
+            return parse_argstring(magic, line)
+        except UsageError:
+            raise
+        except SystemExit as exc:  # argparse exits on --help and bad choices
+            raise UsageError(f"{magic.__name__}: invalid arguments '{line}'. See %{magic.__name__}?") from exc
+
+    @staticmethod
+    def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # Mistakes in a magic's arguments are one clear line, not a traceback into devlab.
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, RuntimeError, TypeError) as exc:
+            raise UsageError(str(exc)) from None
+
+    def _run_logged(self, cell: str, limit: int | None, file: str | None = None) -> Any:
+        __tracebackhide__ = True  # noqa: F841
+        with placement_log.capture() as log:
+            try:
+                return run_body(self.shell, cell)
+            finally:
+                self._pending.append(log)
+                if file is not None:
+                    _append(log, Path(file))
+                self._cell_limit = limit
+
+    # -- cell hooks (registered by the extension) ----------------------------------------------
+
+    def pre_run_cell(self, info: Any = None) -> None:
+        self._cell_limit = None
+        if debugging.get_log_device_placement():
+            debugging.start_log()
+
+    def post_run_cell(self, result: Any = None) -> None:
+        logs = debugging.take_finished()
+        running = debugging.finish_log() if debugging.get_log_device_placement() else None
+        if running is not None:
+            logs = [*logs, *debugging.take_finished()]
+        for log in logs:
+            if self.file is not None:
+                _append(log, self.file)
+        logs = [*self._pending, *logs]
+        self._pending.clear()
+        limit = self._cell_limit if getattr(self, "_cell_limit", None) is not None else self.limit
+        for log in logs:
+            if len(log):
+                display(LogView(log, limit))
+
+
+def _append(log: PlacementLog, path: Path) -> None:
+    with path.open("a") as f:
+        f.write("\n".join(log.lines()) + "\n" + log.summary().text() + "\n")

@@ -1,0 +1,387 @@
+"""The placement log: which device every op ran on, copies between devices, host syncs.
+
+A `TorchDispatchMode` sees every aten op, including those autograd's backward pass runs.
+Recording is kept to a tuple append per op; names and text are made only when the log is
+shown. Copies and host syncs are the two costs the d2l chapter warns about, so they get
+lines of their own:
+
+- a copy is an `aten::_to_copy`/`aten::copy_` whose source and destination devices differ;
+- a host sync is anything that makes the host wait for a device: reading a Python number
+  (`.item()`, `float()`, `bool()`), a copy to the host (`.cpu()`, `.tolist()`, `.numpy()`),
+  printing a device tensor, and ops whose output size depends on the data (`nonzero`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import html
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from devlab import simulated
+from devlab.names import DeviceSpec
+
+aten = torch.ops.aten
+
+OP, COPY, SYNC, NOTE = "op", "copy", "sync", "note"
+
+_COPY_OPS = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten._copy_from_and_resize.default}
+_SYNC_OPS = {
+    aten._local_scalar_dense.default: "reading a Python number: .item(), float(), int(), bool() or `if tensor:`",
+    aten.nonzero.default: "nonzero: the output size depends on the values",
+    aten.masked_select.default: "masked_select: the output size depends on the values",
+    aten.equal.default: "torch.equal returns a Python bool",
+}
+_CPU = torch.device("cpu")
+
+DEFAULT_LIMIT = 60
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One line of the log."""
+
+    kind: str  # OP, COPY, SYNC or NOTE
+    op: str
+    device: torch.device | None = None
+    source: torch.device | None = None
+    nbytes: int = 0
+    reason: str = ""
+
+    def text(self) -> str:
+        if self.kind == OP:
+            return f"Executing op {self.op} in device {_full(self.device)}"
+        if self.kind == COPY:
+            return (
+                f"Copy {_bytes(self.nbytes)} from {_full(self.source)} to {_full(self.device)} "
+                f"({self.op})"
+            )
+        if self.kind == SYNC:
+            return f"Host sync: the host waited for {_full(self.device)} ({self.reason})"
+        return self.reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """What a logged cell did: ops per device, copies and their bytes, host syncs."""
+
+    ops_per_device: dict[str, int]
+    copies: int
+    copied_bytes: int
+    syncs: int
+    notes: int
+
+    def text(self) -> str:
+        per_device = ", ".join(f"{_short(d)} {n:,}" for d, n in self.ops_per_device.items()) or "none"
+        ops = sum(self.ops_per_device.values())
+        return (
+            f"Placement summary: {ops:,} op{_s(ops)} ({per_device}) · "
+            f"{self.copies:,} cop{'y' if self.copies == 1 else 'ies'} between devices ({_bytes(self.copied_bytes)}) · "
+            f"{self.syncs:,} host sync{_s(self.syncs)}"
+        )
+
+
+class PlacementLog(TorchDispatchMode):
+    """Records ops, copies and host syncs while active (`with PlacementLog() as log:`).
+
+    With `stream`, each line is also written there as it happens (plain Python use);
+    otherwise lines are only buffered, which is what keeps the log cheap.
+    """
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        super().__init__()
+        self._raw: list[tuple[Any, ...]] = []
+        self.stream = stream
+        self._sim_current = simulated.current_index if simulated.is_active() else None
+
+    # -- recording (hot path) ----------------------------------------------------------------
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in _COPY_OPS:
+            self._record_copy(func, args, kwargs or {}, out)
+        else:
+            self._raw.append((OP, func, self._device_of(args, out)))
+            if func in _SYNC_OPS:
+                self._record_sync(self._raw[-1][2], _SYNC_OPS[func])
+        if self.stream is not None:
+            self._flush_stream()
+        return out
+
+    def _device_of(self, args: tuple[Any, ...], out: Any) -> torch.device:
+        if self._sim_current is not None:
+            index = self._sim_current()
+            if index is not None:
+                return torch.device("cuda", index)
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                return a.device
+            if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+                return a[0].device
+        if isinstance(out, torch.Tensor):
+            return out.device
+        return _CPU
+
+    def _record_copy(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        if func is aten.copy_.default:
+            dst, src = args[0], args[1]
+            non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
+        else:
+            src, dst = args[0], out
+            non_blocking = bool(kwargs.get("non_blocking", False))
+        current = self._sim_current() if self._sim_current is not None else None
+        src_dev = src.device
+        dst_dev = torch.device("cuda", current) if current is not None else dst.device
+        if src_dev == dst_dev:
+            self._raw.append((OP, func, dst_dev))
+            return
+        self._raw.append((COPY, func, dst_dev, src_dev, src.numel() * src.element_size()))
+        if dst_dev.type == "cpu" and not non_blocking:
+            self._record_sync(src_dev, "copy to the host: .cpu(), .to('cpu'), .tolist() or .numpy()")
+
+    def _record_sync(self, device: torch.device, reason: str) -> None:
+        if device.type != "cpu":
+            self._raw.append((SYNC, None, device, reason))
+
+    def note(self, text: str) -> None:
+        """Add a line of explanation (a soft-placement fallback, for example)."""
+        self._raw.append((NOTE, None, None, text))
+        if self.stream is not None:
+            self._flush_stream()
+
+    def _flush_stream(self) -> None:
+        assert self.stream is not None
+        start = getattr(self, "_streamed", 0)
+        for raw in self._raw[start:]:
+            self.stream.write(_event(raw).text() + "\n")
+        self._streamed = len(self._raw)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @property
+    def events(self) -> list[Event]:
+        return [_event(raw) for raw in self._raw]
+
+    def lines(self) -> list[str]:
+        """Every line of the log as text."""
+        return [_event(raw).text() for raw in self._raw]
+
+    def summary(self) -> Summary:
+        ops: Counter[str] = Counter()
+        copies = copied = syncs = notes = 0
+        for raw in self._raw:
+            kind = raw[0]
+            if kind == OP:
+                ops[_full(raw[2])] += 1
+            elif kind == COPY:
+                copies += 1
+                copied += raw[4]
+            elif kind == SYNC:
+                syncs += 1
+            else:
+                notes += 1
+        return Summary(dict(ops), copies, copied, syncs, notes)
+
+    def save(self, path: str | Path) -> Path:
+        """Write every line and the summary to a text file."""
+        path = Path(path)
+        with path.open("w") as f:
+            for raw in self._raw:
+                f.write(_event(raw).text() + "\n")
+            f.write(self.summary().text() + "\n")
+        return path
+
+    def render_text(self, limit: int = DEFAULT_LIMIT) -> str:
+        """The log as text: at most `limit` lines, then a count of the rest, then the summary."""
+        shown, hidden = self._collapse(limit)
+        out = [e.text() for e in shown]
+        if hidden:
+            out.append(self._hidden_text(hidden))
+        out.append(self.summary().text())
+        return "\n".join(out)
+
+    def render_html(self, limit: int = DEFAULT_LIMIT) -> str:
+        """The log as HTML: one <pre> (never one node per op), copies and syncs highlighted."""
+        shown, hidden = self._collapse(limit)
+        rows = []
+        for e in shown:
+            text = html.escape(e.text())
+            if e.kind == COPY:
+                rows.append(f'<span class="devlab-copy" style="background:#fff3cd;font-weight:bold">{text}</span>')
+            elif e.kind == SYNC:
+                rows.append(f'<span class="devlab-sync" style="background:#f8d7da;font-weight:bold">{text}</span>')
+            elif e.kind == NOTE:
+                rows.append(f'<span class="devlab-note" style="background:#d1ecf1">{text}</span>')
+            else:
+                rows.append(text)
+        if hidden:
+            rows.append(f"<i>{html.escape(self._hidden_text(hidden))}</i>")
+        return (
+            '<div class="devlab-placement-log">'
+            '<pre style="max-height:24em;overflow:auto;font-size:85%;margin:0">'
+            + "\n".join(rows)
+            + f'</pre><div class="devlab-summary" style="font-weight:bold">{html.escape(self.summary().text())}</div></div>'
+        )
+
+    def _repr_html_(self) -> str:
+        return self.render_html()
+
+    def __repr__(self) -> str:
+        return self.render_text()
+
+    def _collapse(self, limit: int) -> tuple[list[Event], list[Event]]:
+        if limit < 0:
+            raise ValueError(f"limit is the number of log lines to show, 0 or more; got {limit}.")
+        if len(self._raw) <= limit:
+            return self.events, []
+        head = [_event(raw) for raw in self._raw[:limit]]
+        rest = [_event(raw) for raw in self._raw[limit:]]
+        return head, rest
+
+    @staticmethod
+    def _hidden_text(hidden: list[Event]) -> str:
+        kinds = Counter(e.kind for e in hidden)
+        return (
+            f"… {len(hidden):,} more line{_s(len(hidden))} not shown "
+            f"({kinds[COPY]:,} cop{'y' if kinds[COPY] == 1 else 'ies'}, {kinds[SYNC]:,} host sync{_s(kinds[SYNC])} among them; "
+            "save the whole log with log.save(path) or %placement_log --file PATH)"
+        )
+
+
+# --- which logs are active ---------------------------------------------------------------------
+
+_local = threading.local()
+
+
+def active_logs() -> list[PlacementLog]:
+    """The logs recording in this thread, innermost last."""
+    return getattr(_local, "stack", [])
+
+
+def note_fallback(placement: Any) -> None:
+    """Tell the active logs that soft placement moved work to another device."""
+    for log in active_logs():
+        log.note(placement.note)
+
+
+@contextlib.contextmanager
+def capture(stream: IO[str] | None = None) -> Iterator[PlacementLog]:
+    """Record placement for the block; the log is yielded and complete after it."""
+    log = PlacementLog(stream=stream)
+    with log:
+        _push(log)
+        try:
+            yield log
+        finally:
+            _pop(log)
+
+
+def start(stream: IO[str] | None = None) -> PlacementLog:
+    """Start a log that stays on until `stop(log)` (for switches spanning cells)."""
+    log = PlacementLog(stream=stream)
+    log.__enter__()
+    _push(log)
+    return log
+
+
+def stop(log: PlacementLog) -> None:
+    """Stop a log started with `start`."""
+    _pop(log)
+    log.__exit__(None, None, None)
+
+
+def _push(log: PlacementLog) -> None:
+    stack = active_logs()
+    if not stack:
+        _patch_printing()
+    _local.stack = [*stack, log]
+
+
+def _pop(log: PlacementLog) -> None:
+    stack = [entry for entry in active_logs() if entry is not log]
+    _local.stack = stack
+    if not stack:
+        _unpatch_printing()
+
+
+# Printing a tensor turns dispatch modes off (torch._tensor_str._str), so the log cannot see
+# the copy to the host there; the printing function itself is watched while a log runs.
+_original_str = torch._tensor_str._str
+
+
+def _logged_str(self: torch.Tensor, *args: Any, **kwargs: Any) -> str:
+    device = self.device
+    if device.type != "cpu":
+        for log in active_logs():
+            log._record_sync(device, "printing a device tensor copies it to the host")
+            if log.stream is not None:
+                log._flush_stream()
+    return _original_str(self, *args, **kwargs)
+
+
+def _patch_printing() -> None:
+    torch._tensor_str._str = _logged_str
+
+
+def _unpatch_printing() -> None:
+    if torch._tensor_str._str is _logged_str:
+        torch._tensor_str._str = _original_str
+
+
+# --- formatting ----------------------------------------------------------------------------------
+
+_full_names: dict[torch.device, str] = {}
+
+
+def _full(device: torch.device | None) -> str:
+    if device is None:
+        return "?"
+    name = _full_names.get(device)
+    if name is None:
+        name = _full_names[device] = DeviceSpec.from_torch(device).full().to_string()
+    return name
+
+
+def _short(full: str) -> str:
+    return full.rsplit("/device:", 1)[-1]
+
+
+def _event(raw: tuple[Any, ...]) -> Event:
+    kind = raw[0]
+    if kind == OP:
+        return Event(OP, _op_name(raw[1]), raw[2])
+    if kind == COPY:
+        return Event(COPY, _op_name(raw[1]), raw[2], raw[3], raw[4])
+    if kind == SYNC:
+        return Event(SYNC, "", raw[2], reason=raw[3])
+    return Event(NOTE, "", reason=raw[3])
+
+
+def _op_name(func: Any) -> str:
+    # aten.add.Tensor -> "aten::add": the overload says nothing about placement.
+    return func._schema.name
+
+
+def _bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n:,} B"
+    value = n / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"

@@ -1,0 +1,141 @@
+"""The placement scope: `with devlab.device("/GPU:1"):` and how a name becomes a device."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+
+from devlab import config, runtime
+from devlab.names import DeviceSpec, as_spec
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a requested name runs: the logical device, its torch device, and any fallback."""
+
+    requested: DeviceSpec
+    logical: config.LogicalDevice
+    fell_back: bool = False
+
+    @property
+    def device(self) -> torch.device:
+        return self.logical.torch_device
+
+    @property
+    def full_name(self) -> str:
+        return self.logical.full_name
+
+    @property
+    def note(self) -> str | None:
+        """Why the device differs from the one asked for (soft placement), if it does."""
+        if not self.fell_back:
+            return None
+        return (
+            f"Soft placement: {self.requested.full().to_string()} does not exist; "
+            f"placed on {self.full_name} instead."
+        )
+
+
+def resolve(name: str | DeviceSpec | torch.device, soft: bool | None = None) -> Placement:
+    """Turn a device name into the logical device work runs on.
+
+    A name without an index means index 0, as TensorFlow merges it. An unknown device is a
+    `RuntimeError` listing the available ones unless soft placement is on (`soft`, or
+    `devlab.config.set_soft_device_placement(True)`), which falls back to the same kind of
+    device if there is one, else the CPU, and says so in `Placement.note`.
+    """
+    spec = as_spec(name)
+    if spec.device_type is None:
+        raise ValueError(
+            f"The device name {str(name)!r} names no device type; use a name such as '/GPU:0', '/CPU:0' or 'cuda:0'."
+        )
+    spec.to_torch()  # rejects remote jobs and types torch has no device for, with their own words
+    wanted = spec.full()
+    available = config.logical_devices()
+    for dev in available:
+        if dev.device_type == wanted.device_type.upper() and dev.spec.device_index == wanted.device_index:
+            return Placement(spec, dev)
+    soft = config.get_soft_device_placement() if soft is None else soft
+    if not soft:
+        names = ", ".join(d.full_name for d in available)
+        raise RuntimeError(
+            f"{wanted.to_string()} unknown device. Could not satisfy device specification "
+            f"'{wanted.to_string()}'. All available devices: [{names}]. "
+            "Turn on soft placement (devlab.config.set_soft_device_placement(True), or "
+            "%%device --soft) to fall back instead."
+        )
+    same_kind = [d for d in available if d.device_type == wanted.device_type.upper()]
+    fallback = same_kind[0] if same_kind else next(d for d in available if d.device_type == "CPU")
+    return Placement(spec, fallback, fell_back=True)
+
+
+class device(contextlib.ContextDecorator):
+    """Run a block (or, as a decorator, a function) with a device as the default.
+
+    Tensors and modules created inside land on that device; on exit the previous default
+    device is back, also after an exception or KeyboardInterrupt. Like `torch.device` as a
+    context manager, it does not move existing tensors, nor `from_numpy`, `*_like` results
+    or `torch.load`.
+    """
+
+    def __init__(self, name: str | DeviceSpec | torch.device, soft: bool | None = None) -> None:
+        self.name = name
+        self.soft = soft
+        self._contexts: list[Any] = []
+
+    def __enter__(self) -> Placement:
+        placement = resolve(self.name, soft=self.soft)
+        runtime.mark_initialized()
+        from devlab import placement_log
+
+        if placement.fell_back:
+            placement_log.note_fallback(placement)
+        ctx = torch.device(placement.device)
+        ctx.__enter__()
+        self._contexts.append(ctx)
+        return placement
+
+    def __exit__(self, *exc: object) -> None:
+        self._contexts.pop().__exit__(*exc)
+
+
+_session_default: list[torch.device | None] = []
+
+
+def set_default(name: str | DeviceSpec | torch.device, soft: bool | None = None) -> Placement:
+    """Make a device the default for the rest of the session (`%device NAME`)."""
+    placement = resolve(name, soft=soft)
+    runtime.mark_initialized()
+    if not _session_default:
+        _session_default.append(torch.get_default_device())
+    torch.set_default_device(placement.device)
+    return placement
+
+
+def reset_default() -> None:
+    """Undo `set_default`: the default device is what it was before devlab changed it."""
+    if _session_default:
+        previous = _session_default.pop()
+        torch.set_default_device(None if previous == torch.device("cpu") else previous)
+
+
+def current_default() -> torch.device:
+    """The device factories use now."""
+    return torch.get_default_device()
+
+
+@contextlib.contextmanager
+def restored_default() -> Iterator[None]:
+    """Whatever happens inside, leave the default device as it was."""
+    before = torch.get_default_device()
+    try:
+        yield
+    finally:
+        if torch.get_default_device() != before:
+            torch.set_default_device(None if before == torch.device("cpu") else before)
