@@ -37,7 +37,7 @@ class DeviceTable:
             (r.device_type, r.name, r.torch_device, _memory(r), _util(r), r.kind) for r in self.rows
         ]
         widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
-        lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *body]]
+        lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in [header, *body]]
         return "\n".join([*lines, self.status])
 
     def __repr__(self) -> str:

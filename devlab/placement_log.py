@@ -348,7 +348,11 @@ def _full(device: torch.device | None) -> str:
         return "?"
     name = _full_names.get(device)
     if name is None:
-        name = _full_names[device] = DeviceSpec.from_torch(device).full().to_string()
+        try:
+            name = DeviceSpec.from_torch(device).full().to_string()
+        except ValueError:  # meta, xpu, ...: torch's own name says enough
+            name = str(device)
+        _full_names[device] = name
     return name
 
 

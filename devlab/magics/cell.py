@@ -20,7 +20,7 @@ def run_body(shell: InteractiveShell, cell: str) -> Any:
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    filename = shell.compile.cache(source)
+    filename = shell.compile.cache(source, number=shell.execution_count)
     ns = shell.user_ns
     exec(shell.compile(tree, filename, "exec"), ns)
     if last is not None:

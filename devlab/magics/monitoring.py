@@ -1,0 +1,198 @@
+"""`%%memwatch` and `%%compare_devices`: live memory and device timing under a cell.
+
+Thin: parse the arguments, call `devlab.memory` / `devlab.timing` through the widgets, show
+the results. Registered by devlab's extension loader; by hand:
+`get_ipython().register_magics(MonitoringMagics)`.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from IPython.core import magic_arguments
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.display import display
+
+__all__ = ["MonitoringMagics"]
+
+
+def _unquote(text: str) -> str:
+    # IPython splits magic arguments non-POSIX style, which keeps the quotes.
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+def _one_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+@magics_class
+class MonitoringMagics(Magics):
+    """Live memory charts and device timing comparisons for notebook cells."""
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument(
+        "--device", "-d", action="append", metavar="NAME", default=None,
+        help="Device to watch: /GPU:0, /CPU:0, cuda:1, cpu... Repeat for several. "
+             "Default: every GPU (real or simulated), or the CPU when there is none. "
+             "GPUs show allocated memory (and reserved, where torch's allocator keeps more), "
+             "the CPU shows this process's resident memory.")
+    @magic_arguments.argument(
+        "--interval", "-i", type=float, default=50.0, metavar="MS",
+        help="Milliseconds between two readings (default 50, i.e. 20 per second).")
+    @cell_magic
+    def memwatch(self, line: str, cell: str) -> Any:
+        """Run the cell with a live memory chart under it, and a summary after.
+
+        One background thread reads each device's memory every --interval ms; the chart
+        (one line per device, the memory limit dashed when one is set) redraws a few times
+        a second while the cell runs. When the cell ends, also by an error or an interrupt,
+        the thread stops and a summary shows each device's peak, its growth over the cell
+        and what is still held.
+
+        Example::
+
+            %%memwatch --device /GPU:0 --interval 20
+            x = torch.ones(1024, 1024, 256, device="cuda")
+        """
+        from devlab.widgets import MemoryMonitor
+
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
+        args = magic_arguments.parse_argstring(self.memwatch, line)
+        if not args.interval > 0:
+            raise UsageError(f"--interval must be more than 0 ms, got {args.interval:g}")
+        try:
+            monitor = MemoryMonitor(args.device, interval=args.interval / 1000,
+                                    show_summary=False)
+        except Exception as e:  # a bad device name: one line, no internal traceback
+            raise UsageError(f"%%memwatch: {_one_line(e)}") from None
+        display(monitor)
+        monitor.start()
+        try:
+            return self._run(cell, f"%%memwatch {line}")
+        finally:
+            # Whatever happened in the cell: stop and join the thread, then say what it saw.
+            display(monitor.stop())
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument(
+        "devices", nargs="+", metavar="NAME",
+        help="Devices to run the cell on, the first being the baseline of the speed-ups: "
+             "/CPU:0 /GPU:0 /GPU:1, cpu cuda:0...")
+    @magic_arguments.argument(
+        "--setup", "-s", default="", metavar="CODE",
+        help="Code run once on each device before timing, not timed (e.g. making inputs): "
+             "--setup \"x = torch.rand(2000, 2000)\".")
+    @magic_arguments.argument(
+        "--warmup", type=int, default=2, metavar="N",
+        help="Untimed runs before measuring (default 2).")
+    @magic_arguments.argument(
+        "--min-time", type=float, default=0.2, metavar="S",
+        help="Measure each device for at least this many seconds (default 0.2).")
+    @magic_arguments.argument(
+        "--repeats", "-r", type=int, default=5, metavar="N",
+        help="Measure at least this many blocks of calls (default 5).")
+    @magic_arguments.argument(
+        "--output", "-o", action="store_true",
+        help="Return the devlab.timing.Comparison (data, table, plot) as the cell's value.")
+    @cell_magic
+    def compare_devices(self, line: str, cell: str) -> Any:
+        """Time the cell on each device and chart the times side by side, with speed-ups.
+
+        Each device runs the cell as its default device (`devlab.device(NAME)`): tensors the
+        cell creates land there. Timing is devlab.timing's: warm-up runs, the device
+        synchronized before each clock stops (unlike %timeit, which times only the launch
+        of GPU work), repeats until --min-time, median and interquartile range. The cell
+        runs in a copy of the notebook's namespace: it reads your variables, and what it
+        assigns does not leak out.
+
+        Example::
+
+            %%compare_devices /CPU:0 /GPU:0 --setup "x = torch.rand(1000, 1000)"
+            y = x @ x
+        """
+        from devlab.memory import resolve_device
+        from devlab.timing import time_on_device
+        from devlab.widgets import TimingChart
+
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
+        args = magic_arguments.parse_argstring(self.compare_devices, line)
+        if args.warmup < 0 or args.repeats < 1 or not args.min_time >= 0:
+            raise UsageError("need --warmup >= 0, --repeats >= 1 and --min-time >= 0")
+        for name in args.devices:
+            try:
+                resolve_device(name)
+            except Exception as e:
+                raise UsageError(f"%%compare_devices: {_one_line(e)}") from None
+        body, _ = self._compile(cell, "timed", f"%%compare_devices {line}")
+        setup_code = _unquote(args.setup)
+        setup = self._compile(setup_code, "setup")[0] if setup_code.strip() else None
+        user_ns = self.shell.user_ns
+        chart = TimingChart(len(args.devices), show_table=not args.output)
+        display(chart)
+        for name in args.devices:
+            ns = dict(user_ns)  # the cell's assignments stay in this copy
+
+            def run(ns: dict = ns) -> None:
+                __tracebackhide__ = True  # noqa: F841
+                exec(body, ns)
+
+            def prepare(ns: dict = ns) -> None:
+                __tracebackhide__ = True  # noqa: F841
+                if setup is not None:
+                    exec(setup, ns)
+
+            chart.starting(name)
+            try:
+                result = time_on_device(
+                    run, name, setup=prepare, warmup=args.warmup, min_time=args.min_time,
+                    repeats=args.repeats, progress=chart.progress)
+            except BaseException as e:
+                chart.stopped(f"stopped on {name}: {type(e).__name__}")
+                raise
+            chart.add(result)
+        return chart.comparison if args.output else None
+
+    # -- running cell code -----------------------------------------------------------------
+
+    def _compile(self, cell: str, kind: str, header: str = ""):
+        """Compile a cell (IPython syntax allowed) so that tracebacks show its lines as
+        lines of the notebook cell, numbered as the user sees them.
+
+        kind "cell": a last expression is compiled apart, to be the cell's value; "timed":
+        all of it runs each time; "setup": code from the magic's line. `header` (the
+        %%magic line) is line 1 of the source tracebacks show.
+        """
+        shell = self.shell
+        source = shell.transform_cell(cell)
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as e:
+            raise UsageError(f"SyntaxError in the {kind}: {e.msg} (line {e.lineno})") from None
+        last = None
+        if kind == "cell" and tree.body and isinstance(tree.body[-1], ast.Expr):
+            # Like a normal cell, the value of a last expression is the cell's value.
+            last = ast.Expression(tree.body.pop().value)
+        offset = 0 if kind == "setup" else 1  # the cell's line 1 is the %%magic line
+        for node in (tree, last):
+            if node is not None:
+                ast.increment_lineno(node, offset)
+        shown = (header + "\n") * offset + source
+        filename = shell.compile.cache(shown, shell.execution_count, raw_code=shown)
+        code = shell.compile(tree, filename, "exec")
+        value = shell.compile(last, filename, "eval") if last is not None else None
+        return code, value
+
+    def _run(self, cell: str, header: str) -> Any:
+        """Run the cell in the user's namespace; an error propagates (the cell fails)."""
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
+        code, value = self._compile(cell, "cell", header)
+        shell = self.shell
+        exec(code, shell.user_global_ns, shell.user_ns)
+        if value is not None:
+            return eval(value, shell.user_global_ns, shell.user_ns)
+        return None

@@ -1,0 +1,29 @@
+"""Every test starts and ends with devlab and torch in their normal state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import devlab
+
+
+def _torch_state() -> tuple[object, ...]:
+    return (
+        torch.get_default_device(),
+        torch._C._len_torch_function_stack(),
+        torch._C._len_torch_dispatch_stack(),
+        torch._tensor_str._str,
+    )
+
+
+@pytest.fixture(autouse=True)
+def clean_devlab():
+    devlab.config.reset()
+    devlab.debugging.reset()
+    before = _torch_state()
+    yield
+    devlab.debugging.reset()
+    devlab.scope.reset_default()
+    devlab.config.reset()
+    assert _torch_state() == before, "a test left torch changed"

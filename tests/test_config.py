@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import devlab
+from devlab import config, runtime
+from devlab.config import LogicalDeviceConfiguration, PhysicalDevice
+
+CPU = PhysicalDevice("/physical_device:CPU:0", "CPU")
+
+
+def test_import_and_list_physical_devices_without_a_gpu() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "import devlab; print(devlab.config.list_physical_devices())"],
+        capture_output=True, text=True, check=True,
+    )
+    assert out.stdout.strip() == "[PhysicalDevice(name='/physical_device:CPU:0', device_type='CPU')]"
+    assert out.stderr == ""
+
+
+def test_physical_and_logical_devices_look_like_tensorflows() -> None:
+    assert config.list_physical_devices() == [CPU]
+    assert config.list_physical_devices("GPU") == []
+    assert config.list_physical_devices("gpu") == []
+    logical = config.list_logical_devices()
+    assert [(d.name, d.device_type) for d in logical] == [("/device:CPU:0", "CPU")]
+    assert logical[0].torch_device == torch.device("cpu")
+    assert repr(logical[0]) == "LogicalDevice(name='/device:CPU:0', device_type='CPU')"
+
+
+def test_gpu_status_says_why_there_is_no_gpu() -> None:
+    status = config.gpu_status()
+    assert status.startswith("No GPU:")
+    assert "simulate_gpus" in status
+
+
+def test_device_details_work_without_a_gpu_or_driver() -> None:
+    details = config.get_device_details(CPU)
+    assert details["total_memory"] > 0 and details["cores"] >= 1
+    with pytest.raises(ValueError, match="Unrecognized device"):
+        config.get_device_details(PhysicalDevice("/physical_device:GPU:0", "GPU"))
+
+
+def test_listing_logical_devices_initializes_the_runtime_and_fixes_settings() -> None:
+    config.set_logical_device_configuration(CPU, [LogicalDeviceConfiguration(), LogicalDeviceConfiguration()])
+    assert not runtime.is_initialized()
+    names = [d.name for d in config.list_logical_devices("CPU")]
+    assert names == ["/device:CPU:0", "/device:CPU:1"]
+    assert runtime.is_initialized()
+    with pytest.raises(RuntimeError, match="^Virtual devices cannot be modified after being initialized$"):
+        config.set_logical_device_configuration(CPU, [LogicalDeviceConfiguration()])
+    # Setting the same value again is a no-op, as in TensorFlow.
+    config.set_logical_device_configuration(CPU, [LogicalDeviceConfiguration(), LogicalDeviceConfiguration()])
+    assert config.get_logical_device_configuration(CPU) == [LogicalDeviceConfiguration()] * 2
+
+
+def test_visible_devices_rules() -> None:
+    assert config.get_visible_devices() == [CPU]
+    config.set_visible_devices([CPU])  # same value: allowed, even twice
+    with pytest.raises(ValueError, match="The CPU must stay visible"):
+        config.set_visible_devices([], "CPU")
+    with pytest.raises(ValueError, match="Unrecognized device"):
+        config.set_visible_devices([PhysicalDevice("/physical_device:GPU:3", "GPU")])
+    with pytest.raises(ValueError, match="is not a GPU device"):
+        config.set_visible_devices([CPU], "GPU")
+
+
+def test_memory_growth_and_limits_only_where_tensorflow_allows_them() -> None:
+    with pytest.raises(ValueError, match="^Cannot set memory growth on non-GPU and non-Pluggable devices$"):
+        config.set_memory_growth(CPU, True)
+    with pytest.raises(ValueError, match="^Setting memory limit on CPU virtual devices is currently not supported$"):
+        config.set_logical_device_configuration(CPU, [LogicalDeviceConfiguration(memory_limit=10)])
+    with pytest.raises(ValueError, match="memory_limit is a whole number of megabytes"):
+        LogicalDeviceConfiguration(memory_limit=-1)
+    with pytest.raises(TypeError, match="Expected devlab.config.LogicalDeviceConfiguration"):
+        config.set_logical_device_configuration(CPU, [{"memory_limit": 1}])  # type: ignore[list-item]
+
+
+def test_soft_placement_is_off_by_default_and_switchable() -> None:
+    assert config.get_soft_device_placement() is False
+    config.set_soft_device_placement(True)
+    assert config.get_soft_device_placement() is True
+    with pytest.raises(TypeError, match="True or False"):
+        config.set_soft_device_placement("yes")  # type: ignore[arg-type]
+
+
+def test_simulate_gpus_rejects_bad_counts() -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="number of GPUs to simulate"):
+            config.simulate_gpus(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="megabytes greater than 0"):
+        config.simulate_gpus(1, memory_limit=0)
+
+
+def test_d2l_helpers_without_a_gpu_are_drop_in() -> None:
+    assert devlab.cpu() == torch.device("cpu")
+    assert devlab.gpu() == torch.device("cuda", 0)
+    assert devlab.gpu(1) == torch.device("cuda", 1)
+    assert devlab.num_gpus() == 0
+    assert devlab.try_gpu() == torch.device("cpu")
+    assert devlab.try_gpu(10) == torch.device("cpu")
+    assert devlab.try_all_gpus() == [torch.device("cpu")]
+    assert not runtime.is_initialized(), "the d2l helpers must not fix device settings"

@@ -1,0 +1,155 @@
+"""The notebook extension in a real Jupyter kernel: what a teacher types, what the cell shows."""
+
+from __future__ import annotations
+
+import pytest
+from nbutil import errors, html, run_cells, run_notebook, text
+
+pytestmark = pytest.mark.notebook
+
+CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
+GPU0 = "/job:localhost/replica:0/task:0/device:GPU:0"
+
+
+@pytest.fixture(scope="module")
+def cells(tmp_path_factory):
+    logfile = tmp_path_factory.mktemp("log") / "placement.log"
+    sources = {
+        "load": "%load_ext devlab",
+        "load_again": "%load_ext devlab",
+        "device_cell": "%%device /CPU:0\nimport torch\nx = torch.ones(2, 2)\nx @ x",
+        "log_cell": "%%placement_log\ny = x @ x\nprint('between')\ny.sum()",
+        "devices": "%devices",
+        "bad_name": "%%device /foo:1\nx",
+        "unknown": "%%device /GPU:7\nx",
+        "error_in_cell": "%%device /CPU:0\nz = torch.ones(1)\n1/0",
+        "after_error": "import torch\ntorch.get_default_device(), torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()",
+        "line_on": f"%placement_log on --limit 5 --file {logfile}",
+        "logged": "w = torch.ones(3)\nfor _ in range(20):\n    w = w + 1",
+        "line_off": "%placement_log off",
+        "not_logged": "w + 1",
+        "python_switch": "import devlab\ndevlab.debugging.set_log_device_placement(True)\nv = torch.zeros(2) * 3\ndevlab.debugging.set_log_device_placement(False)",
+        "device_line": "%device /CPU:0",
+        "device_show": "%device",
+        "device_reset": "%device --reset",
+        "simulate": "%devices --simulate-gpus 1",
+        "copies": "%%placement_log\na = torch.ones(1000, 1000)\nb = a.to('cuda:0')\ns = b.sum()\ns.item()",
+        "print_sync": "%%device /GPU:0 --log\nc = torch.ones(2)\nprint(c)",
+        "bad_limit": "%placement_log on --limit -3",
+        "unload": "%unload_ext devlab",
+        "gone": "%device",
+        "torch_as_before": "(torch.get_default_device(), torch._C._len_torch_function_stack(), "
+        "torch._C._len_torch_dispatch_stack(), torch.cuda.is_available(), "
+        "torch._tensor_str._str is torch._tensor_str.__dict__['_str'] and torch._tensor_str._str.__module__)",
+    }
+    executed = run_cells(*sources.values())
+    out = dict(zip(sources, executed, strict=False))
+    out["logfile"] = logfile
+    return out
+
+
+def test_load_says_what_devices_there_are_once(cells) -> None:
+    line = text(cells["load"]).strip()
+    assert line.startswith("devlab loaded: devices /CPU:0.")
+    assert "No GPU" in line
+    assert "already loaded" in text(cells["load_again"])
+    assert not errors(cells["load_again"])
+
+
+def test_device_cell_runs_and_shows_its_result(cells) -> None:
+    assert "tensor([[2., 2.]," in text(cells["device_cell"])
+
+
+def test_placement_log_cell_shows_lines_and_summary_after_outputs(cells) -> None:
+    out = text(cells["log_cell"])
+    assert f"Executing op aten::mm in device {CPU0}" in out
+    assert f"Executing op aten::sum in device {CPU0}" in out
+    assert "Placement summary: 2 ops (CPU:0 2)" in out
+    assert out.index("between") < out.index("Executing op aten::mm"), "the log comes after the cell's own output"
+    assert 'class="devlab-placement-log"' in html(cells["log_cell"])
+
+
+def test_devices_table_text_and_html(cells) -> None:
+    assert CPU0 in text(cells["devices"])
+    assert "<table" in html(cells["devices"]) and "No GPU" in html(cells["devices"])
+
+
+def test_bad_names_are_one_line_errors(cells) -> None:
+    (err,) = errors(cells["bad_name"])
+    assert err.ename == "UsageError"
+    assert err.evalue == "Unknown attribute 'foo' is encountered while parsing the device spec: '/foo:1'."
+    (err,) = errors(cells["unknown"])
+    assert err.ename == "UsageError"
+    assert err.evalue.startswith(f"{GPU0.replace('GPU:0', 'GPU:7')} unknown device.")
+    assert "devlab/" not in "".join(err.traceback)
+
+
+def test_error_in_a_cell_fails_it_and_restores_everything(cells) -> None:
+    (err,) = errors(cells["error_in_cell"])
+    assert err.ename == "ZeroDivisionError"
+    tb = "\n".join(err.traceback)
+    assert "devlab/magics" not in tb, "devlab's own frames are hidden from the traceback"
+    assert "(device(type='cpu'), 0, 0)" in text(cells["after_error"])
+
+
+def test_line_switch_logs_every_cell_collapsed_and_to_file(cells) -> None:
+    out = text(cells["logged"])
+    assert out.count("Executing op") == 5
+    assert "… 16 more lines not shown" in out
+    assert "Placement summary: 21 ops (CPU:0 21)" in out
+    assert "Executing op" not in text(cells["not_logged"])
+    saved = cells["logfile"].read_text()
+    assert saved.count("Executing op aten::add") == 20
+
+
+def test_python_switch_takes_effect_at_once(cells) -> None:
+    out = text(cells["python_switch"])
+    assert f"Executing op aten::zeros in device {CPU0}" in out
+    assert f"Executing op aten::mul in device {CPU0}" in out
+
+
+def test_device_line_forms(cells) -> None:
+    assert f"Default device: {CPU0} (torch cpu)" in text(cells["device_line"])
+    assert f"Default device: {CPU0}" in text(cells["device_show"])
+    assert f"Default device: {CPU0}" in text(cells["device_reset"])
+
+
+def test_copies_and_host_syncs_stand_out(cells) -> None:
+    out = text(cells["copies"])
+    assert f"Copy 3.8 MiB from {CPU0} to {GPU0} (aten::_to_copy)" in out
+    assert f"Executing op aten::sum in device {GPU0}" in out
+    assert f"Host sync: the host waited for {GPU0} (reading a Python number" in out
+    assert "1 copy between devices (3.8 MiB) · 1 host sync" in out
+    page = html(cells["copies"])
+    assert 'class="devlab-copy"' in page and 'class="devlab-sync"' in page
+    printed = text(cells["print_sync"])
+    assert f"Host sync: the host waited for {GPU0} (printing a device tensor" in printed
+    assert "device='cuda:0'" in printed
+
+
+def test_bad_arguments_are_usage_errors(cells) -> None:
+    (err,) = errors(cells["bad_limit"])
+    assert err.ename == "UsageError" and "--limit" in err.evalue
+
+
+def test_unload_removes_everything(cells) -> None:
+    assert errors(cells["gone"])[0].evalue == "Line magic function `%device` not found."
+    assert "(device(type='cpu'), 0, 0, False, 'torch._tensor_str')" in text(cells["torch_as_before"])
+
+
+def test_devices_and_placement_notebook() -> None:
+    nb = run_notebook("01-devices-and-placement.ipynb")
+    by_source = {c.source.splitlines()[0] if c.source else "": c for c in nb.cells if c.cell_type == "code"}
+    assert "Num GPUs Available:  2" in text(by_source['import devlab'])
+    matmul = text(by_source["a = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])"])
+    assert f"Executing op aten::mm in device {CPU0}" in matmul
+    gpu_cell = text(by_source["%%device /GPU:0 --log"])
+    assert f"Executing op aten::mm in device {GPU0}" in gpu_cell
+    assert "Host sync" in gpu_cell
+    copy_cell = text(by_source["%%placement_log"])
+    assert f"Copy 3.8 MiB from {CPU0} to {GPU0}" in copy_cell
+    (err,) = errors(by_source["%%device /device:GPU:2"])
+    assert "device:GPU:2 unknown device" in err.evalue
+    soft = text(by_source["%%device /device:GPU:2 --soft --log"])
+    assert "Soft placement: /job:localhost/replica:0/task:0/device:GPU:2 does not exist" in soft
+    assert "device(type='cuda', index=0)" in soft

@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from devlab import DeviceSpec, full_name
+from devlab.names import VALID_DEVICE_TYPES
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        ("/GPU:1", "/device:GPU:1"),
+        ("/gpu:1", "/device:GPU:1"),
+        ("GPU:1", "/device:GPU:1"),
+        ("/device:GPU:1", "/device:GPU:1"),
+        ("/job:localhost/replica:0/task:0/device:GPU:1", "/job:localhost/replica:0/task:0/device:GPU:1"),
+        ("gpu", "/device:GPU:*"),
+        ("/GPU:01", "/device:GPU:1"),
+        ("/cpu:0", "/device:CPU:0"),
+        ("/GPU:*", "/device:GPU:*"),
+        ("", ""),
+        ("/job:worker/task:3", "/job:worker/task:3"),
+        ("/replica:2/job:ps", "/job:ps/replica:2"),
+        ("cuda", "/device:GPU:*"),
+        ("cuda:1", "/device:GPU:1"),
+        ("cpu", "/device:CPU:*"),
+        ("mps", "/device:MPS:*"),
+    ],
+)
+def test_parses_tensorflow_and_torch_names_to_canonical_form(text: str, canonical: str) -> None:
+    assert DeviceSpec.from_string(text).to_string() == canonical
+
+
+def test_fields_match_tensorflow() -> None:
+    spec = DeviceSpec.from_string("/job:localhost/replica:0/task:0/device:GPU:1")
+    assert (spec.job, spec.replica, spec.task, spec.device_type, spec.device_index) == ("localhost", 0, 0, "GPU", 1)
+    assert DeviceSpec.from_string("/GPU").device_index is None
+    assert repr(DeviceSpec.from_string("/GPU:1")) == (
+        "<DeviceSpec(job=None, replica=None, task=None, device_type=GPU, device_index=1)>"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("/foo:1", "Unknown attribute 'foo' is encountered while parsing the device spec: '/foo:1'."),
+        ("/cpu:0/gpu:1", "Multiple device types are not allowed while parsing the device spec: /cpu:0/gpu:1."),
+        ("/device:GPU", "Unknown attribute 'device' is encountered while parsing the device spec: '/device:GPU'."),
+        ("/GPU:x", "Invalid device index 'x' while parsing the device spec: '/GPU:x'"),
+        ("/replica:a", "Invalid replica 'a'"),
+        ("cuda:x", "Invalid device index 'x' in the torch device name 'cuda:x'"),
+    ],
+)
+def test_rejects_what_tensorflow_rejects_with_its_words(text: str, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        DeviceSpec.from_string(text)
+    assert message in str(err.value)
+
+
+def test_non_string_is_a_type_error_naming_what_is_expected() -> None:
+    with pytest.raises(TypeError, match="must be a string such as '/GPU:0'"):
+        DeviceSpec.from_string(3)  # type: ignore[arg-type]
+
+
+def test_to_torch_and_back() -> None:
+    assert DeviceSpec.from_string("/GPU:1").to_torch() == torch.device("cuda", 1)
+    assert DeviceSpec.from_string("/GPU").to_torch() == torch.device("cuda", 0)
+    assert DeviceSpec.from_string("/CPU:0").to_torch() == torch.device("cpu")
+    assert DeviceSpec.from_torch(torch.device("cuda", 3)).to_string() == "/device:GPU:3"
+    assert DeviceSpec.from_torch("cpu").to_string() == "/device:CPU:0"
+    with pytest.raises(ValueError, match="names a remote device"):
+        DeviceSpec.from_string("/job:worker/device:GPU:0").to_torch()
+    with pytest.raises(ValueError, match="Device type 'TPU' has no PyTorch device"):
+        DeviceSpec.from_string("/TPU:0").to_torch()
+    with pytest.raises(ValueError, match="names no device type"):
+        DeviceSpec.from_string("/job:localhost").to_torch()
+
+
+def test_full_name_of_strings_specs_devices_and_tensors() -> None:
+    full = "/job:localhost/replica:0/task:0/device:GPU:1"
+    assert full_name("/GPU:1") == full
+    assert full_name(DeviceSpec.from_string("cuda:1")) == full
+    assert full_name(torch.device("cuda:1")) == full
+    assert full_name(torch.ones(1)) == "/job:localhost/replica:0/task:0/device:CPU:0"
+    assert full_name("gpu") == "/job:localhost/replica:0/task:0/device:GPU:0"
+
+
+def test_parsing_never_initializes_cuda() -> None:
+    DeviceSpec.from_string("/GPU:3").to_torch()
+    full_name("cuda:2")
+    assert not torch.cuda.is_initialized()
+
+
+_types = st.sampled_from(sorted(VALID_DEVICE_TYPES))
+_specs = st.builds(
+    DeviceSpec,
+    job=st.none() | st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True),
+    replica=st.none() | st.integers(0, 99),
+    task=st.none() | st.integers(0, 99),
+    device_type=st.none() | _types,
+    device_index=st.none() | st.integers(0, 99),
+).filter(lambda s: s.device_type is not None or s.device_index is None)
+
+
+@given(_specs)
+def test_round_trip_through_the_canonical_string(spec: DeviceSpec) -> None:
+    assert DeviceSpec.from_string(spec.to_string()) == spec
+
+
+@given(_types, st.none() | st.integers(0, 99), st.booleans(), st.booleans())
+def test_short_forms_mean_the_same_device(device_type: str, index: int | None, lower: bool, slash: bool) -> None:
+    name = device_type.lower() if lower else device_type
+    text = ("/" if slash else "") + name + ("" if index is None else f":{index}")
+    spec = DeviceSpec.from_string(text)
+    assert spec == DeviceSpec(device_type=device_type, device_index=index)
+    assert DeviceSpec.from_string(spec.to_string()) == spec
+
+
+@given(st.sampled_from(["cpu", "cuda"]), st.integers(0, 15))
+def test_torch_round_trip(kind: str, index: int) -> None:
+    device = torch.device("cpu") if kind == "cpu" else torch.device(kind, index)
+    assert DeviceSpec.from_torch(device).to_torch() == device

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+import devlab
+from devlab import debugging, placement_log
+
+CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+def test_every_op_gets_a_tensorflow_style_line() -> None:
+    with placement_log.capture() as log:
+        a = torch.ones(3, 3)
+        a @ a
+    assert log.lines() == [
+        f"Executing op aten::ones in device {CPU0}",
+        f"Executing op aten::mm in device {CPU0}",
+    ]
+
+
+def test_backward_ops_are_logged_too() -> None:
+    w = torch.ones(3, requires_grad=True)
+    with placement_log.capture() as log:
+        loss = (w * 2).sum()
+        loss.backward()
+    ops = [e.op for e in log.events]
+    forward = ops.index("aten::sum")
+    assert "aten::mul" in ops[forward + 1:], "the backward pass's mul is missing"
+    assert w.grad is not None
+
+
+def test_copies_between_devices_are_their_own_line_with_bytes() -> None:
+    x = torch.ones(4, 2)  # 32 bytes
+    with placement_log.capture() as log:
+        x.to("meta")
+    (copy,) = [e for e in log.events if e.kind == "copy"]
+    assert copy.nbytes == 32
+    assert copy.text() == f"Copy 32 B from {CPU0} to meta (aten::_to_copy)"
+    summary = log.summary()
+    assert (summary.copies, summary.copied_bytes, summary.syncs) == (1, 32, 0)
+
+
+def test_summary_counts_ops_per_device() -> None:
+    with placement_log.capture() as log:
+        x = torch.ones(2)
+        (x + x).sum().item()
+    s = log.summary()
+    assert s.ops_per_device == {CPU0: 4}
+    assert s.text() == "Placement summary: 4 ops (CPU:0 4) · 0 copies between devices (0 B) · 0 host syncs"
+
+
+def test_host_reads_on_the_cpu_are_not_syncs() -> None:
+    with placement_log.capture() as log:
+        x = torch.arange(4.0)
+        x.sum().item()
+        x.tolist()
+        print(x)
+    assert log.summary().syncs == 0
+
+
+def test_long_logs_collapse_with_a_count_and_save_in_full(tmp_path) -> None:
+    with placement_log.capture() as log:
+        x = torch.ones(2)
+        for _ in range(500):
+            x = x + 1
+    text = log.render_text(limit=10)
+    lines = text.splitlines()
+    assert len(lines) == 12
+    assert lines[10].startswith("… 491 more lines not shown")
+    html = log.render_html(limit=10)
+    assert html.count("Executing op") == 10
+    saved = log.save(tmp_path / "log.txt").read_text().splitlines()
+    assert len(saved) == 502 and saved[-1].startswith("Placement summary: 501 ops")
+    with pytest.raises(ValueError, match="limit is the number of log lines"):
+        log.render_text(limit=-1)
+
+
+def test_switch_streams_lines_outside_a_notebook(monkeypatch) -> None:
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    debugging.set_log_device_placement(True)
+    assert debugging.get_log_device_placement()
+    torch.zeros(1) + 1
+    debugging.set_log_device_placement(False)
+    torch.zeros(1)
+    assert out.getvalue().splitlines() == [
+        f"Executing op aten::zeros in device {CPU0}",
+        f"Executing op aten::add in device {CPU0}",
+    ]
+
+
+def test_logging_leaves_no_mode_or_patch_behind_after_an_error() -> None:
+    original = torch._tensor_str._str
+    with pytest.raises(ZeroDivisionError):
+        with placement_log.capture():
+            assert torch._tensor_str._str is not original
+            raise ZeroDivisionError("inside a logged block")
+    assert torch._tensor_str._str is original
+    assert torch._C._len_torch_dispatch_stack() == 0
+    assert placement_log.active_logs() == []
+
+
+def test_log_is_empty_when_off() -> None:
+    assert torch._C._len_torch_dispatch_stack() == 0
+    assert not devlab.debugging.get_log_device_placement()

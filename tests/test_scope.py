@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import devlab
+from devlab import config, placement_log, runtime
+from devlab.config import LogicalDeviceConfiguration, PhysicalDevice
+
+
+def test_tensors_and_modules_created_inside_land_on_the_device() -> None:
+    with devlab.device("/CPU:0") as placement:
+        x = torch.ones(2)
+        layer = nn.Linear(2, 2)
+        assert torch.get_default_device() == torch.device("cpu")
+    assert placement.full_name == "/job:localhost/replica:0/task:0/device:CPU:0"
+    assert x.device == torch.device("cpu") and layer.weight.device == torch.device("cpu")
+    assert runtime.is_initialized()
+
+
+def test_unknown_device_is_an_error_naming_it_and_the_available_ones() -> None:
+    with pytest.raises(RuntimeError) as err:
+        with devlab.device("/GPU:2"):
+            pass
+    message = str(err.value)
+    assert message.startswith("/job:localhost/replica:0/task:0/device:GPU:2 unknown device.")
+    assert "All available devices: [/job:localhost/replica:0/task:0/device:CPU:0]" in message
+
+
+def test_soft_placement_falls_back_and_says_so_in_the_log() -> None:
+    with placement_log.capture() as log:
+        with devlab.device("/GPU:2", soft=True) as placement:
+            torch.ones(1)
+    assert placement.fell_back and placement.device == torch.device("cpu")
+    lines = log.lines()
+    assert lines[0] == (
+        "Soft placement: /job:localhost/replica:0/task:0/device:GPU:2 does not exist; "
+        "placed on /job:localhost/replica:0/task:0/device:CPU:0 instead."
+    )
+    config.set_soft_device_placement(True)
+    assert devlab.resolve("/GPU:5").fell_back
+
+
+def test_a_name_without_index_means_index_zero_and_logical_cpus_resolve() -> None:
+    cpu = PhysicalDevice("/physical_device:CPU:0", "CPU")
+    config.set_logical_device_configuration(cpu, [LogicalDeviceConfiguration()] * 2)
+    assert devlab.resolve("/CPU").full_name.endswith("device:CPU:0")
+    assert devlab.resolve("/cpu:1").full_name.endswith("device:CPU:1")
+    assert devlab.resolve("/cpu:1").device == torch.device("cpu")
+
+
+def test_bad_names_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="Unknown attribute 'foo'"):
+        devlab.resolve("/foo:1")
+    with pytest.raises(ValueError, match="names no device type"):
+        devlab.resolve("/job:localhost")
+
+
+@pytest.mark.parametrize("exc", [ZeroDivisionError, KeyboardInterrupt])
+def test_default_device_is_restored_after_errors(exc: type[BaseException]) -> None:
+    before = (torch.get_default_device(), torch._C._len_torch_function_stack())
+    with pytest.raises(exc):
+        with devlab.device("/CPU:0"):
+            raise exc()
+    assert (torch.get_default_device(), torch._C._len_torch_function_stack()) == before
+
+
+def test_decorator_form_and_nesting() -> None:
+    @devlab.device("/CPU:0")
+    def make() -> torch.Tensor:
+        assert torch._C._len_torch_function_stack() == 1
+        return torch.zeros(1)
+
+    assert make().device == torch.device("cpu")
+    assert make().device == torch.device("cpu")  # reusable
+    with devlab.device("/CPU:0"):
+        with devlab.device("cpu"):
+            pass
+        assert torch._C._len_torch_function_stack() == 1
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_loading_devlab_moves_nothing() -> None:
+    assert torch.ones(1).device == torch.device("cpu")
+    assert torch.get_default_device() == torch.device("cpu")
+
+
+def test_session_default_and_reset() -> None:
+    devlab.scope.set_default("/CPU:0")
+    assert torch.get_default_device() == torch.device("cpu")
+    devlab.scope.reset_default()
+    assert torch._C._len_torch_function_stack() == 0
