@@ -182,7 +182,9 @@ class MonitoringMagics(Magics):
             if node is not None:
                 ast.increment_lineno(node, offset)
         shown = (header + "\n") * offset + source
-        filename = shell.compile.cache(shown, shell.execution_count, raw_code=shown)
+        # The running cell is number execution_count - 1: IPython counts it up before running.
+        number = max(1, shell.execution_count - 1)
+        filename = shell.compile.cache(shown, number, raw_code=shown)
         code = shell.compile(tree, filename, "exec")
         value = shell.compile(last, filename, "eval") if last is not None else None
         return code, value

@@ -1,0 +1,385 @@
+"""Timing device work correctly, on the CPU, real GPUs and simulated GPUs.
+
+Why not `%timeit`? On a GPU, a PyTorch call returns as soon as its kernels are *queued*;
+the device works on after Python has moved on. `%timeit` stops its clock when the call
+returns, so it measures the launch, not the work (a 4096x4096 matmul "takes" 20 µs), and
+the queued work then lands in whatever is timed next. It also includes no warm-up (the
+first calls pay for CUDA context start-up, allocator growth and kernel selection) and
+reports a mean, which one slow outlier drags. `time_on_device`:
+
+1. runs the function a few times first (warm-up) and waits for the device;
+2. synchronizes the device before starting and before stopping each clock (real CUDA:
+   `torch.cuda.synchronize`; simulated GPUs: the same call, which the simulation patches to
+   wait for its worker; CPU: nothing to wait for);
+3. groups calls into blocks long enough for the clock to be exact, and repeats blocks until
+   a minimum total time has passed;
+4. reports the median per call and the spread (interquartile range), robust to outliers.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+import torch
+
+from devlab.memory import device_label, ensure_figure_formatter, figure_png, resolve_device
+
+__all__ = [
+    "TimingResult",
+    "Comparison",
+    "time_on_device",
+    "compare",
+    "synchronizer",
+    "format_seconds",
+]
+
+# One measured block should last at least this long: perf_counter and a synchronize cost
+# about a microsecond, so a 1 ms block keeps their error under 0.1%.
+_BLOCK_TIME = 1e-3
+
+
+def format_seconds(t: float) -> str:
+    """0.000123 -> '123 µs' (three significant digits, the unit that fits)."""
+    if t is None or math.isnan(t):
+        return "—"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
+        if abs(t) >= scale or unit == "ns":
+            return f"{t / scale:.3g} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _unit_for(t: float) -> tuple[str, float]:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if t >= scale:
+            return unit, scale
+    return "ns", 1e-9
+
+
+def synchronizer(device: torch.device) -> tuple[Callable[[], None], str]:
+    """The call that waits for all queued work on `device`, and how to describe it."""
+    if device.type == "cuda":
+        # While a simulation runs, torch.cuda.synchronize is the simulation's: it waits for the
+        # simulated GPU's worker. On real CUDA it waits for the device's streams.
+        return (lambda: torch.cuda.synchronize(device)), "torch.cuda.synchronize"
+    if device.type == "mps":
+        return torch.mps.synchronize, "torch.mps.synchronize"
+    if device.type == "cpu":
+        return (lambda: None), "none needed (CPU work is done when the call returns)"
+    accel = getattr(torch, "accelerator", None)
+    if accel is not None and hasattr(accel, "synchronize"):
+        return (lambda: accel.synchronize(device)), "torch.accelerator.synchronize"
+    raise ValueError(f"do not know how to wait for a {device.type!r} device")
+
+
+@contextmanager
+def _on_device(name: torch.device | str, device: torch.device) -> Iterator[None]:
+    """Make `device` the default for the block: `devlab.device` when it exists (it knows
+    TensorFlow names and soft placement), else torch's own device context."""
+    try:
+        from devlab import scope
+    except ImportError:
+        scope = None
+    ctx = getattr(scope, "device", None) if scope is not None else None
+    if ctx is None:
+        import devlab
+
+        ctx = getattr(devlab, "device", None)
+    with (ctx(name if isinstance(name, str) else str(name)) if ctx is not None else device):
+        yield
+
+
+@dataclass
+class TimingResult:
+    """Per-call times of one function on one device, with median and spread.
+
+    `times` holds one value per measured block (seconds per call, the block's total divided
+    by `number`, the calls per block).
+    """
+
+    label: str
+    device: str
+    times: list[float]
+    number: int
+    warmup: int
+    synchronize: str
+    name: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def q1(self) -> float:
+        return _quantiles(self.times)[0]
+
+    @property
+    def q3(self) -> float:
+        return _quantiles(self.times)[2]
+
+    @property
+    def iqr(self) -> float:
+        """Interquartile range: the middle half of the measurements spans this much."""
+        return self.q3 - self.q1
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.times)
+
+    @property
+    def min(self) -> float:
+        return min(self.times)
+
+    @property
+    def repeats(self) -> int:
+        return len(self.times)
+
+    @property
+    def calls(self) -> int:
+        return len(self.times) * self.number
+
+    @property
+    def total(self) -> float:
+        """Seconds spent measuring (warm-up not included)."""
+        return sum(self.times) * self.number
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "device": self.device, "median": self.median,
+                "iqr": self.iqr, "q1": self.q1, "q3": self.q3, "min": self.min,
+                "mean": self.mean, "repeats": self.repeats, "number": self.number,
+                "warmup": self.warmup, "synchronize": self.synchronize}
+
+    def __str__(self) -> str:
+        return (f"{self.label}: {format_seconds(self.median)} per call (median), "
+                f"IQR {format_seconds(self.iqr)}, {self.repeats} x {self.number} calls")
+
+    def _rows(self) -> list[tuple[str, str]]:
+        return [
+            ("device", f"{self.label} ({self.device})"),
+            ("median per call", format_seconds(self.median)),
+            ("IQR (q1 – q3)", f"{format_seconds(self.iqr)} "
+                              f"({format_seconds(self.q1)} – {format_seconds(self.q3)})"),
+            ("min / mean", f"{format_seconds(self.min)} / {format_seconds(self.mean)}"),
+            ("measured", f"{self.repeats} blocks x {self.number} calls, after {self.warmup} "
+                         f"warm-up calls"),
+            ("synchronize", self.synchronize),
+        ]
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:"
+                       f"left'>{escape(v)}</td></tr>" for k, v in self._rows())
+        return f"<table class='devlab-timing'>{rows}</table>"
+
+    def plot(self, ax=None):
+        """Each measurement per call, with the median and the interquartile band.
+
+        Returns the matplotlib `Figure` (shown in a notebook when it is a cell's value).
+        """
+        fig, ax = _figure_and_axes(ax, (6, 2.6))
+        unit, scale = _unit_for(self.median)
+        ys = [t / scale for t in self.times]
+        ax.plot(range(1, len(ys) + 1), ys, ".", color="C0", alpha=0.7, label="measurement")
+        ax.axhline(self.median / scale, color="C1", label=f"median {format_seconds(self.median)}")
+        ax.axhspan(self.q1 / scale, self.q3 / scale, color="C1", alpha=0.15, label="IQR")
+        ax.set_xlabel(f"block ({self.number} call{'s' if self.number > 1 else ''} each)")
+        ax.set_ylabel(f"time per call ({unit})")
+        ax.set_title(f"{self.label}", fontsize=10)
+        ax.legend(loc="upper right", fontsize=8)
+        fig.tight_layout()
+        return fig
+
+
+def _quantiles(xs: Sequence[float]) -> tuple[float, float, float]:
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[1], q[2]
+
+
+def _figure_and_axes(ax, size: tuple[float, float]):
+    if ax is not None:
+        return ax.figure, ax
+    from matplotlib.figure import Figure
+
+    # A bare Figure, not pyplot's: it is not shown a second time at the end of the cell, and
+    # is safe to draw from a widget's thread.
+    ensure_figure_formatter()
+    fig = Figure(figsize=size, dpi=100)
+    return fig, fig.add_subplot()
+
+
+def time_on_device(
+    fn: Callable[[], Any],
+    device: torch.device | str = "cpu",
+    *,
+    warmup: int = 2,
+    min_time: float = 0.2,
+    repeats: int = 5,
+    max_repeats: int = 10_000,
+    number: int | None = None,
+    label: str | None = None,
+    setup: Callable[[], Any] | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> TimingResult:
+    """Time `fn()` on `device`: warm-up, synchronize, repeat, median.
+
+    `fn` is called with no arguments while `device` is the default device (factories such
+    as `torch.ones` create tensors there). Measurement goes on until at least `repeats`
+    blocks and `min_time` seconds have been measured (or `max_repeats` blocks). `number`
+    is the calls per block, chosen so a block lasts about a millisecond when not given.
+    `setup()`, if given, runs once on the device before the warm-up, untimed (making
+    inputs). `progress(fraction)` is called now and then, for a progress bar.
+
+    Unlike `%timeit`, the clock stops only once the device has finished (see the module
+    docstring), so GPU times are the device's real times.
+    """
+    __tracebackhide__ = True  # noqa: F841 - an error in fn shows fn's frames, not these
+    if warmup < 0 or repeats < 1 or max_repeats < repeats or not min_time >= 0:
+        raise ValueError("need warmup >= 0, repeats >= 1, max_repeats >= repeats, min_time >= 0")
+    if number is not None and number < 1:
+        raise ValueError("number must be >= 1")
+    dev = resolve_device(device)
+    sync, how = synchronizer(dev)
+    clock = time.perf_counter
+    times: list[float] = []
+    with _on_device(device, dev):
+        if setup is not None:
+            setup()
+        for _ in range(warmup):
+            fn()
+        sync()
+        if number is None:
+            t0 = clock()
+            fn()
+            sync()
+            one = clock() - t0
+            # The call above is one more warm-up; it sizes the blocks.
+            number = max(1, min(int(_BLOCK_TIME / max(one, 1e-9)), 1_000_000))
+        measured = 0.0
+        last_report = clock()
+        while len(times) < max_repeats and (len(times) < repeats or measured < min_time):
+            sync()
+            t0 = clock()
+            for _ in range(number):
+                fn()
+            sync()
+            elapsed = clock() - t0
+            times.append(elapsed / number)
+            measured += elapsed
+            if progress is not None and clock() - last_report > 0.1:
+                last_report = clock()
+                progress(min(1.0, max(len(times) / repeats, measured / max(min_time, 1e-9))))
+    if progress is not None:
+        progress(1.0)
+    name = device if isinstance(device, str) else str(device)
+    return TimingResult(label or device_label(dev), str(dev), times, number, warmup, how, name)
+
+
+@dataclass
+class Comparison:
+    """Timings of the same work on several devices; speed-ups are against the first."""
+
+    results: list[TimingResult] = field(default_factory=list)
+
+    @property
+    def baseline(self) -> TimingResult:
+        return self.results[0]
+
+    @property
+    def speedups(self) -> dict[str, float]:
+        """label -> how many times faster than the first device (median over median)."""
+        base = self.baseline.median
+        return {r.label: base / r.median for r in self.results}
+
+    def __getitem__(self, label: str) -> TimingResult:
+        for r in self.results:
+            if r.label == label or r.name == label or r.device == label:
+                return r
+        raise KeyError(label)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        speedups = self.speedups
+        return {r.label: {**r.to_dict(), "speedup": speedups[r.label]} for r in self.results}
+
+    def __str__(self) -> str:
+        speedups = self.speedups
+        return "\n".join(f"{r} — {speedups[r.label]:.2f}x vs {self.baseline.label}"
+                         for r in self.results)
+
+    def _repr_html_(self) -> str:
+        speedups = self.speedups
+        head = "".join(f"<th>{h}</th>" for h in (
+            "device", "median per call", "IQR", "calls", f"speed-up vs {self.baseline.label}"))
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{escape(v)}</td>" for v in (
+                r.label, format_seconds(r.median), format_seconds(r.iqr),
+                f"{r.repeats} x {r.number}", f"{speedups[r.label]:.2f}x")) + "</tr>"
+            for r in self.results)
+        return (f"<table class='devlab-comparison'><thead><tr>{head}</tr></thead>"
+                f"<tbody>{rows}</tbody></table>")
+
+    def plot(self, ax=None):
+        """A bar per device (median per call, IQR as error bars), labelled with speed-ups."""
+        fig, ax = _figure_and_axes(ax, (6, 0.6 + 0.55 * max(2, len(self.results))))
+        if not self.results:
+            return fig
+        unit, scale = _unit_for(max(r.median for r in self.results))
+        labels = [r.label for r in self.results]
+        medians = [r.median / scale for r in self.results]
+        # Error bars from the median to q1 and q3: asymmetric, as the spread usually is.
+        err = [[(r.median - r.q1) / scale for r in self.results],
+               [(r.q3 - r.median) / scale for r in self.results]]
+        ys = list(range(len(labels)))
+        ax.barh(ys, medians, xerr=err, color=[f"C{i}" for i in ys], alpha=0.85, capsize=3)
+        ax.set_yticks(ys, labels)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"median time per call ({unit})")
+        speedups = self.speedups
+        for y, r, m in zip(ys, self.results, medians, strict=True):
+            ax.text(m, y, f"  {speedups[r.label]:.2f}x", va="center", fontsize=9)
+        ax.set_xlim(0, max(medians) * 1.3)
+        ax.set_title(f"speed-up vs {self.baseline.label}", fontsize=10)
+        fig.tight_layout()
+        return fig
+
+    def png(self) -> bytes:
+        return figure_png(self.plot())
+
+
+def compare(
+    fn: Callable[[], Any] | Mapping[Any, Callable[[], Any]],
+    devices: Iterable[torch.device | str] | None = None,
+    *,
+    on_result: Callable[[TimingResult], None] | None = None,
+    **timing: Any,
+) -> Comparison:
+    """Time the same work on several devices; the first is the baseline of the speed-ups.
+
+    `fn` is one callable run on each of `devices` (with that device as the default device),
+    or a mapping `{device: callable}` when each device needs its own inputs. Keyword
+    arguments go to `time_on_device`. `on_result` is called as each device finishes.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    if isinstance(fn, Mapping):
+        if devices is not None:
+            raise TypeError("pass either a {device: fn} mapping or fn and devices, not both")
+        pairs = list(fn.items())
+    else:
+        if devices is None:
+            raise TypeError("compare(fn, devices): which devices?")
+        pairs = [(d, fn) for d in devices]
+    if not pairs:
+        raise ValueError("no devices to compare")
+    comparison = Comparison()
+    for device, f in pairs:
+        result = time_on_device(f, device, **timing)
+        comparison.results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return comparison
