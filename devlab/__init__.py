@@ -16,6 +16,8 @@ from devlab.scope import Placement, device, resolve
 
 __version__ = "0.1.0"
 
+config.simulate_from_environment()
+
 __all__ = [
     "DeviceSpec",
     "Placement",

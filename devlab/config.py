@@ -499,3 +499,30 @@ def _known_physical(device: Any) -> PhysicalDevice:
 def _order(d: PhysicalDevice) -> tuple[int, int]:
     kinds = ["CPU", "GPU", "MPS"]
     return (kinds.index(d.device_type) if d.device_type in kinds else len(kinds), d.index)
+
+
+def simulate_from_environment() -> bool:
+    """Start simulated GPUs if `DEVLAB_SIMULATE_GPUS=N` is set (how a Binder image turns them
+    on for everyone); `DEVLAB_SIMULATE_GPU_MEMORY_MB` sets each one's memory. Returns whether
+    it started. A malformed value is reported and ignored: importing devlab must not fail."""
+    import warnings
+
+    raw = os.environ.get("DEVLAB_SIMULATE_GPUS", "").strip()
+    if not raw or simulated.is_active():
+        return False
+    raw_mb = os.environ.get("DEVLAB_SIMULATE_GPU_MEMORY_MB", "").strip()
+    try:
+        count = int(raw)
+        memory = int(raw_mb) if raw_mb else None
+        if count == 0:
+            return False
+        simulate_gpus(count, memory_limit=memory)
+    except (ValueError, RuntimeError) as exc:
+        warnings.warn(
+            f"devlab ignored DEVLAB_SIMULATE_GPUS={raw!r}"
+            + (f", DEVLAB_SIMULATE_GPU_MEMORY_MB={raw_mb!r}" if raw_mb else "")
+            + f": {exc} Set it to a whole number of GPUs, e.g. DEVLAB_SIMULATE_GPUS=2.",
+            stacklevel=2,
+        )
+        return False
+    return True
