@@ -1,0 +1,248 @@
+"""Simulated GPUs: ordinary PyTorch code behaves as on a machine with N GPUs, on the CPU.
+
+A simulated GPU's tensor is a CPU tensor whose storage is marked with the GPU's index; while
+the simulation runs, `Tensor.device`/`is_cuda`/`get_device` report the mark, `torch.cuda`
+answers for the simulated GPUs, and a TorchFunctionMode routes `device="cuda:N"`, `.to`,
+`.cuda`, `.cpu`, checks that an op's tensors share one device and marks its outputs. Values
+are real (computed on the CPU); speed says nothing about a real GPU.
+
+Limits: the routing mode lives on the thread that called `start()` (torch function modes are
+per-thread), so factories with `device="cuda"` only work in that thread (and reading
+`.device` of existing tensors works everywhere). Streams, events, CUDA graphs, NCCL and
+sparse tensors are not simulated.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+from torch.overrides import _pop_mode, _push_mode
+
+from . import _mode, _patches, _state, _workers
+from ._patches import SimulatedDeviceProperties
+from ._state import current_index, index_of
+
+__all__ = [
+    "SimulatedDeviceProperties",
+    "current_index",
+    "device_count",
+    "index_of",
+    "is_active",
+    "is_used",
+    "memory_stats",
+    "reconfigure",
+    "reset_peak",
+    "start",
+    "start_from_environment",
+    "stop",
+    "synchronize",
+]
+
+_control_lock = threading.RLock()
+_patcher: _patches.Patcher | None = None
+_mode_instance: _mode.SimulationMode | None = None
+_mode_thread: int | None = None
+_asynchronous = True
+_MB = 1024 * 1024
+
+
+def _limits_bytes(count: int, memory_limits_mb: list[int | None] | None) -> list[int | None]:
+    if memory_limits_mb is None:
+        return [None] * count
+    limits = list(memory_limits_mb)
+    if len(limits) != count:
+        raise ValueError(f"memory_limits_mb has {len(limits)} entries for {count} simulated GPUs")
+    out: list[int | None] = []
+    for lim in limits:
+        if lim is not None and lim <= 0:
+            raise ValueError(f"memory limit must be a positive number of MB, got {lim}")
+        out.append(None if lim is None else int(lim * _MB))
+    return out
+
+
+def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
+          asynchronous: bool = True) -> None:
+    """Simulate `count` GPUs (one memory limit in MB per GPU; None = unlimited).
+
+    Calling it again before any simulated tensor exists replaces the configuration.
+    `asynchronous=False` runs every op synchronously on the calling thread.
+    """
+    global _patcher, _mode_instance, _mode_thread, _asynchronous
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count must be a positive integer, got {count!r}")
+    limits = _limits_bytes(count, memory_limits_mb)
+    with _control_lock:
+        if _state.session is not None:
+            if _state.session.used:
+                raise RuntimeError(
+                    "Simulated GPUs cannot be modified after being initialized")
+            stop()
+        if torch.cuda.is_available():
+            raise RuntimeError("real CUDA GPUs are available: devlab does not simulate GPUs "
+                               "on a machine that has them")
+        patcher = _patches.Patcher()
+        mode = _mode.SimulationMode()
+        try:
+            _patches.patch_tensor(patcher)
+            _patches.patch_cuda(patcher)
+            _patches.patch_device_context(patcher)
+            _patches.register_serialization()
+            _state.session = _state.Session(limits)
+            _state.tls.device = 0
+            _push_mode(mode)
+        except BaseException:
+            _state.session = None
+            _patches.unregister_serialization()
+            patcher.restore()
+            raise
+        _patcher, _mode_instance, _mode_thread = patcher, mode, threading.get_ident()
+        _asynchronous = asynchronous
+        _mode.set_asynchronous(asynchronous)
+
+
+def reconfigure(memory_limits_mb: list[int | None]) -> None:
+    """Replace the set of simulated GPUs (one entry per GPU: MB limit or None).
+
+    Allowed only before the first simulated tensor, as TensorFlow's logical devices are.
+    """
+    with _control_lock:
+        sess = _state.session
+        if sess is None:
+            raise RuntimeError("GPU simulation is not running: call start() first")
+        if sess.used:
+            raise RuntimeError("Virtual devices cannot be modified after being initialized")
+        limits = list(memory_limits_mb)
+        if not limits:
+            raise ValueError("at least one simulated GPU is needed")
+        new = _state.Session(_limits_bytes(len(limits), limits))
+        _state.session = new
+        if _mode.current_device() >= new.count:
+            _state.tls.device = 0
+
+
+def _remove_mode(mode: _mode.SimulationMode) -> bool:
+    """Take `mode` off this thread's torch function mode stack, keeping the others in order."""
+    above = []
+    found = False
+    while torch._C._len_torch_function_stack():
+        m = _pop_mode()
+        if m is mode:
+            found = True
+            break
+        above.append(m)
+    for m in reversed(above):
+        _push_mode(m)
+    return found
+
+
+def stop() -> None:
+    """Return torch to exactly its normal behaviour: every patch and mode removed."""
+    global _patcher, _mode_instance, _mode_thread
+    with _control_lock:
+        errors: list[BaseException] = []
+        try:
+            _workers.shutdown()
+        except BaseException as e:
+            errors.append(e)
+        mode = _mode_instance
+        if mode is not None:
+            mode.inert = True
+            if threading.get_ident() == _mode_thread:
+                _remove_mode(mode)
+        _mode_instance = _mode_thread = None
+        # A default device naming a simulated GPU would make every factory fail afterwards.
+        cur = torch.utils._device.CURRENT_DEVICE
+        if cur is not None and cur.type == "cuda":
+            try:
+                torch.set_default_device(None)
+            except BaseException as e:
+                errors.append(e)
+        _patches.unregister_serialization()
+        if _patcher is not None:
+            try:
+                _patcher.restore()
+            except BaseException as e:
+                errors.append(e)
+            _patcher = None
+        _state.session = None
+        _state.tls.__dict__.pop("device", None)
+        _state.tls.__dict__.pop("index", None)
+        _mode.set_asynchronous(False)
+        if errors:
+            raise errors[0]
+
+
+def is_active() -> bool:
+    """True while GPUs are simulated."""
+    return _state.session is not None
+
+
+def device_count() -> int:
+    """Number of simulated GPUs (0 when not simulating)."""
+    sess = _state.session
+    return sess.count if sess is not None else 0
+
+
+def is_used() -> bool:
+    """True once a simulated tensor has been created since start()."""
+    sess = _state.session
+    return bool(sess is not None and sess.used)
+
+
+def _device(index: int) -> _state.DeviceState:
+    sess = _state.session
+    if sess is None:
+        raise RuntimeError("GPU simulation is not running")
+    if not 0 <= index < sess.count:
+        raise IndexError(f"no simulated GPU {index} (there are {sess.count})")
+    return sess.devices[index]
+
+
+def memory_stats(index: int) -> dict[str, int | None]:
+    """Bytes on simulated GPU `index`: allocated now, peak since reset, limit (None = none)."""
+    dev = _device(index)
+    with _state.lock:
+        return {"allocated": dev.allocated, "peak": dev.peak, "limit": dev.limit}
+
+
+def reset_peak(index: int) -> None:
+    """Start peak tracking of simulated GPU `index` afresh from what is allocated now."""
+    dev = _device(index)
+    with _state.lock:
+        dev.peak = dev.allocated
+
+
+def synchronize(index: int | None = None) -> None:
+    """Wait for queued work on simulated GPU `index` (all GPUs if None)."""
+    if index is None:
+        _workers.wait_all()
+    else:
+        _device(index)
+        _workers.wait(index)
+
+
+def start_from_environment() -> bool:
+    """Start from DEVLAB_SIMULATE_GPUS=N (and DEVLAB_SIMULATE_GPU_MEMORY_MB); True if started.
+
+    DEVLAB_SIMULATE_GPU_MEMORY_MB is one limit for every GPU or a comma-separated list.
+    Does nothing when already simulating or when real GPUs exist.
+    """
+    raw = os.environ.get("DEVLAB_SIMULATE_GPUS", "").strip()
+    if not raw or raw == "0" or _state.session is not None:
+        return False
+    try:
+        count = int(raw)
+    except ValueError as e:
+        raise ValueError(f"DEVLAB_SIMULATE_GPUS must be a number of GPUs, got {raw!r}") from e
+    mem = os.environ.get("DEVLAB_SIMULATE_GPU_MEMORY_MB", "").strip()
+    limits: list[int | None] | None = None
+    if mem:
+        parts = [p.strip() for p in mem.split(",")]
+        values = [None if p.lower() in ("", "none") else int(p) for p in parts]
+        limits = values * count if len(values) == 1 else values
+    if torch.cuda.is_available():
+        return False
+    start(count, limits)
+    return True

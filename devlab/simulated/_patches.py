@@ -1,0 +1,470 @@
+"""Everything the simulation changes in torch, recorded so that stop() puts back the very
+same objects: Tensor attributes, torch.cuda / torch.accelerator functions, the default-device
+mode, and a storage tagger for torch.save/torch.load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.serialization as _ser
+import torch.utils._device as _torch_device
+
+from . import _mode, _state, _workers
+from ._state import MARK, tls
+
+_MISSING = object()
+
+
+class Patcher:
+    """setattr with a record; restore() undoes every change in reverse order, exactly."""
+
+    def __init__(self) -> None:
+        self._undo: list[tuple[object, str, object]] = []
+
+    def set(self, obj: object, name: str, value: object) -> None:
+        # Only the object's own attribute is saved: an inherited one is "restored" by deleting
+        # ours, so e.g. torch.Tensor.device is again looked up on torch._C.TensorBase.
+        own = vars(obj).get(name, _MISSING)
+        self._undo.append((obj, name, own))
+        setattr(obj, name, value)
+
+    def restore(self) -> None:
+        errors: list[BaseException] = []
+        while self._undo:
+            obj, name, own = self._undo.pop()
+            try:
+                if own is _MISSING:
+                    delattr(obj, name)
+                else:
+                    setattr(obj, name, own)
+            except Exception as e:  # keep restoring the rest
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+
+# --- Tensor attributes ---------------------------------------------------------------------
+
+_TB = torch._C.TensorBase
+_orig_device = _TB.device
+_orig_is_cuda = _TB.is_cuda
+_orig_is_cpu = _TB.is_cpu
+_orig_get_device = _TB.get_device
+_DisableTF = torch._C.DisableTorchFunction
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _mark_of(t: torch.Tensor) -> Any:
+    """The live mark of t's storage, read without entering any torch function mode."""
+    s = _state.storage_of(t)
+    m = getattr(s, MARK, None)
+    if m is not None and m.session is _state.session:
+        return m
+    return None
+
+
+def _device(self: torch.Tensor) -> torch.device:
+    m = _mark_of(self)
+    if m is not None:
+        return m.session.devices[m.index].torch_device
+    if type(self) in _PLAIN:
+        with _DisableTF():
+            return _orig_device.__get__(self)
+    return _orig_device.__get__(self)
+
+
+def _is_cuda(self: torch.Tensor) -> bool:
+    return True if _mark_of(self) is not None else _orig_is_cuda.__get__(self)
+
+
+def _is_cpu(self: torch.Tensor) -> bool:
+    return False if _mark_of(self) is not None else _orig_is_cpu.__get__(self)
+
+
+def _get_device(self: torch.Tensor) -> int:
+    m = _mark_of(self)
+    return m.index if m is not None else _orig_get_device(self)
+
+
+_get_device.__doc__ = _orig_get_device.__doc__
+
+
+def patch_tensor(p: Patcher) -> None:
+    p.set(torch.Tensor, "device", property(_device, doc=_orig_device.__doc__))
+    p.set(torch.Tensor, "is_cuda", property(_is_cuda, doc=_orig_is_cuda.__doc__))
+    p.set(torch.Tensor, "is_cpu", property(_is_cpu, doc=_orig_is_cpu.__doc__))
+    p.set(torch.Tensor, "get_device", _get_device)
+
+
+# --- torch.cuda ----------------------------------------------------------------------------
+
+def _session() -> _state.Session:
+    sess = _state.session
+    if sess is None:  # a stale reference to a patched function after stop()
+        raise RuntimeError("devlab GPU simulation is not running")
+    return sess
+
+
+def _index(device: Any = None, optional: bool = True) -> int:
+    """torch.cuda's device argument (None, int, str, torch.device) -> checked index."""
+    if device is None:
+        return _mode.checked_index(_mode.current_device())
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"Expected a cuda device, but got: {device}")
+        i = _mode.current_device() if device.index is None else device.index
+    else:
+        i = int(device)
+    if i < 0:
+        i = _mode.current_device()
+    sess = _session()
+    if not 0 <= i < sess.count:
+        raise AssertionError("Invalid device id")
+    return i
+
+
+def device_name(index: int) -> str:
+    return f"Simulated GPU {index} (CPU-backed)"
+
+
+def total_memory(index: int) -> int:
+    """A simulated GPU's capacity: its limit, or the host's memory when unlimited."""
+    lim = _session().devices[index].limit
+    if lim is not None:
+        return lim
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # psutil is a dependency; still, capacity is only informative
+        return 0
+
+
+@dataclass(frozen=True)
+class SimulatedDeviceProperties:
+    """What torch.cuda.get_device_properties answers for a simulated GPU."""
+
+    name: str
+    total_memory: int
+    major: int = 0
+    minor: int = 0
+    multi_processor_count: int = 0
+    is_integrated: bool = True
+    is_multi_gpu_board: bool = False
+    simulated: bool = True
+
+    def __repr__(self) -> str:
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, "
+                f"minor={self.minor}, total_memory={self.total_memory // (1024 * 1024)}MB, "
+                f"multi_processor_count={self.multi_processor_count}, simulated=True)")
+
+
+def is_available() -> bool:
+    return _state.session is not None
+
+
+def device_count() -> int:
+    sess = _state.session
+    return sess.count if sess is not None else 0
+
+
+def current_device() -> int:
+    return _mode.current_device()
+
+
+def set_device(device: Any) -> None:
+    if device is None:
+        return
+    i = device if isinstance(device, int) else _index(device)
+    if i < 0:  # torch: a negative index is a no-op
+        return
+    tls.device = _mode.checked_index(i)
+
+
+def get_device_name(device: Any = None) -> str:
+    return device_name(_index(device))
+
+
+def get_device_properties(device: Any = None) -> SimulatedDeviceProperties:
+    i = _index(device)
+    return SimulatedDeviceProperties(name=device_name(i), total_memory=total_memory(i),
+                                     multi_processor_count=_workers.cpu_cores())
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    _index(device)
+    return (0, 0)  # no real compute capability: code gated on one takes its plain path
+
+
+def synchronize(device: Any = None) -> None:
+    if device is None:
+        _workers.wait(_index(None))
+        _workers.wait_all()  # torch.cuda.synchronize() waits for the current device only; a
+        # simulated machine is one host, and waiting for all keeps timings honest
+    else:
+        _workers.wait(_index(device))
+
+
+def memory_allocated(device: Any = None) -> int:
+    return _session().devices[_index(device)].allocated
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    return _session().devices[_index(device)].peak
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    dev = _session().devices[_index(device)]
+    with _state.lock:
+        dev.peak = dev.allocated
+
+
+def memory_stats(device: Any = None) -> dict[str, int]:
+    dev = _session().devices[_index(device)]
+    return {
+        "allocated_bytes.all.current": dev.allocated,
+        "allocated_bytes.all.peak": dev.peak,
+        "reserved_bytes.all.current": dev.allocated,
+        "reserved_bytes.all.peak": dev.peak,
+    }
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    i = _index(device)
+    total = total_memory(i)
+    return (max(0, total - _session().devices[i].allocated), total)
+
+
+def empty_cache() -> None:
+    """Nothing is cached: a simulated GPU frees a storage's bytes when the storage dies."""
+
+
+def is_initialized() -> bool:
+    sess = _state.session
+    return bool(sess is not None and sess.used)
+
+
+def is_current_stream_capturing() -> bool:
+    return False
+
+
+def init() -> None:
+    """Nothing to initialize for simulated GPUs."""
+
+
+# Simulated GPUs compute on the CPU, so they draw from the CPU generator: seeding "the GPUs"
+# seeds it, and the same seed gives the same values as the same code on the CPU.
+def manual_seed(seed: int) -> None:
+    torch.default_generator.manual_seed(int(seed))
+
+
+def seed() -> None:
+    torch.default_generator.seed()
+
+
+def initial_seed() -> int:
+    return torch.default_generator.initial_seed()
+
+
+def get_rng_state(device: Any = "cuda") -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+    torch.set_rng_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [torch.get_rng_state() for _ in range(device_count())]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    if new_states:
+        torch.set_rng_state(new_states[0])
+
+
+class device:  # noqa: N801 - stands in for torch.cuda.device
+    """`with torch.cuda.device(i):` for simulated GPUs: the thread's current device."""
+
+    def __init__(self, device: Any) -> None:
+        self.idx = -1 if device is None else (device if isinstance(device, int) else
+                                              _index(device))
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        self.prev_idx = _mode.current_device()
+        if self.idx >= 0:
+            tls.device = _mode.checked_index(self.idx)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.idx >= 0:
+            tls.device = self.prev_idx
+
+
+_CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
+    "is_available": is_available,
+    "device_count": device_count,
+    "current_device": current_device,
+    "set_device": set_device,
+    "get_device_name": get_device_name,
+    "get_device_properties": get_device_properties,
+    "get_device_capability": get_device_capability,
+    "synchronize": synchronize,
+    "memory_allocated": memory_allocated,
+    "max_memory_allocated": max_memory_allocated,
+    "reset_peak_memory_stats": reset_peak_memory_stats,
+    "reset_max_memory_allocated": reset_peak_memory_stats,
+    "memory_reserved": memory_allocated,
+    "max_memory_reserved": max_memory_allocated,
+    "memory_stats": memory_stats,
+    "mem_get_info": mem_get_info,
+    "empty_cache": empty_cache,
+    "is_initialized": is_initialized,
+    "is_current_stream_capturing": is_current_stream_capturing,
+    "init": init,
+    "manual_seed": manual_seed,
+    "manual_seed_all": manual_seed,
+    "seed": seed,
+    "seed_all": seed,
+    "initial_seed": initial_seed,
+    "get_rng_state": get_rng_state,
+    "set_rng_state": set_rng_state,
+    "get_rng_state_all": get_rng_state_all,
+    "set_rng_state_all": set_rng_state_all,
+    "device": device,
+}
+
+
+# torch.accelerator: the device-generic API newer tutorials use
+# (`torch.accelerator.current_accelerator().type if torch.accelerator.is_available()`).
+class device_index(device):  # noqa: N801
+    """`with torch.accelerator.device_index(i):`."""
+
+
+def current_accelerator(check_available: bool = False) -> torch.device:
+    return torch.device("cuda")
+
+
+def get_memory_info(device_index: Any = None) -> tuple[int, int]:
+    return mem_get_info(device_index)
+
+
+_ACCEL_FUNCS: dict[str, Callable[..., Any] | type] = {
+    "is_available": is_available,
+    "device_count": device_count,
+    "current_accelerator": current_accelerator,
+    "current_device_index": current_device,
+    "current_device_idx": current_device,
+    "set_device_index": set_device,
+    "set_device_idx": set_device,
+    "device_index": device_index,
+    "synchronize": synchronize,
+    "memory_allocated": memory_allocated,
+    "max_memory_allocated": max_memory_allocated,
+    "memory_reserved": memory_allocated,
+    "max_memory_reserved": max_memory_allocated,
+    "reset_peak_memory_stats": reset_peak_memory_stats,
+    "memory_stats": memory_stats,
+    "get_memory_info": get_memory_info,
+    "empty_cache": empty_cache,
+}
+
+
+def patch_cuda(p: Patcher) -> None:
+    # torch.cuda re-exports functions defined in submodules (torch.cuda.memory,
+    # torch.cuda.random); code may call either name, so both are patched.
+    modules = [torch.cuda] + [sys.modules[n] for n in ("torch.cuda.memory", "torch.cuda.random")
+                              if n in sys.modules]
+    for mod in modules:
+        for name, fn in _CUDA_FUNCS.items():
+            if mod is torch.cuda or _defined_in(mod, name):
+                p.set(mod, name, fn)
+    accel = [m for m in (getattr(torch, "accelerator", None),
+                         sys.modules.get("torch.accelerator.memory")) if m is not None]
+    for mod in accel:
+        for name, fn in _ACCEL_FUNCS.items():
+            if _defined_in(mod, name) or (mod is torch.accelerator and name in vars(mod)):
+                p.set(mod, name, fn)
+
+
+def _defined_in(mod: Any, name: str) -> bool:
+    obj = vars(mod).get(name)
+    return obj is not None and getattr(obj, "__module__", None) == mod.__name__
+
+
+# --- default device (`with torch.device("cuda:0")`, torch.set_default_device) -------------
+
+_orig_device_context_tf = _torch_device.DeviceContext.__torch_function__
+
+
+def _device_context_tf(self: Any, func: Callable, types: Any, args: tuple = (),
+                       kwargs: dict | None = None) -> Any:
+    """DeviceContext, when it names a simulated GPU: route instead of asking for CUDA.
+
+    The simulation mode already routes the calls it sees; this catches the factories that
+    torch's own Python code calls while that mode is busy with an outer call.
+    """
+    kwargs = kwargs or {}
+    if (_state.session is not None and self.device.type == "cuda"
+            and func in _mode._CONSTRUCTORS and kwargs.get("device") is None):
+        return _mode._routed(func, args, kwargs, self.device)
+    return _orig_device_context_tf(self, func, types, args, kwargs)
+
+
+def patch_device_context(p: Patcher) -> None:
+    p.set(_torch_device.DeviceContext, "__torch_function__", _device_context_tf)
+
+
+# --- torch.save / torch.load ---------------------------------------------------------------
+
+def _untyped(obj: Any) -> Any:
+    return obj._untyped_storage if isinstance(obj, torch.storage.TypedStorage) else obj
+
+
+def _tag(obj: Any) -> str | None:
+    m = _state.storage_mark(_untyped(obj))
+    return f"cuda:{m.index}" if m is not None else None
+
+
+def _restore(obj: Any, location: str) -> Any:
+    if _state.session is None or not (location == "cuda" or location.startswith("cuda:")):
+        return None
+    i = _mode.current_device() if location == "cuda" else int(location.split(":", 1)[1])
+    count = device_count()
+    if i >= count:
+        raise RuntimeError(
+            f"Attempting to deserialize object on CUDA device {i} but "
+            f"torch.cuda.device_count() is {count}. Please use torch.load with map_location "
+            "to map your storages to an existing device."
+        )
+    s = _untyped(obj)
+    if _state.storage_mark(s) is None:  # fresh from the file: it now lives on GPU i
+        _state.mark_storages([s], i)
+    return obj
+
+
+# Before torch's own taggers (cpu is priority 10): a marked storage is really a CPU one.
+_SER_PRIORITY = 1
+_registered: tuple | None = None
+
+
+def register_serialization() -> None:
+    global _registered
+    _ser.register_package(_SER_PRIORITY, _tag, _restore)
+    _registered = next(e for e in _ser._package_registry if e[1] is _tag)
+
+
+def unregister_serialization() -> None:
+    global _registered
+    if _registered is not None:
+        with contextlib.suppress(ValueError):
+            _ser._package_registry.remove(_registered)
+        _registered = None

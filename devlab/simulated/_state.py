@@ -1,0 +1,207 @@
+"""State of the simulation: the simulated devices, storage marks and byte accounting.
+
+A simulated GPU's tensor is an ordinary CPU tensor whose *storage* carries a `_Mark`. Every
+view of a storage shares one Python storage object while the C++ storage lives (PyObject
+preservation), so a mark set once is seen by views, `.data`, `.detach()` and `Parameter(t)`;
+a weak reference to the storage object tells when the C++ storage dies, which is when its
+bytes leave the device.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+MARK = "_devlab_sim"
+
+# CUDA's caching allocator hands out blocks in multiples of 512 bytes; counting the same way
+# makes `memory_allocated` read as it would on a real GPU.
+_BLOCK = 512
+
+
+class Session:
+    """One start()..stop() run; marks from an earlier run are ignored by a later one."""
+
+    __slots__ = ("__weakref__", "count", "devices", "used")
+
+    def __init__(self, limits: list[int | None]) -> None:
+        self.count = len(limits)
+        self.devices = [DeviceState(i, lim) for i, lim in enumerate(limits)]
+        self.used = False
+
+
+@dataclass
+class DeviceState:
+    """Byte accounting of one simulated GPU (bytes; limit None = unlimited)."""
+
+    index: int
+    limit: int | None
+    allocated: int = 0
+    peak: int = 0
+    torch_device: torch.device = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.torch_device = torch.device("cuda", self.index)
+
+
+class _Mark:
+    """What a storage carries: its simulated device, its session and the bytes accounted."""
+
+    __slots__ = ("index", "nbytes", "session")
+
+    def __init__(self, index: int, session: Session, nbytes: int) -> None:
+        self.index = index
+        self.session = session
+        self.nbytes = nbytes
+
+
+# The running session (None when not simulating). Read on every op, so a plain global.
+session: Session | None = None
+
+# Reentrant: a weakref callback (storage freed) can run inside a locked section of the same
+# thread when garbage collection triggers there.
+lock = threading.RLock()
+
+# Keeps the weak references (and so their callbacks) alive until their storage dies.
+_refs: set[weakref.ref] = set()
+
+tls = threading.local()
+
+
+def current_index() -> int | None:
+    """The simulated GPU an op is executing on right now in this thread, or None."""
+    return getattr(tls, "index", None)
+
+
+def storage_mark(storage: torch.UntypedStorage) -> _Mark | None:
+    """The live mark of a storage (None if unmarked or marked by an earlier session)."""
+    m = getattr(storage, MARK, None)
+    if m is not None and m.session is session and session is not None:
+        return m
+    return None
+
+
+_DisableTF = torch._C.DisableTorchFunction
+# Tensor types whose untyped_storage() is torch's own (no __torch_function__ of their own).
+PLAIN = (torch.Tensor, torch.nn.Parameter)
+STORAGE_ERRORS = (RuntimeError, NotImplementedError, TypeError, ValueError)
+
+
+def storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
+    """t's storage, read past every torch function mode and subclass override.
+
+    None for sparse, nested or storage-less tensors, which are never simulated.
+    """
+    try:
+        with _DisableTF():
+            return t.untyped_storage()
+    except STORAGE_ERRORS:
+        return None
+
+
+def index_of(t: torch.Tensor) -> int | None:
+    """Simulated GPU index of a tensor; None for a real CPU tensor (or no simulation)."""
+    if session is None:
+        return None
+    s = storage_of(t)
+    if s is None:
+        return None
+    m = getattr(s, MARK, None)
+    if m is not None and m.session is session:
+        return m.index
+    return None
+
+
+def rounded(nbytes: int) -> int:
+    return (nbytes + _BLOCK - 1) // _BLOCK * _BLOCK
+
+
+def format_size(size: int) -> str:
+    """CUDA's allocator formatting of a byte count (c10/cuda/CUDACachingAllocator.cpp)."""
+    if size <= 1024:
+        return f"{size} bytes"
+    if size <= 1048576:
+        return f"{size / 1024.0:.2f} KiB"
+    if size <= 1073741824:
+        return f"{size / 1048576.0:.2f} MiB"
+    return f"{size / 1073741824.0:.2f} GiB"
+
+
+def _oom(dev: DeviceState, nbytes: int) -> torch.OutOfMemoryError:
+    assert dev.limit is not None
+    free = max(0, dev.limit - dev.allocated)
+    return torch.OutOfMemoryError(
+        f"CUDA out of memory. Tried to allocate {format_size(nbytes)}. GPU {dev.index} has a "
+        f"total capacity of {format_size(dev.limit)} of which {format_size(free)} is free. "
+        f"Of the allocated memory {format_size(dev.allocated)} is allocated by PyTorch, and "
+        "0 bytes is reserved by PyTorch but unallocated. (simulated GPU: CPU-backed, its "
+        "memory limit is set by devlab.simulated.start)"
+    )
+
+
+def check_fits(index: int, nbytes: int) -> None:
+    """Raise CUDA's out-of-memory error if `nbytes` more would exceed the device's limit."""
+    sess = session
+    if sess is None:
+        return
+    dev = sess.devices[index]
+    if dev.limit is not None:
+        nb = rounded(nbytes)
+        with lock:
+            if dev.allocated + nb > dev.limit:
+                raise _oom(dev, nb)
+
+
+def _released(ref: weakref.ref, m: _Mark) -> None:
+    _refs.discard(ref)
+    sess = m.session
+    if sess is session:
+        with lock:
+            sess.devices[m.index].allocated -= m.nbytes
+
+
+def mark_storages(storages: list[torch.UntypedStorage], index: int) -> None:
+    """Mark fresh storages as living on simulated GPU `index`, all or none.
+
+    Raises the out-of-memory error, marking nothing, if they do not fit under the limit.
+    """
+    sess = session
+    if sess is None:
+        return
+    sizes = [rounded(s.nbytes()) for s in storages]
+    total = sum(sizes)
+    dev = sess.devices[index]
+    with lock:
+        if dev.limit is not None and dev.allocated + total > dev.limit:
+            raise _oom(dev, total)
+        dev.allocated += total
+        if dev.allocated > dev.peak:
+            dev.peak = dev.allocated
+    for s, nb in zip(storages, sizes, strict=True):
+        m = _Mark(index, sess, nb)
+        setattr(s, MARK, m)
+        _refs.add(weakref.ref(s, lambda r, m=m: _released(r, m)))
+    if not sess.used:
+        sess.used = True
+        from devlab import runtime
+
+        runtime.mark_initialized()
+
+
+def resized(storage: torch.UntypedStorage, m: _Mark) -> None:
+    """Re-account a marked storage whose size changed (resize_, set_, out= ops)."""
+    nb = rounded(storage.nbytes())
+    if nb == m.nbytes:
+        return
+    dev = m.session.devices[m.index]
+    with lock:
+        grow = nb - m.nbytes
+        if grow > 0 and dev.limit is not None and dev.allocated + grow > dev.limit:
+            raise _oom(dev, grow)
+        dev.allocated += grow
+        m.nbytes = nb
+        if dev.allocated > dev.peak:
+            dev.peak = dev.allocated

@@ -1,0 +1,125 @@
+"""One worker thread per simulated GPU: asynchronous launch of heavy ops.
+
+A real GPU runs kernels asynchronously: `x.mm(x)` returns at once and the host only waits at
+a sync point (`.item()`, printing, `.cpu()`, `torch.cuda.synchronize()`). Here the heavy
+no-autograd ops (matrix products) go to the worker of their simulated GPU, which runs them
+with its own share of the CPU cores; their output is allocated (and accounted) up front, and
+every later op that touches that GPU's tensors waits for its queue first. So work on two
+simulated GPUs overlaps, as in d2l's two-GPU scaling exercise.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+
+import torch
+
+from . import _state
+
+# Launched-but-unfinished ops over all workers, and whether a worker holds an error: the
+# fast path of wait() reads just these two.
+_pending_total = 0
+_has_error = False
+_lock = threading.Lock()
+_workers: dict[int, _Worker] = {}
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class _Worker:
+    def __init__(self, index: int, threads: int) -> None:
+        self.index = index
+        self.threads = threads
+        self.queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.pending = 0
+        self.done = threading.Condition(_lock)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"devlab-simulated-gpu{index}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        global _pending_total, _has_error
+        # Per-thread: the main thread keeps all cores for its own (synchronous) work.
+        torch.set_num_threads(self.threads)
+        _state.tls.index = self.index
+        while True:
+            fn = self.queue.get()
+            if fn is None:
+                return
+            try:
+                fn()
+            except BaseException as e:  # surfaces at the next sync, as CUDA errors do
+                with _lock:
+                    if self.error is None:
+                        self.error = e
+                    _has_error = True
+            finally:
+                with _lock:
+                    self.pending -= 1
+                    _pending_total -= 1
+                    if self.pending == 0:
+                        self.done.notify_all()
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        global _pending_total
+        with _lock:
+            self.pending += 1
+            _pending_total += 1
+        self.queue.put(fn)
+
+    def wait(self) -> None:
+        global _has_error
+        with _lock:
+            while self.pending:
+                self.done.wait()
+            err, self.error = self.error, None
+            _has_error = any(w.error is not None for w in _workers.values())
+        if err is not None:
+            raise err
+
+
+def submit(index: int, fn: Callable[[], None]) -> None:
+    """Queue fn on simulated GPU `index`'s worker (started on first use)."""
+    w = _workers.get(index)
+    if w is None:
+        sess = _state.session
+        count = sess.count if sess is not None else 1
+        w = _workers[index] = _Worker(index, max(1, cpu_cores() // count))
+    w.submit(fn)
+
+
+def wait(index: int) -> None:
+    """Block until simulated GPU `index` has finished its queued work (a host sync)."""
+    if _pending_total or _has_error:
+        w = _workers.get(index)
+        if w is not None:
+            w.wait()
+
+
+def wait_all() -> None:
+    for w in list(_workers.values()):
+        w.wait()
+
+
+def shutdown() -> None:
+    """Finish all queued work and end the worker threads (stop())."""
+    errors = []
+    for w in list(_workers.values()):
+        try:
+            w.wait()
+        except BaseException as e:  # stop() must still tear down; report after
+            errors.append(e)
+        w.queue.put(None)
+        w.thread.join()
+    _workers.clear()
+    if errors:
+        raise errors[0]
