@@ -100,7 +100,9 @@ class MemoryMonitor(ipywidgets.VBox):
         self._last_draw = now
         self.redraw()
         cost = time.perf_counter() - now
-        self._draw_cost = cost if self.draws <= 1 else 0.7 * self._draw_cost + 0.3 * cost
+        # The first frame lays out the axes and loads fonts: not what later frames cost.
+        if self.draws > 1:
+            self._draw_cost = 0.7 * self._draw_cost + 0.3 * cost
 
     def redraw(self) -> None:
         """Draw the series as it is now (the sampler thread calls this; so may you)."""

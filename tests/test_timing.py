@@ -1,0 +1,187 @@
+"""devlab.timing: warm-up, synchronize, repeats, median/IQR, comparisons (no kernel)."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+
+import pytest
+import torch
+
+import devlab.timing as timing
+from devlab.timing import Comparison, TimingResult, compare, format_seconds, time_on_device
+
+
+def test_median_of_a_known_duration():
+    r = time_on_device(lambda: time.sleep(0.002), "cpu", min_time=0.1)
+    assert 0.002 <= r.median < 0.0035
+    assert r.q1 <= r.median <= r.q3 and r.iqr >= 0
+    assert r.number == 1  # a 2 ms call is its own block
+    assert r.total >= 0.1 and r.repeats >= 5
+
+
+def test_warmup_calls_are_not_measured():
+    calls = []
+    r = time_on_device(lambda: calls.append(1), "cpu", warmup=3, number=4, repeats=5,
+                       min_time=0)
+    assert len(calls) == 3 + 4 * 5
+    assert r.warmup == 3 and r.number == 4 and r.repeats == 5
+
+
+def test_tiny_calls_are_grouped_into_blocks():
+    x = torch.ones(4)
+    r = time_on_device(lambda: x.add_(1), "cpu", min_time=0.05)
+    assert r.number > 10  # microsecond calls: many per block, so the clock is exact
+    assert r.median < 1e-4
+
+
+def test_repeats_until_min_time():
+    r = time_on_device(lambda: time.sleep(0.001), "cpu", min_time=0.08, repeats=2)
+    assert r.total >= 0.08
+    assert r.repeats >= 2
+    r = time_on_device(lambda: None, "cpu", min_time=10, repeats=3, max_repeats=3)
+    assert r.repeats == 3  # max_repeats wins over min_time
+
+
+def test_fn_and_setup_run_with_the_device_as_default():
+    seen = {}
+
+    def setup():
+        seen["setup"] = torch.get_default_device()
+        seen["x"] = torch.ones(2)
+
+    def fn():
+        seen["fn"] = torch.get_default_device()
+
+    before = torch.get_default_device()
+    time_on_device(fn, "/CPU:0", setup=setup, min_time=0)
+    assert seen["setup"] == seen["fn"] == torch.device("cpu")
+    assert torch.get_default_device() == before
+
+
+def test_an_error_in_fn_propagates_and_restores_the_default_device():
+    before = torch.get_default_device()
+
+    def fn():
+        raise ValueError("bad work")
+
+    with pytest.raises(ValueError, match="bad work"):
+        time_on_device(fn, "cpu")
+    assert torch.get_default_device() == before
+
+
+def test_argument_errors():
+    with pytest.raises(ValueError):
+        time_on_device(lambda: None, "cpu", repeats=0)
+    with pytest.raises(ValueError):
+        time_on_device(lambda: None, "cpu", number=0)
+
+
+class AsyncDevice:
+    """A device whose calls return at once while a worker does the work: what CUDA does."""
+
+    def __init__(self, work_s: float) -> None:
+        self.work_s = work_s
+        self.jobs: queue.Queue = queue.Queue()
+        self.syncs = 0
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            self.jobs.get()
+            time.sleep(self.work_s)
+            self.jobs.task_done()
+
+    def launch(self) -> None:
+        self.jobs.put(1)
+
+    def synchronize(self, device=None) -> None:
+        self.syncs += 1
+        self.jobs.join()
+
+
+def test_synchronize_makes_asynchronous_work_count(monkeypatch):
+    dev = AsyncDevice(0.003)
+    monkeypatch.setattr(timing, "resolve_device", lambda d: torch.device("cuda", 0))
+    monkeypatch.setattr(timing, "_on_device", lambda name, d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", dev.synchronize)
+
+    # What %timeit sees: the launch only.
+    t0 = time.perf_counter()
+    for _ in range(10):
+        dev.launch()
+    naive = (time.perf_counter() - t0) / 10
+    dev.synchronize()
+
+    r = time_on_device(dev.launch, "cuda:0", min_time=0.05)
+    assert naive < 0.0005
+    assert 0.003 <= r.median < 0.005
+    assert dev.syncs >= 2 * r.repeats
+    assert r.synchronize == "torch.cuda.synchronize"
+
+
+def test_synchronizer_per_device_type():
+    assert timing.synchronizer(torch.device("cpu"))[1].startswith("none")
+    assert timing.synchronizer(torch.device("cuda", 0))[1] == "torch.cuda.synchronize"
+
+
+def _result(label: str, times: list[float]) -> TimingResult:
+    return TimingResult(label, "cpu", times, 1, 0, "none")
+
+
+def test_result_statistics_and_html():
+    r = _result("CPU:0", [1.0, 2.0, 3.0, 4.0, 100.0])
+    assert r.median == 3.0
+    assert (r.q1, r.q3, r.iqr) == (2.0, 4.0, 2.0)
+    assert r.min == 1.0 and r.mean == 22.0
+    html = r._repr_html_()
+    assert "median per call" in html and "3 s" in html
+    assert "3 s per call (median)" in str(r)
+    fig = r.plot()
+    assert fig.axes[0].get_ylabel() == "time per call (s)"
+
+
+def test_comparison_speedups_table_and_chart():
+    c = Comparison([_result("CPU:0", [0.004] * 5), _result("GPU:0", [0.001] * 5)])
+    assert c.speedups == {"CPU:0": 1.0, "GPU:0": 4.0}
+    assert c["GPU:0"].median == 0.001
+    html = c._repr_html_()
+    assert "speed-up vs CPU:0" in html and "4.00x" in html and "1.00x" in html
+    fig = c.plot()
+    bars = fig.axes[0].patches
+    assert len(bars) == 2
+    assert bars[0].get_width() == pytest.approx(4.0)  # ms
+    assert c.png().startswith(b"\x89PNG")
+    assert "4.00x vs CPU:0" in str(c)
+
+
+def test_compare_runs_each_device_and_reports_as_it_goes():
+    done = []
+    c = compare({"cpu": lambda: time.sleep(0.004), "/CPU:0": lambda: time.sleep(0.001)},
+                on_result=lambda r: done.append(r.name), min_time=0.05)
+    assert done == ["cpu", "/CPU:0"]
+    assert c.speedups[c.results[1].label] == pytest.approx(c.results[0].median
+                                                           / c.results[1].median)
+    assert 2 < c.results[0].median / c.results[1].median < 6
+
+
+def test_compare_argument_errors():
+    with pytest.raises(TypeError):
+        compare(lambda: None)
+    with pytest.raises(TypeError):
+        compare({"cpu": lambda: None}, ["cpu"])
+    with pytest.raises(ValueError):
+        compare(lambda: None, [])
+
+
+def test_format_seconds():
+    assert format_seconds(1.5) == "1.5 s"
+    assert format_seconds(0.000123) == "123 µs"
+    assert format_seconds(2.5e-9) == "2.5 ns"
+    assert format_seconds(0.0421) == "42.1 ms"
+
+
+def test_docstring_explains_timeit():
+    assert "%timeit" in timing.__doc__ and "synchroniz" in timing.__doc__

@@ -1,0 +1,181 @@
+"""devlab.widgets: MemoryMonitor and TimingChart, in-process and in real kernels with
+ipywidgets 8 (installed) and 7.7 (Colab's; installed into a folder under .venv/)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from nbutil import ROOT, execute
+
+from devlab.memory import MemoryReading
+from devlab.widgets import MemoryMonitor, TimingChart
+
+MiB = 1024 * 1024
+IPYWIDGETS7 = ROOT / ".venv" / "ipywidgets7"
+IPYWIDGETS7_SPEC = ["ipywidgets==7.7.5", "ipython_genutils==0.2.0"]
+
+
+class Reader:
+    def __init__(self, label: str = "GPU:0", limit: int | None = 256 * MiB) -> None:
+        self.label = label
+        self.used = 0
+        self.limit = limit
+
+    def read(self) -> MemoryReading:
+        return MemoryReading(time.perf_counter(), self.used, None, self.limit, self.label)
+
+
+def _png(output_widget) -> bytes:
+    (out,) = output_widget.outputs
+    return base64.b64decode(out["data"]["image/png"])
+
+
+def test_memory_monitor_draws_from_the_sampler_thread_and_summarizes():
+    reader = Reader()
+    mon = MemoryMonitor([reader], interval=0.01, redraw_interval=0.05)
+    threads = []
+    redraw = mon.redraw
+
+    def spy():
+        threads.append(threading.current_thread().name)
+        redraw()
+
+    mon.redraw = spy
+    mon.start()
+    for _ in range(10):
+        reader.used += 16 * MiB
+        time.sleep(0.03)
+    summary = mon.stop()
+    assert "devlab-memory-sampler" in threads
+    assert threads[-1] == threading.current_thread().name  # the last frame, after the join
+    assert _png(mon._chart).startswith(b"\x89PNG")
+    assert summary["GPU:0"].peak == 160 * MiB
+    assert "peak 160.0 MiB" in mon._summary.value
+    assert "stopped" in mon._status.value and "160.0 MiB of 256.0 MiB" in mon._status.value
+    assert repr(mon) == "MemoryMonitor(GPU:0)"
+
+
+def test_redraws_are_throttled():
+    mon = MemoryMonitor([Reader()], interval=0.005, redraw_interval=0.2)
+    mon.start()
+    time.sleep(0.7)
+    mon.stop()
+    assert mon.sampler.rate() > 100  # sampling is not held back by drawing...
+    assert 2 <= mon.draws <= 6  # ...and drawing happens at most every 0.2 s (+ last frame)
+
+
+def test_context_manager_stops_on_error_and_summary_can_be_left_out():
+    mon = MemoryMonitor([Reader()], show_summary=False)
+    with pytest.raises(KeyError), mon:
+        raise KeyError("in the cell")
+    assert not mon.sampler.running
+    assert mon._summary.value == ""
+    assert mon.summary.devices[0].label == "GPU:0"
+
+
+def test_bad_device_fails_before_showing_anything():
+    with pytest.raises((ValueError, RuntimeError)):
+        MemoryMonitor(["/GPU:7"])
+
+
+def test_timing_chart_run_fills_progress_chart_and_table():
+    x = torch.ones(1000)
+    chart = TimingChart.run(lambda: x * 2, ["cpu", "/CPU:0"], display=False, min_time=0.02)
+    assert chart._progress.value == chart._progress.max == 200
+    assert chart._label.value == "done: 2 devices"
+    assert _png(chart._chart).startswith(b"\x89PNG")
+    assert chart._table.value.count("<tr>") == 3 and "speed-up vs CPU:0" in chart._table.value
+    assert len(chart.comparison.results) == 2
+
+
+def test_timing_chart_fed_by_hand():
+    chart = TimingChart(3, show_table=False)
+    chart.starting("/GPU:0")
+    assert chart._label.value == "/GPU:0 (1/3)"
+    chart.progress(0.5)
+    assert chart._progress.value == 50
+    chart.stopped("stopped on /GPU:0: RuntimeError")
+    assert chart._label.value.startswith("stopped")
+    with pytest.raises(TypeError):
+        TimingChart.run(lambda: None, display=False)
+
+
+# -- in real kernels ---------------------------------------------------------------------------
+
+KERNEL_CODE = """
+import time, ipywidgets, torch
+from devlab.widgets import MemoryMonitor, TimingChart
+print("ipywidgets", ipywidgets.__version__)
+mon = MemoryMonitor(["cpu"], interval=0.02, redraw_interval=0.1)
+with mon:
+    xs = [torch.ones(1_000_000) for _ in range(32)]
+    time.sleep(0.6)
+print("draws", mon.draws)
+chart = TimingChart.run(lambda: torch.ones(100) * 2, ["cpu", "/CPU:0"], min_time=0.02)
+"""
+
+
+def run_widget_cells(*sources: str, env: dict[str, str] | None = None):
+    """Execute cells in a fresh kernel; return the cells and the saved widget state."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    execute(nb, timeout=120, env=env)
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    return nb.cells, state
+
+
+def models(state: dict, name: str) -> list[dict]:
+    return [m["state"] for m in state.values() if m["model_name"] == name]
+
+
+def _check_kernel_widgets(cells, state, major: str) -> None:
+    out = "".join(o.get("text", "") for o in cells[0].outputs)
+    assert f"ipywidgets {major}." in out
+    draws = int(out.split("draws")[1].split()[0])
+    assert draws >= 3
+    # The frames drawn from the sampler thread reached the notebook as widget state.
+    pngs = [o for m in models(state, "OutputModel") for o in m["outputs"]
+            if "image/png" in o.get("data", {})]
+    assert len(pngs) == 2  # the memory chart and the timing chart
+    html = " ".join(m["value"] for m in models(state, "HTMLModel"))
+    assert "peak" in html and "still held" in html
+    assert "speed-up vs CPU:0" in html
+    (progress,) = models(state, "IntProgressModel")
+    assert progress["value"] == progress["max"] == 200
+
+
+@pytest.mark.notebook
+def test_widgets_in_a_kernel_with_ipywidgets_8():
+    cells, state = run_widget_cells(KERNEL_CODE)
+    _check_kernel_widgets(cells, state, "8")
+
+
+def ensure_ipywidgets7() -> Path:
+    """ipywidgets 7.7 (what Colab ships) in its own folder, put first on the kernel's path.
+
+    Only the Python package is needed in the kernel (widgetsnbextension and
+    jupyterlab_widgets 1.x are frontend assets); ipython_genutils is a 7.x import.
+    """
+    if not (IPYWIDGETS7 / "ipywidgets" / "__init__.py").exists():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+             "--no-deps", "--target", str(IPYWIDGETS7), *IPYWIDGETS7_SPEC],
+            check=True)
+    return IPYWIDGETS7
+
+
+@pytest.mark.notebook
+def test_widgets_in_a_kernel_with_ipywidgets_7():
+    folder = ensure_ipywidgets7()
+    path = os.pathsep.join([str(folder), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    cells, state = run_widget_cells(KERNEL_CODE, env={"PYTHONPATH": path})
+    _check_kernel_widgets(cells, state, "7")
