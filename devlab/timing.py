@@ -287,6 +287,17 @@ class Comparison:
 
     results: list[TimingResult] = field(default_factory=list)
 
+    def add(self, result: TimingResult) -> TimingResult:
+        """Append a result; a label already taken gets a number (`CPU:0 #2`)."""
+        taken = {r.label for r in self.results}
+        if result.label in taken:
+            k = 2
+            while f"{result.label} #{k}" in taken:
+                k += 1
+            result.label = f"{result.label} #{k}"
+        self.results.append(result)
+        return result
+
     @property
     def baseline(self) -> TimingResult:
         return self.results[0]
@@ -378,8 +389,7 @@ def compare(
         raise ValueError("no devices to compare")
     comparison = Comparison()
     for device, f in pairs:
-        result = time_on_device(f, device, **timing)
-        comparison.results.append(result)
+        result = comparison.add(time_on_device(f, device, **timing))
         if on_result is not None:
             on_result(result)
     return comparison

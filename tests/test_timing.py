@@ -162,6 +162,7 @@ def test_compare_runs_each_device_and_reports_as_it_goes():
     c = compare({"cpu": lambda: time.sleep(0.004), "/CPU:0": lambda: time.sleep(0.001)},
                 on_result=lambda r: done.append(r.name), min_time=0.05)
     assert done == ["cpu", "/CPU:0"]
+    assert [r.label for r in c.results] == ["CPU:0", "CPU:0 #2"]  # one device, two runs
     assert c.speedups[c.results[1].label] == pytest.approx(c.results[0].median
                                                            / c.results[1].median)
     assert 2 < c.results[0].median / c.results[1].median < 6

@@ -52,7 +52,7 @@ class TimingChart(ipywidgets.VBox):
 
     def add(self, result: TimingResult) -> None:
         """One more device finished: redraw the chart and the table."""
-        self.comparison.results.append(result)
+        self.comparison.add(result)
         self.show(self.comparison)
 
     def show(self, comparison: Comparison) -> None:

@@ -1,0 +1,196 @@
+"""%%memwatch and %%compare_devices: in-process (IPython shell) and in a real kernel."""
+
+from __future__ import annotations
+
+import threading
+
+import nbformat
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from nbutil import errors, execute, html, text
+
+from devlab.magics.monitoring import MonitoringMagics
+from devlab.timing import Comparison
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = InteractiveShell.instance()
+    shell.register_magics(MonitoringMagics)
+    return shell
+
+
+def _no_sampler_thread() -> bool:
+    return not [t for t in threading.enumerate() if t.name == "devlab-memory-sampler"]
+
+
+def test_help_lists_every_option(ip):
+    doc = ip.find_cell_magic("memwatch").__doc__
+    for option in ("--device", "--interval", "MS", "summary"):
+        assert option in doc
+    doc = ip.find_cell_magic("compare_devices").__doc__
+    for option in ("NAME", "--setup", "--warmup", "--min-time", "--repeats", "%timeit"):
+        assert option in doc
+
+
+def test_memwatch_runs_the_cell_in_the_user_namespace(ip, capsys):
+    ip.user_ns["base"] = 20
+    value = ip.run_cell_magic("memwatch", "--device cpu --interval 10",
+                              "import torch\nbig = torch.ones(4_000_000)\nbase + 1")
+    assert value == 21
+    assert ip.user_ns["big"].numel() == 4_000_000
+    out = capsys.readouterr().out
+    assert "MemoryMonitor(CPU:0 (process RSS))" in out
+    assert "peak" in out and "still held" in out
+    assert _no_sampler_thread()
+
+
+def test_memwatch_error_propagates_and_stops_the_sampler(ip, capsys):
+    with pytest.raises(ZeroDivisionError):
+        ip.run_cell_magic("memwatch", "--device cpu", "before = 1\n1 / 0")
+    assert ip.user_ns["before"] == 1
+    assert _no_sampler_thread()
+    assert "peak" in capsys.readouterr().out  # the summary still shows
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--interval 0", "--interval must be more than 0 ms"),
+    ("--interval -5", "--interval must be more than 0 ms"),
+    ("--device /GPU:9", "unknown device"),
+    ("--device /foo:1", "Unknown attribute 'foo'"),
+    ("--bogus", "unrecognized arguments"),
+])
+def test_memwatch_bad_input_is_one_line_usage_error(ip, line, message):
+    with pytest.raises(UsageError) as e:
+        ip.run_cell_magic("memwatch", line, "pass")
+    assert message in str(e.value)
+    assert "\n" not in str(e.value).strip()
+    assert _no_sampler_thread()
+
+
+def test_compare_devices_returns_a_comparison_and_does_not_leak(ip, capsys):
+    ip.user_ns.pop("y", None)
+    result = ip.run_cell_magic(
+        "compare_devices", "cpu /CPU:0 --setup \"x = torch.rand(64, 64)\" --min-time 0.02 -o",
+        "import torch\ny = x @ x")
+    assert isinstance(result, Comparison)
+    assert [r.name for r in result.results] == ["cpu", "/CPU:0"]
+    assert list(result.speedups) == ["CPU:0", "CPU:0 #2"]
+    assert result.speedups["CPU:0"] == 1.0
+    assert "y" not in ip.user_ns and "x" not in ip.user_ns
+    assert "TimingChart(" in capsys.readouterr().out  # the chart was shown
+
+
+def test_compare_devices_error_in_the_cell_restores_the_device(ip):
+    before = torch.get_default_device()
+    with pytest.raises(NameError):
+        ip.run_cell_magic("compare_devices", "cpu", "undefined_name + 1")
+    assert torch.get_default_device() == before
+
+
+@pytest.mark.parametrize("line, message", [
+    ("/GPU:5", "unknown device"),
+    ("cpu --min-time -1", "--min-time >= 0"),
+    ("cpu --repeats 0", "--repeats >= 1"),
+    ("", "the following arguments are required"),
+])
+def test_compare_devices_bad_input(ip, line, message):
+    with pytest.raises(UsageError, match=message):
+        ip.run_cell_magic("compare_devices", line, "pass")
+
+
+def test_compare_devices_setup_syntax_error_is_a_usage_error(ip):
+    with pytest.raises(UsageError, match="SyntaxError in the setup"):
+        ip.run_cell_magic("compare_devices", "cpu --setup 'x = ('", "pass")
+
+
+# -- in a real kernel, with simulated GPUs -----------------------------------------------------
+
+KERNEL_CELLS = {
+    "setup": "import devlab, torch, threading\n"
+             "devlab.config.simulate_gpus(1, memory_limit=256)\n"
+             "from devlab.magics.monitoring import MonitoringMagics\n"
+             "get_ipython().register_magics(MonitoringMagics)",
+    "watch": "%%memwatch --interval 20\n"
+             "import time\n"
+             "xs = []\n"
+             "for i in range(8):\n"
+             "    xs.append(torch.ones(4, 1024, 1024, device='cuda:0'))  # 16 MiB each\n"
+             "    time.sleep(0.05)\n"
+             "del xs[4:]\n"
+             "len(xs)",
+    "over_limit": "%%memwatch --device /GPU:0 --device /CPU:0\n"
+                  "huge = torch.ones(512, 1024, 1024, device='cuda:0')",
+    "alive": "print([t.name for t in threading.enumerate() if 'devlab' in t.name], "
+             "torch.get_default_device(), 'huge' in globals())",
+    "bad_interval": "%%memwatch --interval 0\npass",
+    "bad_device": "%%memwatch --device /GPU:3\npass",
+    "compare": "%%compare_devices /CPU:0 /GPU:0 --setup \"a = torch.rand(256, 256)\" --min-time 0.1\n"
+               "b = a @ a",
+}
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in KERNEL_CELLS.values()]
+    execute(nb, allow_errors=True, timeout=300)
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    return dict(zip(KERNEL_CELLS, nb.cells, strict=True)), state
+
+
+def _models(state, name):
+    return [m["state"] for m in state.values() if m["model_name"] == name]
+
+
+@pytest.mark.notebook
+def test_kernel_memwatch_on_a_simulated_gpu(kernel):
+    cells, state = kernel
+    cell = cells["watch"]
+    assert not errors(cell)
+    assert "application/vnd.jupyter.widget-view+json" in cell.outputs[0]["data"]
+    summary = html(cell)
+    assert "GPU:0 (simulated)" in summary
+    assert "<td>128.0 MiB</td>" in summary  # peak: 8 x 16 MiB
+    assert "+64.0 MiB" in summary  # growth: 4 tensors still held
+    assert text(cell).strip().endswith("4")  # the cell's value
+
+
+@pytest.mark.notebook
+def test_kernel_out_of_memory_cell(kernel):
+    cells, state = kernel
+    cell = cells["over_limit"]
+    (err,) = errors(cell)
+    assert err.ename == "OutOfMemoryError"
+    tb = "\n".join(err.traceback)
+    assert "huge = torch.ones(512, 1024, 1024" in tb
+    assert "monitoring.py" not in tb  # devlab's own frames are hidden
+    # The summary still shows, with the limit.
+    assert "limit 256.0 MiB" in text(cell) or "256.0 MiB" in html(cell)
+    # The kernel is alive, the sampler thread gone, torch's default device untouched.
+    assert text(cells["alive"]).strip() == "[] cpu False"
+
+
+@pytest.mark.notebook
+def test_kernel_bad_input_one_line(kernel):
+    cells, _ = kernel
+    for name, message in (("bad_interval", "--interval must be more than 0 ms"),
+                          ("bad_device", "unknown device")):
+        out = text(cells[name])
+        assert "UsageError" in out and message in out
+        assert "Traceback" not in out
+
+
+@pytest.mark.notebook
+def test_kernel_chart_frames_and_compare(kernel):
+    cells, state = kernel
+    pngs = [o for m in _models(state, "OutputModel") for o in m["outputs"]
+            if "image/png" in o.get("data", {})]
+    assert len(pngs) == 3  # two memory charts, one timing chart
+    assert not errors(cells["compare"])
+    tables = " ".join(m["value"] for m in _models(state, "HTMLModel"))
+    assert "speed-up vs CPU:0" in tables and "GPU:0 (simulated)" in tables
+    statuses = [m["value"] for m in _models(state, "HTMLModel") if "memory (stopped" in m["value"]]
+    assert any("of 256.0 MiB" in s for s in statuses)
