@@ -339,3 +339,24 @@ def test_format_bytes():
     assert format_bytes(3 * MiB) == "3.0 MiB"
     assert format_bytes(-2 * 1024**3) == "-2.0 GiB"
     assert format_bytes(None) == "—"
+
+
+# -- with the real simulation --------------------------------------------------------------------
+
+
+def test_sampler_reads_simulated_gpus():
+    import devlab
+
+    devlab.config.simulate_gpus(2, memory_limit=256)
+    reader = reader_for("/GPU:1")
+    assert isinstance(reader, SimulatedReader) and reader.label == "GPU:1 (simulated)"
+    with Sampler(["/GPU:0", "/GPU:1"], interval=0.01) as s:
+        x = torch.ones(16, 1024, 1024, device="cuda:1")  # 64 MiB
+        torch.cuda.synchronize()
+        time.sleep(0.05)
+        del x
+        torch.cuda.synchronize()
+    gpu1 = s.summary()["GPU:1 (simulated)"]
+    assert (gpu1.start, gpu1.peak, gpu1.end) == (0, 64 * MiB, 0)
+    assert gpu1.limit == 256 * MiB
+    assert s.summary()["GPU:0 (simulated)"].peak == 0

@@ -186,3 +186,18 @@ def test_format_seconds():
 
 def test_docstring_explains_timeit():
     assert "%timeit" in timing.__doc__ and "synchroniz" in timing.__doc__
+
+
+def test_simulated_gpu_timing_waits_for_the_device(monkeypatch):
+    import devlab
+
+    devlab.config.simulate_gpus(1)
+    syncs = []
+    simulated_sync = torch.cuda.synchronize  # the simulation's own, patched in
+    monkeypatch.setattr(torch.cuda, "synchronize",
+                        lambda device=None: (syncs.append(device), simulated_sync(device)))
+    a = torch.rand(256, 256, device="cuda:0")
+    r = time_on_device(lambda: a @ a, "/GPU:0", min_time=0.05)
+    assert r.label == "GPU:0 (simulated)" and r.device == "cuda:0"
+    assert len(syncs) >= 2 * r.repeats
+    assert r.median > 0
