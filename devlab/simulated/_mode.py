@@ -18,10 +18,11 @@ import torch.utils._device as _torch_device
 from torch.overrides import TorchFunctionMode
 
 from . import _state, _workers
-from ._state import MARK, mark_storages, resized, tls
+from ._state import MARK, mark_storage, mark_storages, resized, tls
 
 Tensor = torch.Tensor
 _DisableTF = torch._C.DisableTorchFunction
+_tf_stack_len = torch._C._len_torch_function_stack
 
 INVALID_ORDINAL = (
     "CUDA error: invalid device ordinal\n"
@@ -86,31 +87,47 @@ def mark_out(out: Any, index: int, exclude: list | None = None) -> None:
     Storages already marked are views or in-place results; `exclude` holds the storages of
     unmarked (CPU) inputs, which an output may alias (e.g. a broadcast CPU scalar).
     """
-    sess = _state.session
     if isinstance(out, Tensor):
-        outs: tuple | list = (out,)
-    elif isinstance(out, (tuple, list)):
-        outs = out
-    else:
-        return
-    fresh: list[torch.UntypedStorage] = []
-    for o in outs:
-        if not isinstance(o, Tensor):
-            continue
-        s = _storage(o)
-        if s is None:
-            continue
+        if type(out) in _PLAIN and not _tf_stack_len():
+            try:
+                s = out.untyped_storage()
+            except _state.STORAGE_ERRORS:
+                return
+        else:
+            s = _storage(out)
+            if s is None:
+                return
         m = getattr(s, MARK, None)
-        if m is not None and m.session is sess:
-            if s.nbytes() > m.nbytes or s.nbytes() <= m.nbytes - 512:
+        if m is not None and m.session is _state.session:
+            n = s.nbytes()
+            if n > m.nbytes or n <= m.nbytes - 512:
                 resized(s, m)
-            continue
-        if exclude and any(s is e for e in exclude):
-            continue
-        if not any(s is f for f in fresh):
-            fresh.append(s)
-    if fresh:
-        mark_storages(fresh, index)
+            return
+        if exclude:
+            for e in exclude:
+                if e is s:
+                    return
+        mark_storage(s, index)
+    elif isinstance(out, (tuple, list)):
+        sess = _state.session
+        fresh: list[torch.UntypedStorage] = []
+        for o in out:
+            if not isinstance(o, Tensor):
+                continue
+            s = _storage(o)
+            if s is None:
+                continue
+            m = getattr(s, MARK, None)
+            if m is not None and m.session is sess:
+                if s.nbytes() != m.nbytes:
+                    resized(s, m)
+                continue
+            if exclude and any(s is e for e in exclude):
+                continue
+            if not any(s is f for f in fresh):
+                fresh.append(s)
+        if fresh:
+            mark_storages(fresh, index)
 
 
 def _call_on(index: int | None, func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -172,8 +189,12 @@ def _raise_mixed(ts: list[Tensor]) -> None:
 
 # Ops allowed to mix devices, as on real CUDA: copies, indexing with CPU indices, and
 # attribute setters such as `p.data = t` (what Module._apply does across devices).
-_MIXED_OK_NAMES = {"__set__", "__setitem__", "__getitem__", "index_put_", "index_put",
-                   "set_", "_make_subclass", "backward", "copy_"}
+# Queries that only compare metadata (`_has_compatible_shallow_copy_type` in Module._apply)
+# may look at tensors of two devices too.
+_MIXED_OK_NAMES = {"__set__", "__get__", "__setitem__", "__getitem__", "index_put_",
+                   "index_put", "set_", "_make_subclass", "backward", "copy_",
+                   "_has_compatible_shallow_copy_type", "is_same_size", "is_set_to",
+                   "swap_tensors", "_version", "register_hook"}
 
 
 def _op_device(func: Callable, args: tuple, kwargs: dict) -> tuple[int | None, list | None]:
@@ -202,7 +223,7 @@ def _op_device(func: Callable, args: tuple, kwargs: dict) -> tuple[int | None, l
                 cpu_in = [s]
             else:
                 cpu_in.append(s)
-            if not bad and s.nbytes() != 0 and _nonscalar(t):
+            if not bad and _nonscalar(t):
                 bad = True
     if common is None:
         return None, None
@@ -544,9 +565,12 @@ class SimulationMode(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
+        # Runs for every torch call in this thread: the common case (plain tensors in, one
+        # tensor out) is written out inline; everything else goes to the helpers above.
+        sess = _state.session
         if kwargs is None:
             kwargs = {}
-        if self.inert or _state.session is None:
+        if sess is None or self.inert:
             return func(*args, **kwargs)
         h = _HANDLERS.get(func)
         if h is not None:
@@ -560,20 +584,65 @@ class SimulationMode(TorchFunctionMode):
             if cur is not None and cur.type == "cuda":
                 return _routed(func, args, kwargs, cur)
             return func(*args, **kwargs)
-        if torch._C._len_torch_function_stack():
-            # Another mode (a DeviceContext) lies below: storage lookups would enter it.
-            with _DisableTF():
-                index, cpu_in = _op_device(func, args, kwargs)
+        if kwargs or _tf_stack_len():
+            index, cpu_in = _guarded_op_device(func, args, kwargs)
         else:
-            index, cpu_in = _op_device(func, args, kwargs)
+            index = None
+            cpu_in = None
+            bad = False
+            for a in args:
+                if type(a) in _PLAIN:
+                    try:
+                        st = a.untyped_storage()
+                    except _state.STORAGE_ERRORS:
+                        continue
+                    m = getattr(st, MARK, None)
+                    if m is not None and m.session is sess:
+                        if index is None:
+                            index = m.index
+                        elif m.index != index:
+                            bad = True
+                    else:
+                        if cpu_in is None:
+                            cpu_in = [st]
+                        else:
+                            cpu_in.append(st)
+                        if a.dim() != 0:
+                            bad = True
+                elif isinstance(a, (Tensor, list, tuple)):  # subclasses, lists: the long way
+                    index, cpu_in = _op_device(func, args, kwargs)
+                    bad = False
+                    break
+            if bad and index is not None:
+                index, cpu_in = _op_device(func, args, kwargs)  # raises unless allowed
         if index is None:
             return func(*args, **kwargs)
-        _workers.wait(index)
+        if _workers._pending_total or _workers._has_error:
+            _workers.wait(index)
         prev = getattr(tls, "index", None)
         tls.index = index
         try:
             out = func(*args, **kwargs)
         finally:
             tls.index = prev
-        mark_out(out, index, cpu_in)
+        if type(out) in _PLAIN and cpu_in is None and not _tf_stack_len():
+            try:
+                st = out.untyped_storage()
+            except _state.STORAGE_ERRORS:
+                return out
+            m = getattr(st, MARK, None)
+            if m is None or m.session is not sess:
+                mark_storage(st, index)
+            elif st.nbytes() > m.nbytes:
+                resized(st, m)
+        else:
+            mark_out(out, index, cpu_in)
         return out
+
+
+def _guarded_op_device(func: Callable, args: tuple, kwargs: dict) -> tuple[int | None, list | None]:
+    if _tf_stack_len():
+        # Another mode (a DeviceContext) lies below: storage lookups would enter it.
+        with _DisableTF():
+            return _op_device(func, args, kwargs)
+    return _op_device(func, args, kwargs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -309,6 +310,94 @@ class device:  # noqa: N801 - stands in for torch.cuda.device
             tls.device = self.prev_idx
 
 
+class Stream:
+    """A simulated GPU's one stream: its worker's queue (no capture, no priorities)."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        self.device_index = _index(device)
+        self.device = torch.device("cuda", self.device_index)
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        _workers.wait(self.device_index)
+
+    def query(self) -> bool:
+        return _workers.idle(self.device_index)
+
+    def wait_stream(self, stream: Any) -> None:
+        """One stream per device: ordering across devices is kept by the host syncs."""
+
+    def wait_event(self, event: Any) -> None:
+        """As wait_stream."""
+
+    def record_event(self, event: Any = None) -> Event:
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream) and other.device_index == self.device_index
+
+    def __hash__(self) -> int:
+        return hash(("devlab-simulated-stream", self.device_index))
+
+    def __repr__(self) -> str:
+        return f"<simulated Stream device=cuda:{self.device_index}>"
+
+
+class Event:
+    """torch.cuda.Event for simulated GPUs: records when the device's queue reaches it."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False, **kwargs: Any) -> None:
+        self.enable_timing = enable_timing
+        self.time: float | None = None
+        self.device_index: int | None = None
+
+    def record(self, stream: Any = None) -> None:
+        i = stream.device_index if isinstance(stream, Stream) else _index(None)
+        self.device_index = i
+        self.time = None
+        _workers.at_queue_end(i, self._stamp)
+
+    def _stamp(self) -> None:
+        self.time = time.perf_counter()
+
+    def query(self) -> bool:
+        return self.time is not None
+
+    def synchronize(self) -> None:
+        if self.device_index is not None:
+            _workers.wait(self.device_index)
+
+    def wait(self, stream: Any = None) -> None:
+        """See Stream.wait_stream."""
+
+    def elapsed_time(self, end_event: Event) -> float:
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        self.synchronize()
+        end_event.synchronize()
+        if self.time is None or end_event.time is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event.time - self.time) * 1000.0
+
+
+def current_stream(device: Any = None) -> Stream:
+    return Stream(device)
+
+
+class _NoStream(contextlib.nullcontext):
+    """torch.cuda.stream(s): every simulated GPU has one stream, so nothing to switch."""
+
+
+def stream(stream: Any) -> contextlib.AbstractContextManager:
+    return _NoStream()
+
+
 _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "is_available": is_available,
     "device_count": device_count,
@@ -340,6 +429,11 @@ _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "get_rng_state_all": get_rng_state_all,
     "set_rng_state_all": set_rng_state_all,
     "device": device,
+    "Stream": Stream,
+    "Event": Event,
+    "current_stream": current_stream,
+    "default_stream": current_stream,
+    "stream": stream,
 }
 
 
@@ -375,6 +469,7 @@ _ACCEL_FUNCS: dict[str, Callable[..., Any] | type] = {
     "memory_stats": memory_stats,
     "get_memory_info": get_memory_info,
     "empty_cache": empty_cache,
+    "current_stream": current_stream,
 }
 
 

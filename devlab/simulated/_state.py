@@ -50,12 +50,19 @@ class DeviceState:
 class _Mark:
     """What a storage carries: its simulated device, its session and the bytes accounted."""
 
-    __slots__ = ("index", "nbytes", "session")
+    __slots__ = ("index", "nbytes", "ref", "session")
 
     def __init__(self, index: int, session: Session, nbytes: int) -> None:
         self.index = index
         self.session = session
         self.nbytes = nbytes
+
+    def release(self, ref: weakref.ref) -> None:
+        """The storage died (weakref callback): its bytes leave the device."""
+        sess = self.session
+        if sess is session:
+            with lock:
+                sess.devices[self.index].allocated -= self.nbytes
 
 
 # The running session (None when not simulating). Read on every op, so a plain global.
@@ -64,9 +71,6 @@ session: Session | None = None
 # Reentrant: a weakref callback (storage freed) can run inside a locked section of the same
 # thread when garbage collection triggers there.
 lock = threading.RLock()
-
-# Keeps the weak references (and so their callbacks) alive until their storage dies.
-_refs: set[weakref.ref] = set()
 
 tls = threading.local()
 
@@ -155,19 +159,14 @@ def check_fits(index: int, nbytes: int) -> None:
                 raise _oom(dev, nb)
 
 
-def _released(ref: weakref.ref, m: _Mark) -> None:
-    _refs.discard(ref)
-    sess = m.session
-    if sess is session:
-        with lock:
-            sess.devices[m.index].allocated -= m.nbytes
-
-
 def mark_storages(storages: list[torch.UntypedStorage], index: int) -> None:
     """Mark fresh storages as living on simulated GPU `index`, all or none.
 
     Raises the out-of-memory error, marking nothing, if they do not fit under the limit.
     """
+    if len(storages) == 1:
+        mark_storage(storages[0], index)
+        return
     sess = session
     if sess is None:
         return
@@ -181,14 +180,44 @@ def mark_storages(storages: list[torch.UntypedStorage], index: int) -> None:
         if dev.allocated > dev.peak:
             dev.peak = dev.allocated
     for s, nb in zip(storages, sizes, strict=True):
-        m = _Mark(index, sess, nb)
-        setattr(s, MARK, m)
-        _refs.add(weakref.ref(s, lambda r, m=m: _released(r, m)))
+        _attach(s, _Mark(index, sess, nb))
     if not sess.used:
-        sess.used = True
-        from devlab import runtime
+        _first_use(sess)
 
-        runtime.mark_initialized()
+
+def mark_storage(s: torch.UntypedStorage, index: int) -> None:
+    """mark_storages for one storage: the path taken by almost every op, kept short."""
+    sess = session
+    if sess is None:
+        return
+    nb = (s.nbytes() + _BLOCK - 1) & -_BLOCK
+    dev = sess.devices[index]
+    with lock:
+        alloc = dev.allocated + nb
+        if dev.limit is not None and alloc > dev.limit:
+            raise _oom(dev, nb)
+        dev.allocated = alloc
+        if alloc > dev.peak:
+            dev.peak = alloc
+    m = _Mark(index, sess, nb)
+    # The mark holds the weak reference that tells when the storage dies; CPython drops the
+    # callback once it has run, so no reference cycle outlives the storage.
+    m.ref = weakref.ref(s, m.release)
+    s._devlab_sim = m
+    if not sess.used:
+        _first_use(sess)
+
+
+def _attach(s: torch.UntypedStorage, m: _Mark) -> None:
+    m.ref = weakref.ref(s, m.release)
+    s._devlab_sim = m
+
+
+def _first_use(sess: Session) -> None:
+    sess.used = True
+    from devlab import runtime
+
+    runtime.mark_initialized()
 
 
 def resized(storage: torch.UntypedStorage, m: _Mark) -> None:

@@ -105,6 +105,21 @@ def wait(index: int) -> None:
             w.wait()
 
 
+def idle(index: int) -> bool:
+    """True when simulated GPU `index` has no queued work."""
+    w = _workers.get(index)
+    return w is None or w.pending == 0
+
+
+def at_queue_end(index: int, fn: Callable[[], None]) -> None:
+    """Run fn when the device has done all work queued so far (now, if it has none)."""
+    w = _workers.get(index)
+    if w is None or w.pending == 0:
+        fn()
+    else:
+        w.submit(fn)
+
+
 def wait_all() -> None:
     for w in list(_workers.values()):
         w.wait()
