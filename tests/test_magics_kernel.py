@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from nbutil import errors, html, run_cells, run_notebook, text
+from nbutil import errors, html, run_cells, run_notebook, stream, text
 
 pytestmark = pytest.mark.notebook
 
@@ -17,12 +17,14 @@ def cells(tmp_path_factory):
     sources = {
         "load": "%load_ext devlab",
         "load_again": "%load_ext devlab",
+        "devices": "%devices",
+        "simulate": "%devices --simulate-gpus 1",
         "device_cell": "%%device /CPU:0\nimport torch\nx = torch.ones(2, 2)\nx @ x",
         "log_cell": "%%placement_log\ny = x @ x\nprint('between')\ny.sum()",
-        "devices": "%devices",
         "bad_name": "%%device /foo:1\nx",
         "unknown": "%%device /GPU:7\nx",
-        "error_in_cell": "%%device /CPU:0\nz = torch.ones(1)\n1/0",
+        "before_error": "import torch\ntorch.get_default_device(), torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()",
+        "error_in_cell": "%%device /GPU:0\nz = torch.ones(1)\n1/0",
         "after_error": "import torch\ntorch.get_default_device(), torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()",
         "line_on": f"%placement_log on --limit 5 --file {logfile}",
         "logged": "w = torch.ones(3)\nfor _ in range(20):\n    w = w + 1",
@@ -32,10 +34,11 @@ def cells(tmp_path_factory):
         "device_line": "%device /CPU:0",
         "device_show": "%device",
         "device_reset": "%device --reset",
-        "simulate": "%devices --simulate-gpus 1",
+        "simulate_late": "%devices --simulate-gpus 2",
         "copies": "%%placement_log\na = torch.ones(1000, 1000)\nb = a.to('cuda:0')\ns = b.sum()\ns.item()",
         "print_sync": "%%device /GPU:0 --log\nc = torch.ones(2)\nprint(c)",
         "bad_limit": "%placement_log on --limit -3",
+        "help": "ip = get_ipython()\nprint(ip.find_cell_magic('device').__doc__)\nprint(ip.find_line_magic('placement_log').__doc__)\nprint(ip.find_line_magic('devices').__doc__)",
         "unload": "%unload_ext devlab",
         "gone": "%device",
         "torch_as_before": "(torch.get_default_device(), torch._C._len_torch_function_stack(), "
@@ -74,14 +77,19 @@ def test_devices_table_text_and_html(cells) -> None:
     assert "<table" in html(cells["devices"]) and "No GPU" in html(cells["devices"])
 
 
+def usage_error(cell) -> str:
+    """IPython shows a UsageError as one line on stderr, with no traceback."""
+    assert not errors(cell), "a usage error must not show a traceback"
+    return stream(cell, "stderr").strip()
+
+
 def test_bad_names_are_one_line_errors(cells) -> None:
-    (err,) = errors(cells["bad_name"])
-    assert err.ename == "UsageError"
-    assert err.evalue == "Unknown attribute 'foo' is encountered while parsing the device spec: '/foo:1'."
-    (err,) = errors(cells["unknown"])
-    assert err.ename == "UsageError"
-    assert err.evalue.startswith(f"{GPU0.replace('GPU:0', 'GPU:7')} unknown device.")
-    assert "devlab/" not in "".join(err.traceback)
+    assert usage_error(cells["bad_name"]) == (
+        "UsageError: Unknown attribute 'foo' is encountered while parsing the device spec: '/foo:1'."
+    )
+    unknown = usage_error(cells["unknown"])
+    assert unknown.startswith("UsageError: /job:localhost/replica:0/task:0/device:GPU:7 unknown device.")
+    assert len(unknown.splitlines()) == 1
 
 
 def test_error_in_a_cell_fails_it_and_restores_everything(cells) -> None:
@@ -89,7 +97,9 @@ def test_error_in_a_cell_fails_it_and_restores_everything(cells) -> None:
     assert err.ename == "ZeroDivisionError"
     tb = "\n".join(err.traceback)
     assert "devlab/magics" not in tb, "devlab's own frames are hidden from the traceback"
-    assert "(device(type='cpu'), 0, 0)" in text(cells["after_error"])
+    before = text(cells["before_error"])
+    assert before == "(device(type='cpu'), 1, 0)", "one function mode: the simulation's"
+    assert text(cells["after_error"]) == before
 
 
 def test_line_switch_logs_every_cell_collapsed_and_to_file(cells) -> None:
@@ -114,6 +124,15 @@ def test_device_line_forms(cells) -> None:
     assert f"Default device: {CPU0}" in text(cells["device_reset"])
 
 
+def test_simulated_gpus_are_labelled_and_fixed_after_first_use(cells) -> None:
+    table = text(cells["simulate"])
+    assert f"{GPU0}  cuda:0" in table and "simulated" in table
+    assert "1 simulated GPU (CPU-backed" in table
+    assert usage_error(cells["simulate_late"]).startswith(
+        "UsageError: Physical devices cannot be modified after being initialized"
+    )
+
+
 def test_copies_and_host_syncs_stand_out(cells) -> None:
     out = text(cells["copies"])
     assert f"Copy 3.8 MiB from {CPU0} to {GPU0} (aten::_to_copy)" in out
@@ -128,12 +147,19 @@ def test_copies_and_host_syncs_stand_out(cells) -> None:
 
 
 def test_bad_arguments_are_usage_errors(cells) -> None:
-    (err,) = errors(cells["bad_limit"])
-    assert err.ename == "UsageError" and "--limit" in err.evalue
+    assert usage_error(cells["bad_limit"]).startswith("UsageError: --limit is the number of lines to show")
+
+
+def test_magics_have_full_help(cells) -> None:
+    out = text(cells["help"])
+    assert "%device [--soft] [--log] [--limit LIMIT] [--reset] [name]" in out
+    assert "Run a cell on a device named the TensorFlow way" in out
+    assert "%placement_log [--limit LIMIT] [--file FILE] [{on,off}]" in out
+    assert "--simulate-gpus N" in out
 
 
 def test_unload_removes_everything(cells) -> None:
-    assert errors(cells["gone"])[0].evalue == "Line magic function `%device` not found."
+    assert usage_error(cells["gone"]) == "UsageError: Line magic function `%device` not found."
     assert "(device(type='cpu'), 0, 0, False, 'torch._tensor_str')" in text(cells["torch_as_before"])
 
 
@@ -148,8 +174,7 @@ def test_devices_and_placement_notebook() -> None:
     assert "Host sync" in gpu_cell
     copy_cell = text(by_source["%%placement_log"])
     assert f"Copy 3.8 MiB from {CPU0} to {GPU0}" in copy_cell
-    (err,) = errors(by_source["%%device /device:GPU:2"])
-    assert "device:GPU:2 unknown device" in err.evalue
+    assert "device:GPU:2 unknown device" in usage_error(by_source["%%device /device:GPU:2"])
     soft = text(by_source["%%device /device:GPU:2 --soft --log"])
     assert "Soft placement: /job:localhost/replica:0/task:0/device:GPU:2 does not exist" in soft
     assert "device(type='cuda', index=0)" in soft

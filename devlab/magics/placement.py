@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +79,10 @@ class PlacementMagics(Magics):
         if not args.name:
             raise UsageError("%%device needs a device name, e.g. %%device /GPU:0 or %%device /CPU:0.")
         self._guard(scope.resolve, args.name, soft=soft)  # a bad name is a one-line error
+        if args.log:
+            # The log starts first so that it also shows a soft-placement fallback.
+            return self._run_logged(cell, args.limit, scope=scope.device(args.name, soft=soft))
         with scope.device(args.name, soft=soft):
-            if args.log:
-                return self._run_logged(cell, args.limit)
             return run_body(self.shell, cell)
 
     # -- %placement_log / %%placement_log --------------------------------------------------------
@@ -161,9 +163,11 @@ class PlacementMagics(Magics):
         except (ValueError, RuntimeError, TypeError) as exc:
             raise UsageError(str(exc)) from None
 
-    def _run_logged(self, cell: str, limit: int | None, file: str | None = None) -> Any:
+    def _run_logged(
+        self, cell: str, limit: int | None, file: str | None = None, scope: Any = None
+    ) -> Any:
         __tracebackhide__ = True  # noqa: F841
-        with placement_log.capture() as log:
+        with placement_log.capture() as log, scope or contextlib.nullcontext():
             try:
                 return run_body(self.shell, cell)
             finally:
