@@ -416,11 +416,18 @@ def _h_register_hook(func: Callable, args: tuple, kwargs: dict) -> Any:
     return func(self, marked_hook)
 
 
+def _reads_values(func: Callable) -> bool:
+    """False for attribute getters (`.shape`, `.dtype`, `.grad`, ...): metadata of a queued
+    op's output is known at launch, so reading it need not wait for the device."""
+    return getattr(func, "__name__", None) != "__get__"
+
+
 def _h_generic(func: Callable, args: tuple, kwargs: dict) -> Any:
     index, cpu_in = _op_device(func, args, kwargs)
     if index is None:
         return func(*args, **kwargs)
-    _workers.wait(index)
+    if _reads_values(func):
+        _workers.wait(index)
     prev = getattr(tls, "index", None)
     tls.index = index
     try:
@@ -617,7 +624,7 @@ class SimulationMode(TorchFunctionMode):
                 index, cpu_in = _op_device(func, args, kwargs)  # raises unless allowed
         if index is None:
             return func(*args, **kwargs)
-        if _workers._pending_total or _workers._has_error:
+        if (_workers._pending_total or _workers._has_error) and _reads_values(func):
             _workers.wait(index)
         prev = getattr(tls, "index", None)
         tls.index = index

@@ -1,0 +1,556 @@
+"""Simulated GPUs: ordinary PyTorch code on N CPU-backed GPUs, and torch exactly as before after."""
+
+from __future__ import annotations
+
+import copy
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torch.serialization
+import torch.utils._device
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from devlab import runtime, simulated
+from devlab.simulated import _mode, _workers
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture(autouse=True)
+def _no_simulation_left():
+    simulated.stop()
+    runtime.reset()
+    yield
+    simulated.stop()
+    runtime.reset()
+    assert not simulated.is_active()
+
+
+@pytest.fixture
+def two():
+    simulated.start(2)
+    return simulated
+
+
+# --- what torch.cuda says ----------------------------------------------------------------
+
+def test_torch_cuda_reports_the_simulated_gpus(two) -> None:
+    assert torch.cuda.is_available()
+    assert torch.cuda.device_count() == 2
+    assert torch.cuda.current_device() == 0
+    assert torch.cuda.get_device_name(1) == "Simulated GPU 1 (CPU-backed)"
+    props = torch.cuda.get_device_properties(0)
+    assert props.name == "Simulated GPU 0 (CPU-backed)" and props.total_memory > 0
+    torch.cuda.synchronize()
+    torch.cuda.synchronize(1)
+    with pytest.raises(AssertionError, match="Invalid device id"):
+        torch.cuda.get_device_name(2)
+    assert not torch.cuda.is_initialized()
+    torch.ones(1, device="cuda")
+    assert torch.cuda.is_initialized() and simulated.is_used()
+
+
+def test_current_device_follows_set_device_and_the_device_context(two) -> None:
+    torch.cuda.set_device(1)
+    assert torch.cuda.current_device() == 1
+    assert torch.ones(1, device="cuda").device == torch.device("cuda", 1)
+    assert torch.ones(1).cuda().device == torch.device("cuda", 1)
+    with torch.cuda.device(0):
+        assert torch.cuda.current_device() == 0
+        assert torch.zeros(1, device="cuda").device == torch.device("cuda", 0)
+    assert torch.cuda.current_device() == 1
+
+
+def test_accelerator_api_answers_for_the_simulated_gpus(two) -> None:
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.device_count() == 2
+    assert torch.accelerator.current_accelerator().type == "cuda"
+    dev = torch.accelerator.current_accelerator().type
+    assert torch.ones(1, device=dev).device == torch.device("cuda", 0)
+
+
+# --- factories and moves -------------------------------------------------------------------
+
+def test_factories_with_a_device_make_simulated_tensors(two) -> None:
+    assert torch.ones(2, 3, device="cuda:1").device == torch.device("cuda", 1)
+    assert torch.rand(2, 3, device=torch.device("cuda", 1)).device.index == 1
+    assert torch.zeros(2, device="cuda").device == torch.device("cuda", 0)
+    assert torch.arange(3, device=1).device == torch.device("cuda", 1)
+    assert torch.tensor([1.0, 2.0], device="cuda:1").tolist() == [1.0, 2.0]
+    assert torch.full((2,), 7.0, device="cuda:0").sum().item() == 14.0
+    x = torch.ones(2, device="cuda:1")
+    assert torch.zeros_like(x).device.index == 1
+    assert torch.zeros_like(x, device="cpu").device == torch.device("cpu")
+    assert torch.zeros_like(x, device="cuda:0").device.index == 0
+    assert x.new_zeros(3).device.index == 1
+    assert x.new_empty(3, device="cpu").device.type == "cpu"
+    assert torch.ones(2).device == torch.device("cpu")
+
+
+def test_default_device_routes_factories_and_modules(two) -> None:
+    with torch.device("cuda:1"):
+        assert torch.zeros(2).device == torch.device("cuda", 1)
+        assert torch.tensor([1]).device == torch.device("cuda", 1)
+        assert nn.Linear(2, 2).weight.device == torch.device("cuda", 1)
+    assert torch.zeros(2).device.type == "cpu"
+    torch.set_default_device("cuda:0")
+    try:
+        assert torch.randn(3).device == torch.device("cuda", 0)
+        assert torch.get_default_device() == torch.device("cuda", 0)
+    finally:
+        torch.set_default_device(None)
+
+
+def test_as_tensor_copies_host_memory_onto_the_gpu(two) -> None:
+    a = np.ones(3, dtype=np.float32)
+    t = torch.as_tensor(a, device="cuda:0")
+    a[0] = 5.0
+    assert t.device.index == 0 and t.tolist() == [1.0, 1.0, 1.0]
+    assert torch.as_tensor(t, device="cuda:0") is t
+    assert torch.as_tensor(t, device="cpu").device.type == "cpu"
+    assert torch.as_tensor(t).device.index == 0
+
+
+def test_moving_between_host_and_gpus(two) -> None:
+    h = torch.arange(6.0).reshape(2, 3)
+    x = h.cuda(1)
+    assert x.device == torch.device("cuda", 1) and x.is_cuda and not x.is_cpu
+    assert x.cuda(1) is x and x.to("cuda:1") is x
+    y = x.to("cuda:0")
+    assert y.device.index == 0 and y is not x
+    z = y.to(torch.float64)
+    assert z.device.index == 0 and z.dtype == torch.float64
+    back = x.cpu()
+    assert back.device.type == "cpu" and not back.is_cuda and torch.equal(back, h)
+    assert h.cpu() is h
+    assert h.to(x).device.index == 1
+    assert x.to("cuda:0", copy=True).device.index == 0
+    c = x.to("cuda:1", copy=True)
+    assert c is not x and c.device.index == 1
+    assert x.get_device() == 1 and h.get_device() == -1
+    assert x.type() == "torch.cuda.FloatTensor"
+
+
+def test_copy_between_devices(two) -> None:
+    dst = torch.zeros(3, device="cuda:0")
+    dst.copy_(torch.ones(3, device="cuda:1"))
+    assert dst.device.index == 0 and dst.tolist() == [1.0, 1.0, 1.0]
+    host = torch.zeros(3)
+    host.copy_(dst)
+    assert host.device.type == "cpu" and host.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_views_data_detach_and_parameters_share_the_device(two) -> None:
+    x = torch.randn(4, 4, device="cuda:1")
+    for v in (x[1:], x.t(), x.view(16), x.data, x.detach(), nn.Parameter(x)):
+        assert v.device == torch.device("cuda", 1)
+
+
+def test_printing_and_host_reads(two) -> None:
+    x = torch.ones(2, 3, device="cuda:1")
+    assert repr(x) == "tensor([[1., 1., 1.],\n        [1., 1., 1.]], device='cuda:1')"
+    assert "device='cuda:1'" in str(x * 2)
+    assert x.sum().item() == 6.0
+    assert x.tolist() == [[1.0] * 3] * 2
+    assert x.cpu().numpy().sum() == 6.0
+    assert repr(x.device) == "device(type='cuda', index=1)"
+
+
+def test_numpy_of_a_gpu_tensor_fails_as_on_cuda(two) -> None:
+    x = torch.ones(2, device="cuda:0")
+    msg = ("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the "
+           "tensor to host memory first.")
+    with pytest.raises(TypeError) as err:
+        x.numpy()
+    assert str(err.value) == msg
+    with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor"):
+        np.asarray(x)
+
+
+# --- mistakes fail as on real GPUs ---------------------------------------------------------
+
+def test_mixing_two_gpus_fails_with_pytorchs_words(two) -> None:
+    x = torch.ones(2, device="cuda:1")
+    y = torch.ones(2, device="cuda:0")
+    with pytest.raises(RuntimeError) as err:
+        x + y
+    assert str(err.value) == ("Expected all tensors to be on the same device, but found at "
+                              "least two devices, cuda:1 and cuda:0!")
+    with pytest.raises(RuntimeError, match="cuda:0 and cuda:1!"):
+        torch.cat([y, x])
+    with pytest.raises(RuntimeError, match="cuda:1 and cuda:0!"):
+        x.mm(y.view(2, 1).t())
+    # nothing was computed on the wrong device meanwhile
+    assert x.device.index == 1 and y.device.index == 0
+
+
+def test_mixing_gpu_and_host_fails_but_host_scalars_mix(two) -> None:
+    x = torch.ones(2, 2, device="cuda:0")
+    with pytest.raises(RuntimeError) as err:
+        x + torch.ones(2, 2)
+    assert str(err.value) == ("Expected all tensors to be on the same device, but found at "
+                              "least two devices, cuda:0 and cpu!")
+    with pytest.raises(RuntimeError, match="cuda:0 and cpu!"):
+        torch.ones(2, 2) @ x
+    scaled = x * torch.tensor(3.0)  # a 0-dim CPU tensor is a scalar, as on CUDA
+    assert scaled.device.index == 0 and scaled.sum().item() == 12.0
+    idx = torch.tensor([1, 0])  # CPU indices may index a GPU tensor
+    assert x[idx].device.index == 0
+
+
+def test_a_device_that_does_not_exist(two) -> None:
+    for make in (lambda: torch.ones(1, device="cuda:2"), lambda: torch.ones(1).cuda(5),
+                 lambda: torch.ones(1).to("cuda:2")):
+        with pytest.raises(RuntimeError) as err:
+            make()
+        assert str(err.value).startswith("CUDA error: invalid device ordinal")
+
+
+# --- modules, autograd, optimizers ---------------------------------------------------------
+
+def test_module_to_keeps_parameter_identity(two) -> None:
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    params = list(net.parameters())
+    net.to("cuda:1")
+    assert all(a is b for a, b in zip(params, net.parameters(), strict=True))
+    assert all(p.device == torch.device("cuda", 1) for p in net.parameters())
+    assert net[1].running_mean.device.index == 1
+    net.cuda(0)
+    assert all(p.device.index == 0 for p in net.parameters())
+    net.cpu()
+    assert all(p.device.type == "cpu" for p in net.parameters())
+    assert all(a is b for a, b in zip(params, net.parameters(), strict=True))
+
+
+def test_lazy_linear_materializes_on_the_gpu(two) -> None:
+    X = torch.ones(2, 3, device="cuda:0")
+    net = nn.Sequential(nn.LazyLinear(1)).to(device=torch.device("cuda", 0))
+    out = net(X)
+    assert out.device == torch.device("cuda", 0) and out.shape == (2, 1)
+    assert net[0].weight.data.device == torch.device("cuda", 0)
+    assert "device='cuda:0', grad_fn=<AddmmBackward0>" in repr(out)
+
+
+def _train(device: str, optimizer: str, steps: int = 300) -> tuple[float, torch.device]:
+    torch.manual_seed(0)
+    X, y = torch.randn(128, 10), torch.randn(128, 1)
+    net = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 1))
+    net, X, y = net.to(device), X.to(device), y.to(device)
+    opt = (torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9) if optimizer == "sgd"
+           else torch.optim.Adam(net.parameters(), lr=1e-3))
+    loss = torch.tensor(0.0)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(net(X), y)
+        loss.backward()
+        opt.step()
+    return loss.item(), loss.device
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_training_on_a_simulated_gpu_gives_the_cpu_loss(optimizer: str) -> None:
+    cpu_loss, cpu_dev = _train("cpu", optimizer)
+    simulated.start(1)
+    sim_loss, sim_dev = _train("cuda", optimizer)
+    assert cpu_dev.type == "cpu" and sim_dev == torch.device("cuda", 0)
+    if optimizer == "sgd":  # the same kernels in the same order: bit for bit
+        assert sim_loss == cpu_loss
+    else:  # Adam takes its multi-tensor path on a GPU, which rounds a little differently
+        assert sim_loss == pytest.approx(cpu_loss, rel=1e-5)
+    assert cpu_loss < 0.9  # it did train
+
+
+def test_gradients_live_on_their_tensors_device(two) -> None:
+    w = torch.randn(3, device="cuda:1", requires_grad=True)
+    seen = []
+    w.register_hook(lambda g: seen.append(g.device) or g)
+    (w * torch.ones(3, device="cuda:1")).sum().backward()
+    assert w.grad.device == torch.device("cuda", 1) and seen == [torch.device("cuda", 1)]
+    (g,) = torch.autograd.grad((w ** 2).sum(), w)
+    assert g.device.index == 1 and torch.allclose(g.cpu(), 2 * w.detach().cpu())
+    h = torch.randn(3, requires_grad=True)
+    h.cuda(0).sum().backward()  # the copy's gradient flows back to the host tensor
+    assert h.grad.device.type == "cpu"
+
+
+def test_save_and_load_keep_or_map_the_device(two, tmp_path) -> None:
+    x = torch.randn(3, device="cuda:1")
+    state = nn.Linear(2, 2).cuda(0).state_dict()
+    path = tmp_path / "t.pt"
+    torch.save({"x": x, "state": state}, path)
+    d = torch.load(path)
+    assert d["x"].device.index == 1 and d["state"]["weight"].device.index == 0
+    assert torch.equal(d["x"].cpu(), x.cpu())
+    assert torch.load(path, map_location="cpu")["x"].device.type == "cpu"
+    assert torch.load(path, map_location="cuda:0")["x"].device.index == 0
+    assert torch.load(path, map_location={"cuda:1": "cuda:0"})["x"].device.index == 0
+    assert torch.load(path, map_location=torch.device("cuda", 1))["state"]["bias"].device.index == 1
+    simulated.stop()
+    simulated.start(1)
+    with pytest.raises(RuntimeError, match="CUDA device 1 but torch.cuda.device_count\\(\\) is 1"):
+        torch.load(path)
+
+
+def test_deepcopy_keeps_the_device(two) -> None:
+    net = nn.Linear(2, 2).cuda(1)
+    assert copy.deepcopy(net).weight.device.index == 1
+    assert copy.deepcopy(torch.ones(2, device="cuda:0")).device.index == 0
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+def test_memory_is_accounted_per_gpu_like_cuda(two) -> None:
+    assert torch.cuda.memory_allocated(0) == 0
+    x = torch.empty(1024, 256, device="cuda:0")  # 1 MiB
+    assert torch.cuda.memory_allocated(0) == MIB
+    assert torch.cuda.memory_allocated(1) == 0
+    views = [x[1:], x.t(), x.view(-1)]
+    assert torch.cuda.memory_allocated(0) == MIB  # views share the storage
+    small = torch.ones(1, device="cuda:0")  # CUDA rounds blocks up to 512 bytes
+    assert torch.cuda.memory_allocated(0) == MIB + 512
+    del x, views, small
+    assert torch.cuda.memory_allocated(0) == 0
+    assert torch.cuda.max_memory_allocated(0) == MIB + 512
+    torch.cuda.reset_peak_memory_stats(0)
+    assert torch.cuda.max_memory_allocated(0) == 0
+    y = torch.ones(2, device="cuda:1")
+    assert simulated.memory_stats(1) == {"allocated": 512, "peak": 512, "limit": None}
+    simulated.reset_peak(1)
+    del y
+    assert simulated.memory_stats(1)["peak"] == 512
+    free, total = torch.cuda.mem_get_info(1)
+    assert free == total
+
+
+def test_out_of_memory_in_cudas_words_and_nothing_left_allocated() -> None:
+    simulated.start(2, [None, 100])
+    keep = torch.empty(22 * MIB // 4, device="cuda:1")  # 22 MiB of float32
+    with pytest.raises(torch.OutOfMemoryError) as err:
+        torch.empty(100 * MIB // 4, device="cuda:1")
+    assert str(err.value).startswith(
+        "CUDA out of memory. Tried to allocate 100.00 MiB. GPU 1 has a total capacity of "
+        "100.00 MiB of which 78.00 MiB is free. Of the allocated memory 22.00 MiB is allocated "
+        "by PyTorch")
+    assert "(simulated GPU: CPU-backed" in str(err.value)
+    assert torch.cuda.memory_allocated(1) == 22 * MIB
+    big = torch.ones(64 * MIB // 4, device="cuda:1")
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 64.00 MiB. GPU 1 .* of "
+                                                     "which 14.00 MiB is free"):
+        big + 1  # an op's output is refused after the fact, and dropped
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.ones(64 * MIB // 4).to("cuda:1")
+    assert torch.cuda.memory_allocated(1) == 86 * MIB
+    del keep, big
+    assert torch.cuda.memory_allocated(1) == 0
+    torch.empty(100 * MIB // 4, device="cuda:1")  # exactly the capacity fits
+    torch.empty(200 * MIB // 4, device="cuda:0")  # GPU 0 is unlimited
+
+
+# --- what the placement log relies on ------------------------------------------------------
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, int | None, list[int | None]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        src = [simulated.index_of(a) for a in args if isinstance(a, torch.Tensor)]
+        self.events.append((str(func), simulated.current_index(), src))
+        return func(*args, **(kwargs or {}))
+
+
+def test_current_index_names_the_device_of_factories_and_copies(two) -> None:
+    host = torch.ones(4)
+    with _Recorder() as rec:
+        f = torch.zeros(2, device="cuda:1")
+        g = host.cuda(0)
+        back = g.cpu()
+        across = g.to("cuda:1")
+        g + g
+    assert ("aten.zeros.default", 1, []) in rec.events
+    assert ("aten._to_copy.default", 0, [None]) in rec.events  # host to GPU 0
+    assert ("aten._to_copy.default", None, [0]) in rec.events  # GPU 0 to host
+    assert ("aten._to_copy.default", 1, [0]) in rec.events  # GPU 0 to GPU 1
+    assert ("aten.add.Tensor", 0, [0, 0]) in rec.events
+    assert simulated.current_index() is None
+    assert (f.device.index, back.device.type, across.device.index) == (1, "cpu", 1)
+    assert simulated.index_of(g) == 0 and simulated.index_of(host) is None
+
+
+def test_first_simulated_tensor_initializes_the_runtime(two) -> None:
+    assert not runtime.is_initialized() and not simulated.is_used()
+    torch.ones(2)
+    assert not runtime.is_initialized()
+    torch.ones(2, device="cuda:0")
+    assert runtime.is_initialized() and simulated.is_used()
+
+
+def test_reconfigure_only_before_first_use(two) -> None:
+    simulated.reconfigure([None, 50, 50])
+    assert torch.cuda.device_count() == 3
+    assert simulated.memory_stats(2)["limit"] == 50 * MIB
+    torch.ones(1, device="cuda:2")
+    with pytest.raises(RuntimeError, match="cannot be modified after being initialized"):
+        simulated.reconfigure([None])
+    with pytest.raises(RuntimeError, match="cannot be modified after being initialized"):
+        simulated.start(1)
+
+
+def test_start_from_environment(monkeypatch) -> None:
+    monkeypatch.delenv("DEVLAB_SIMULATE_GPUS", raising=False)
+    assert not simulated.start_from_environment()
+    monkeypatch.setenv("DEVLAB_SIMULATE_GPUS", "3")
+    monkeypatch.setenv("DEVLAB_SIMULATE_GPU_MEMORY_MB", "64")
+    assert simulated.start_from_environment()
+    assert simulated.device_count() == 3 and simulated.memory_stats(2)["limit"] == 64 * MIB
+    assert not simulated.start_from_environment()  # already running
+
+
+def test_other_threads_read_the_device_of_simulated_tensors(two) -> None:
+    x = torch.ones(2, device="cuda:1")
+    seen = []
+    t = threading.Thread(target=lambda: seen.append((x.device, (x + 1).device)))
+    t.start()
+    t.join()
+    # Reading works anywhere; routing of new work happens in the starting thread only.
+    assert seen[0][0] == torch.device("cuda", 1)
+
+
+# --- asynchronous launch --------------------------------------------------------------------
+
+def test_heavy_products_launch_asynchronously_and_host_reads_wait(two, monkeypatch) -> None:
+    monkeypatch.setattr(_mode, "ASYNC_MIN_MACS", 1)
+    a = torch.randn(64, 64, device="cuda:0")
+    expected = (a.cpu() @ a.cpu()).sum().item()
+    gate = threading.Event()
+    _workers.submit(0, lambda: gate.wait(10))  # hold GPU 0's queue
+    out = a.mm(a)  # returns at once: the product waits in the queue
+    assert out.device.index == 0 and out.shape == (64, 64)
+    assert not _workers.idle(0)
+    assert torch.cuda.memory_allocated(0) == 2 * 64 * 64 * 4
+    threading.Timer(0.05, gate.set).start()
+    assert out.sum().item() == pytest.approx(expected, rel=1e-5)  # waited for the queue
+    assert _workers.idle(0)
+
+
+def test_two_gpus_work_at_the_same_time(two) -> None:
+    # GPU 0's work can only finish once GPU 1's has started: that needs two workers at once.
+    started = threading.Event()
+    done = threading.Event()
+    _workers.submit(0, lambda: done.set() if started.wait(10) else None)
+    _workers.submit(1, started.set)
+    torch.cuda.synchronize()
+    assert done.is_set()
+    names = {w.thread.name for w in _workers._workers.values()}
+    assert names == {"devlab-simulated-gpu0", "devlab-simulated-gpu1"}
+
+
+def test_async_products_equal_synchronous_ones(two) -> None:
+    x = torch.randn(300, 300, device="cuda:1")
+    b = torch.randn(4, 50, 60, device="cuda:1")
+    c = torch.randn(4, 60, 70, device="cuda:1")
+    outs = [x.mm(x), x @ x, torch.matmul(x, x), torch.bmm(b, c)]
+    torch.cuda.synchronize()
+    ref = [x.cpu().mm(x.cpu()), x.cpu() @ x.cpu(), x.cpu() @ x.cpu(), torch.bmm(b.cpu(), c.cpu())]
+    for o, r in zip(outs, ref, strict=True):
+        assert o.device.index == 1 and torch.allclose(o.cpu(), r)
+    with pytest.raises(RuntimeError):
+        x.mm(torch.randn(7, 7, device="cuda:1"))  # shape errors stay synchronous
+
+
+def test_events_time_simulated_work(two) -> None:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    x = torch.randn(200, 200, device="cuda:0")
+    start.record()
+    for _ in range(3):
+        x = x.mm(x) / 200
+    end.record()
+    torch.cuda.synchronize()
+    assert end.elapsed_time(start) <= 0 <= start.elapsed_time(end)
+
+
+# --- stop() puts torch back exactly ------------------------------------------------------
+
+def _snapshot() -> dict[str, object]:
+    mods = [torch.Tensor, torch.cuda, torch.accelerator, torch.utils._device.DeviceContext]
+    mods += [sys.modules[n] for n in ("torch.cuda.memory", "torch.cuda.random",
+                                      "torch.accelerator.memory") if n in sys.modules]
+    snap: dict[str, object] = {f"{m.__name__}.{k}": v for m in mods for k, v in vars(m).items()}
+    snap["registry"] = list(torch.serialization._package_registry)
+    return snap
+
+
+def _assert_torch_is_normal(before: dict[str, object]) -> None:
+    after = _snapshot()
+    assert after.keys() == before.keys()
+    changed = [k for k in before if after[k] is not before[k] and k != "registry"]
+    assert changed == []
+    assert all(a is b for a, b in zip(after["registry"], before["registry"], strict=True))
+    assert torch._C._len_torch_function_stack() == 0
+    assert not torch.cuda.is_available() and torch.cuda.device_count() == 0
+    assert torch.Tensor.device is torch._C.TensorBase.device
+    with pytest.raises(AssertionError, match="Torch not compiled with CUDA enabled"):
+        torch.ones(1, device="cuda")
+    with pytest.raises(AssertionError, match="Torch not compiled with CUDA enabled"):
+        torch.ones(1).cuda()
+    assert torch.get_default_device() == torch.device("cpu")
+
+
+def test_stop_returns_torch_to_exactly_its_normal_behaviour() -> None:
+    before = _snapshot()
+    simulated.start(2, [None, 10])
+    x = torch.ones(3, device="cuda:1")
+    y = x.cuda(0) @ torch.ones(3, device="cuda:0")
+    torch.set_default_device("cuda:1")
+    simulated.stop()
+    _assert_torch_is_normal(before)
+    # tensors made while simulating are plain CPU tensors afterwards
+    assert x.device.type == "cpu" and y.device.type == "cpu" and x.tolist() == [1.0] * 3
+    assert simulated.index_of(x) is None
+    simulated.start(1)  # and a new simulation does not see them as its own
+    assert x.device.type == "cpu"
+    simulated.stop()
+    _assert_torch_is_normal(before)
+
+
+def test_stop_after_errors_and_a_failed_start(monkeypatch) -> None:
+    before = _snapshot()
+    simulated.start(2)
+    for bad in (lambda: torch.ones(1, device="cuda:0") + torch.ones(1, device="cuda:1"),
+                lambda: torch.ones(1, device="cuda:9"), lambda: torch.ones(1, device="cuda:0").numpy()):
+        with pytest.raises((RuntimeError, TypeError)):
+            bad()
+    simulated.stop()
+    simulated.stop()  # twice is fine
+    _assert_torch_is_normal(before)
+
+    def broken(p) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(simulated._patches, "patch_device_context", broken)
+    with pytest.raises(RuntimeError, match="injected"):
+        simulated.start(2)
+    assert not simulated.is_active()
+    _assert_torch_is_normal(before)
+
+
+def test_stop_removes_only_its_own_mode() -> None:
+    from torch.overrides import TorchFunctionMode
+
+    simulated.start(1)
+    with TorchFunctionMode() as other:
+        simulated.stop()
+        assert torch._C._len_torch_function_stack() == 1
+        assert torch.overrides._get_current_function_mode_stack() == [other]
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_start_rejects_bad_arguments() -> None:
+    for args in ((0,), (True,), (2, [10]), (1, [0])):
+        with pytest.raises(ValueError):
+            simulated.start(*args)
+    assert not simulated.is_active()
