@@ -1,0 +1,37 @@
+"""The d2l "GPUs" chapter's exercises and the TensorFlow guide's experiments, as functions.
+
+Each returns a result with `.data` (plain Python), an HTML table naming the devices it ran
+on (simulated GPUs are said to be CPU-backed) and `.plot()` (a matplotlib figure). Each runs
+on whatever devices exist, simulated GPUs included, and takes sizes and repeats so it can
+run small.
+
+1. `matmul_cpu_vs_gpu`: a matrix product on the CPU and a GPU across sizes; the crossover.
+2. `parameters_on_device`: reading and writing parameters on a device; copies and syncs.
+3. `norm_logging`: 1000 norms read with `.item()` each step vs moved to the host once.
+4. `two_gpu_scaling`: two products on two GPUs at once vs in turn on one; speed-up vs 2x.
+"""
+
+from __future__ import annotations
+
+from devlab.exercises._common import SIMULATED_WARNING, DeviceInfo, ExerciseResult, Progress
+from devlab.exercises.matmul import MatmulResult, crossover_size, matmul_cpu_vs_gpu
+from devlab.exercises.norm_logging import NormLoggingResult, norm_logging
+from devlab.exercises.parameters import ParametersResult, parameters_on_device
+from devlab.exercises.scaling import NeedsTwoGPUs, ScalingResult, two_gpu_scaling
+
+__all__ = [
+    "SIMULATED_WARNING",
+    "DeviceInfo",
+    "ExerciseResult",
+    "MatmulResult",
+    "NeedsTwoGPUs",
+    "NormLoggingResult",
+    "ParametersResult",
+    "Progress",
+    "ScalingResult",
+    "crossover_size",
+    "matmul_cpu_vs_gpu",
+    "norm_logging",
+    "parameters_on_device",
+    "two_gpu_scaling",
+]
