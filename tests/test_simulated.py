@@ -277,6 +277,33 @@ def test_gradients_live_on_their_tensors_device(two) -> None:
     assert h.grad.device.type == "cpu"
 
 
+class _Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        # Python code in a backward pass makes tensors on "the gradient's device"
+        return grad * torch.full(grad.shape, 2.0, device=grad.device)
+
+
+def test_python_code_in_backward_is_routed_too(two) -> None:
+    x = torch.ones(3, device="cuda:1", requires_grad=True)
+    _Double.apply(x).sum().backward()
+    assert x.grad.device.index == 1 and x.grad.tolist() == [2.0] * 3
+    y = torch.ones(3, device="cuda:0", requires_grad=True)
+    out = torch.utils.checkpoint.checkpoint(lambda t: (t * 3).sin(), y, use_reentrant=False)
+    out.sum().backward()  # recomputes the forward during backward, on cuda:0 again
+    assert y.grad.device.index == 0
+    assert torch.allclose(y.grad.cpu(), 3 * torch.cos(torch.full((3,), 3.0)))
+
+
+def test_sparse_tensors_are_refused_not_silently_left_on_the_host(two) -> None:
+    with pytest.raises(NotImplementedError, match="dense \\(strided\\) tensors only"):
+        torch.ones(2, 2).to_sparse().cuda()
+
+
 def test_save_and_load_keep_or_map_the_device(two, tmp_path) -> None:
     x = torch.randn(3, device="cuda:1")
     state = nn.Linear(2, 2).cuda(0).state_dict()

@@ -98,6 +98,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             patcher.restore()
             raise
         _patcher, _mode_instance, _mode_thread = patcher, mode, threading.get_ident()
+        _mode.active_mode = mode
         _asynchronous = asynchronous
         _mode.set_asynchronous(asynchronous)
 
@@ -152,6 +153,7 @@ def stop() -> None:
             if threading.get_ident() == _mode_thread:
                 _remove_mode(mode)
         _mode_instance = _mode_thread = None
+        _mode.active_mode = None
         # A default device naming a simulated GPU would make every factory fail afterwards.
         cur = torch.utils._device.CURRENT_DEVICE
         if cur is not None and cur.type == "cuda":

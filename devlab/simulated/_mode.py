@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 import torch.utils._device as _torch_device
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _pop_mode, _push_mode
 
 from . import _state, _workers
 from ._state import MARK, mark_storage, mark_storages, resized, tls
@@ -92,10 +92,12 @@ def mark_out(out: Any, index: int, exclude: list | None = None) -> None:
             try:
                 s = out.untyped_storage()
             except _state.STORAGE_ERRORS:
+                _no_storage(out)
                 return
         else:
             s = _storage(out)
             if s is None:
+                _no_storage(out)
                 return
         m = getattr(s, MARK, None)
         if m is not None and m.session is _state.session:
@@ -116,6 +118,7 @@ def mark_out(out: Any, index: int, exclude: list | None = None) -> None:
                 continue
             s = _storage(o)
             if s is None:
+                _no_storage(o)
                 continue
             m = getattr(s, MARK, None)
             if m is not None and m.session is sess:
@@ -128,6 +131,15 @@ def mark_out(out: Any, index: int, exclude: list | None = None) -> None:
                 fresh.append(s)
         if fresh:
             mark_storages(fresh, index)
+
+
+def _no_storage(t: Tensor) -> None:
+    """A storage-less result (sparse, nested) cannot carry a mark: refuse rather than let it
+    quietly land on the CPU."""
+    if t.layout is not torch.strided or t.is_nested:
+        raise NotImplementedError(
+            f"devlab's simulated GPUs hold dense (strided) tensors only, not {t.layout} "
+            "tensors; keep this tensor on the CPU (or stop the simulation)")
 
 
 def _call_on(index: int | None, func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -395,9 +407,70 @@ def _h_autograd_grad(func: Callable, args: tuple, kwargs: dict) -> Any:
 def _h_backward(func: Callable, args: tuple, kwargs: dict) -> Any:
     ts = _tensors(args, kwargs)
     first = next((i for i in map(_state.index_of, ts) if i is not None), None)
-    if first is not None:
-        _workers.wait_all()
-    return _call_on(first, func, args, kwargs)
+    if first is None:
+        return func(*args, **kwargs)
+    _workers.wait_all()
+    prev = getattr(tls, "index", None)
+    tls.index = first
+    try:
+        if not _backward_under_mode(func, args, kwargs):
+            func(*args, **kwargs)
+    finally:
+        tls.index = prev
+    return None
+
+
+def _backward_under_mode(func: Callable, args: tuple, kwargs: dict) -> bool:
+    """Run a backward pass with this mode on the stack; False if the call is not a plain one.
+
+    Torch pops a mode while it handles a call, so a backward run from the handler would run
+    Python code (autograd.Function.backward, hooks, checkpoint recomputation) unrouted: a
+    `torch.zeros(..., device=grad.device)` there would ask the CPU build for CUDA. So this
+    does what torch.autograd.backward does after its override check, with the mode pushed.
+    """
+    mode = active_mode
+    ag = torch.autograd
+    make_grads = getattr(ag, "_make_grads", None)
+    to_tuple = getattr(ag, "_tensor_or_tensors_to_tuple", None)
+    engine = getattr(getattr(ag, "graph", None), "_engine_run_backward", None)
+    if mode is None or make_grads is None or to_tuple is None or engine is None:
+        return False
+    kw = dict(kwargs)
+    if func is Tensor.backward:
+        if len(args) != 1 or not set(kw) <= {"gradient", "retain_graph", "create_graph", "inputs"}:
+            return False
+        tensors: Any = args[0]
+        grad_tensors = kw.get("gradient")
+    else:
+        if len(args) != 1 or not set(kw) <= {"grad_tensors", "retain_graph", "create_graph",
+                                              "inputs", "grad_variables"}:
+            return False
+        tensors = args[0]
+        grad_tensors = kw.get("grad_tensors", kw.get("grad_variables"))
+    inputs = kw.get("inputs")
+    if isinstance(inputs, Tensor):
+        inputs_tuple: tuple = (inputs,)
+    elif inputs is None:
+        inputs_tuple = ()
+    elif isinstance(inputs, (list, tuple)):
+        inputs_tuple = tuple(inputs)
+    else:
+        return False
+    tensors = (tensors,) if isinstance(tensors, Tensor) else tuple(tensors)
+    if not all(isinstance(t, Tensor) for t in tensors + inputs_tuple):
+        return False
+    create_graph = bool(kw.get("create_graph", False))
+    retain_graph = kw.get("retain_graph")
+    if retain_graph is None:
+        retain_graph = create_graph
+    _push_mode(mode)
+    try:
+        grads = make_grads(tensors, to_tuple(grad_tensors, len(tensors)), is_grads_batched=False)
+        engine(tensors, grads, retain_graph, create_graph, inputs_tuple,
+               allow_unreachable=True, accumulate_grad=True)
+    finally:
+        _pop_mode()
+    return True
 
 
 def _h_register_hook(func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -562,6 +635,9 @@ _HANDLERS[torch._C._nn._parse_to] = _h_plain
 
 _CONSTRUCTORS = frozenset(_torch_device._device_constructors())
 
+# The instance on the starting thread's stack (set by start(), cleared by stop()).
+active_mode: SimulationMode | None = None
+
 
 class SimulationMode(TorchFunctionMode):
     """Routes simulated-GPU work to the CPU; one instance lives on the starting thread's stack."""
@@ -636,6 +712,7 @@ class SimulationMode(TorchFunctionMode):
             try:
                 st = out.untyped_storage()
             except _state.STORAGE_ERRORS:
+                _no_storage(out)
                 return out
             m = getattr(st, MARK, None)
             if m is None or m.session is not sess:

@@ -310,6 +310,18 @@ class device:  # noqa: N801 - stands in for torch.cuda.device
             tls.device = self.prev_idx
 
 
+def _cudnn_is_acceptable(tensor: torch.Tensor) -> bool:
+    return False  # no cuDNN behind a simulated GPU: modules take their plain paths
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    i = _index(device)
+    dev = _session().devices[i]
+    lim = "unlimited" if dev.limit is None else _state.format_size(dev.limit)
+    return (f"Simulated GPU {i} (CPU-backed) memory: allocated {_state.format_size(dev.allocated)}"
+            f", peak {_state.format_size(dev.peak)}, limit {lim}\n")
+
+
 class Stream:
     """A simulated GPU's one stream: its worker's queue (no capture, no priorities)."""
 
@@ -415,6 +427,7 @@ _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "max_memory_reserved": max_memory_allocated,
     "memory_stats": memory_stats,
     "mem_get_info": mem_get_info,
+    "memory_summary": memory_summary,
     "empty_cache": empty_cache,
     "is_initialized": is_initialized,
     "is_current_stream_capturing": is_current_stream_capturing,
@@ -474,6 +487,7 @@ _ACCEL_FUNCS: dict[str, Callable[..., Any] | type] = {
 
 
 def patch_cuda(p: Patcher) -> None:
+    p.set(torch.backends.cudnn, "is_acceptable", _cudnn_is_acceptable)
     # torch.cuda re-exports functions defined in submodules (torch.cuda.memory,
     # torch.cuda.random); code may call either name, so both are patched.
     modules = [torch.cuda] + [sys.modules[n] for n in ("torch.cuda.memory", "torch.cuda.random")
