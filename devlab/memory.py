@@ -343,6 +343,8 @@ class Sampler:
         self._thread_span: tuple[float, float] = (0.0, 0.0)  # first, last thread sample
         self.started_at: float | None = None
         self.stopped_at: float | None = None
+        # CPU time the sampler thread used (readings and callbacks), known once it stopped.
+        self.thread_cpu_seconds: float | None = None
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -386,6 +388,12 @@ class Sampler:
     def _run(self) -> None:
         # Deadlines on a fixed grid keep the rate steady: a slow round (a redraw) delays one
         # sample, and the next ones catch up instead of drifting.
+        try:
+            self._loop()
+        finally:
+            self.thread_cpu_seconds = time.thread_time()
+
+    def _loop(self) -> None:
         next_at = time.perf_counter() + self.interval
         while not self._stop.wait(max(0.0, next_at - time.perf_counter())):
             readings = self._read_all()

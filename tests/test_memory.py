@@ -160,11 +160,13 @@ def test_sampler_reads_at_the_rate_asked_from_one_thread():
     assert not _sampler_threads()
 
 
-def test_default_rate_is_twenty_per_second():
-    with Sampler([ScriptedReader()]) as s:
+def test_default_rate_is_twenty_per_second_and_cheap():
+    with Sampler(["cpu"]) as s:
         time.sleep(0.5)
     assert s.interval == 0.05
     assert s.rate() == pytest.approx(20, rel=0.15)
+    # The thread's own CPU time: well under 2% of the watch (it is ~0.5% on a laptop).
+    assert 0 < s.thread_cpu_seconds < 0.02 * 0.5
 
 
 def test_sampler_stops_and_joins_when_the_block_fails():

@@ -25,7 +25,7 @@ class MemoryMonitor(ipywidgets.VBox):
 
     One background thread (a `devlab.memory.Sampler`) reads memory every `interval` seconds
     and redraws the chart at most every `redraw_interval` seconds, and never spends more than
-    about 5% of its time drawing (a slow machine gets fewer frames, not a slower cell).
+    about 2% of its time drawing (a slow machine gets fewer frames, not a slower cell).
     """
 
     def __init__(
@@ -92,9 +92,9 @@ class MemoryMonitor(ipywidgets.VBox):
     def _on_sample(self, sampler: Sampler) -> None:
         now = time.perf_counter()
         final = sampler.stopped_at is not None
-        # Throttle: at most one frame per redraw_interval, and drawing at most ~5% of the
+        # Throttle: at most one frame per redraw_interval, and drawing at most ~2% of the
         # time (by a running average: the first frame, which lays out the axes, is slow).
-        wait = min(2.0, max(self.redraw_interval, 20 * self._draw_cost))
+        wait = min(2.0, max(self.redraw_interval, 50 * self._draw_cost))
         if not final and now - self._last_draw < wait:
             return
         self._last_draw = now

@@ -1,0 +1,53 @@
+"""devlab's timer against torch.utils.benchmark.Timer on the same work.
+
+Both warm up, synchronize and report a median per call; they should agree within noise.
+Prints the two medians and their ratio for a few workloads on the CPU and on a simulated
+GPU (where devlab calls the simulation's `torch.cuda.synchronize`, and so does Timer, since
+the simulation makes `torch.cuda.is_available()` true).
+
+Run: .venv/bin/python benchmarks/timing.py
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.benchmark import Timer
+
+import devlab
+from devlab.timing import format_seconds, time_on_device
+
+
+def row(name: str, device: str, stmt: str, setup: str) -> None:
+    ns: dict = {"torch": torch}
+    with devlab.device(device):
+        exec(setup, ns)
+    fn = eval(f"lambda: {stmt}", ns)
+    ours = time_on_device(fn, device, min_time=1.0)
+    # Timer runs on one thread unless told otherwise; devlab times with torch's own setting.
+    theirs = Timer(stmt, setup=setup, globals={"torch": torch},
+                   num_threads=torch.get_num_threads()).blocked_autorange(min_run_time=1.0)
+    print(f"{name:28s} {device:7s} devlab {format_seconds(ours.median):>9s} "
+          f"(IQR {format_seconds(ours.iqr):>8s})   torch Timer {format_seconds(theirs.median):>9s}"
+          f"   ratio {ours.median / theirs.median:5.2f}")
+
+
+WORK = [
+    ("add, 1000 floats", "x + 1", "x = torch.rand(1000, device='DEVICE')"),
+    ("matmul 256x256", "x @ x", "x = torch.rand(256, 256, device='DEVICE')"),
+    ("matmul 1024x1024", "x @ x", "x = torch.rand(1024, 1024, device='DEVICE')"),
+]
+
+
+def main() -> None:
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    # Simulated GPUs must be chosen before any work is placed, so they come first.
+    devlab.config.simulate_gpus(1)
+    for name, stmt, setup in WORK:
+        row(name, "/GPU:0", stmt, setup.replace("DEVICE", "cuda:0"))
+    devlab.config.stop_simulation()
+    for name, stmt, setup in WORK:
+        row(name, "/CPU:0", stmt, setup.replace("DEVICE", "cpu"))
+
+
+if __name__ == "__main__":
+    main()
