@@ -84,6 +84,13 @@ def test_matmul_without_a_gpu_times_the_cpu_and_says_there_is_no_gpu() -> None:
     assert _drawn_artists(r.plot()) >= 1
 
 
+def test_matmul_asked_for_the_cpu_only_says_so() -> None:
+    devlab.config.simulate_gpus(1)
+    r = exercises.matmul_cpu_vs_gpu(sizes=(8,), device="/CPU:0", **FAST)
+    assert r.data["gpu"] is None
+    assert "CPU:0 was asked for" in r.data["verdict"]
+
+
 def test_matmul_rejects_bad_sizes() -> None:
     with pytest.raises(ValueError, match="sizes"):
         exercises.matmul_cpu_vs_gpu(sizes=(0, 4), **FAST)

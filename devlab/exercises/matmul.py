@@ -112,7 +112,8 @@ def matmul_cpu_vs_gpu(
     loads.append(load_average())
     crossover = crossover_size(sizes, cpu_times, gpu_times) if has_gpu else None
     if not has_gpu:
-        verdict = no_gpu_note()
+        verdict = no_gpu_note() if device is None else (
+            f"{gpu_info.name} was asked for: there is no GPU in this comparison.")
     elif crossover is None:
         verdict = (f"No crossover in this range: {cpu_info.name} was faster at n={sizes[-1]}, "
                    "the largest size tried.")

@@ -58,12 +58,15 @@ def norm_logging(
     device: str | torch.device | None = None,
     *,
     repeats: int = 3,
-    warmup: int = 1,
+    warmup: int = 0,
     progress: bool | None = None,
 ) -> NormLoggingResult:
     """`n` products of `size` x `size` matrices on `device` (default: the first GPU, simulated
     ones included, else the CPU), logging each result's Frobenius norm either with `.item()`
     every step or into a device tensor moved to the host once. Returns times and host syncs.
+
+    Each version first runs once under the placement log (which counts its syncs and copies,
+    and warms it up), then `warmup` more times untimed, then `repeats` timed runs.
     """
     check_positive(n=n, size=size)
     check_timing(min_time=0.0, repeats=repeats, warmup=warmup)
@@ -117,7 +120,7 @@ def norm_logging(
     rows = [[v["version"], format_seconds(v["time"]), format_seconds(v["time_per_step"]),
              str(v["syncs"]), str(v["copies"]), format_bytes(v["bytes"])] for v in versions]
     notes = [f"Host syncs and copies were counted by the placement log over one full run of "
-             f"each version; times are medians of {repeats} runs after {warmup} warm-up, "
+             f"each version, which also warmed it up; times are medians of {repeats} runs, "
              "synchronized (devlab.timing).",
              f"Both versions log the same norms (largest difference {diff:.2g})."]
     if dev.type == "cpu":
