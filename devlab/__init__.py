@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from devlab import config, debugging, placement_log, runtime, simulated
+from devlab import config, debugging, exercises, placement_log, runtime, simulated
 from devlab.d2l import cpu, gpu, num_gpus, try_all_gpus, try_gpu
 from devlab.inventory import device_table
 from devlab.magics import load_ipython_extension, unload_ipython_extension
@@ -27,6 +27,7 @@ __all__ = [
     "debugging",
     "device",
     "device_table",
+    "exercises",
     "full_name",
     "gpu",
     "load_ipython_extension",
