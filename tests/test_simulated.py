@@ -447,6 +447,27 @@ def test_other_threads_read_the_device_of_simulated_tensors(two) -> None:
     assert seen[0][0] == torch.device("cuda", 1)
 
 
+def test_thread_routing_lets_another_thread_place_work(two) -> None:
+    out = []
+
+    def work() -> None:
+        with simulated.thread_routing():
+            out.append(torch.ones(2, device="cuda:1") * 2)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert out[0].device.index == 1 and out[0].tolist() == [2.0, 2.0]
+
+
+def test_dataloader_pins_batches_in_its_own_thread(two) -> None:
+    ds = torch.utils.data.TensorDataset(torch.arange(8.0).view(8, 1))
+    dl = torch.utils.data.DataLoader(ds, batch_size=4, pin_memory=True, num_workers=1)
+    batches = [b.to("cuda", non_blocking=True) for (b,) in dl]
+    assert [b.device.index for b in batches] == [0, 0]
+    assert torch.cat([b.cpu() for b in batches]).view(-1).tolist() == list(range(8))
+
+
 # --- asynchronous launch --------------------------------------------------------------------
 
 def test_heavy_products_launch_asynchronously_and_host_reads_wait(two, monkeypatch) -> None:

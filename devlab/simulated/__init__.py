@@ -14,8 +14,10 @@ sparse tensors are not simulated.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 
 import torch
 from torch.overrides import _pop_mode, _push_mode
@@ -38,6 +40,7 @@ __all__ = [
     "start_from_environment",
     "stop",
     "synchronize",
+    "thread_routing",
 ]
 
 _control_lock = threading.RLock()
@@ -88,6 +91,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             _patches.patch_tensor(patcher)
             _patches.patch_cuda(patcher)
             _patches.patch_device_context(patcher)
+            _patches.patch_threads(patcher)
             _patches.register_serialization()
             _state.session = _state.Session(limits)
             _state.tls.device = 0
@@ -174,6 +178,19 @@ def stop() -> None:
         _mode.set_asynchronous(False)
         if errors:
             raise errors[0]
+
+
+@contextlib.contextmanager
+def thread_routing() -> Iterator[None]:
+    """Route simulated-GPU work in the current thread too (modes are per-thread).
+
+    `start()` puts the routing mode on the thread that called it; another thread of yours
+    that creates tensors with `device="cuda:N"` runs its work inside this block.
+    """
+    if _state.session is None:
+        raise RuntimeError("GPU simulation is not running: call start() first")
+    with _mode.SimulationMode():
+        yield
 
 
 def is_active() -> bool:

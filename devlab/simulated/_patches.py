@@ -532,6 +532,25 @@ def patch_device_context(p: Patcher) -> None:
     p.set(_torch_device.DeviceContext, "__torch_function__", _device_context_tf)
 
 
+# --- threads torch starts itself ----------------------------------------------------------
+
+def _wrap_in_routing(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def routed(*args: Any, **kwargs: Any) -> Any:
+        with _mode.SimulationMode():
+            return fn(*args, **kwargs)
+
+    routed.__wrapped__ = fn  # type: ignore[attr-defined]
+    return routed
+
+
+def patch_threads(p: Patcher) -> None:
+    # DataLoader(pin_memory=True, num_workers>0) pins batches in a thread of its own, where
+    # the routing mode of the starting thread is absent.
+    pm = sys.modules.get("torch.utils.data._utils.pin_memory")
+    if pm is not None and hasattr(pm, "_pin_memory_loop"):
+        p.set(pm, "_pin_memory_loop", _wrap_in_routing(pm._pin_memory_loop))
+
+
 # --- torch.save / torch.load ---------------------------------------------------------------
 
 def _untyped(obj: Any) -> Any:
