@@ -679,8 +679,12 @@ class MemoryChart:
             self._lines[key] = line
         return line
 
-    def update(self, series: dict[str, list[MemoryReading]], t0: float | None = None) -> None:
-        """Set the lines from a series (as `Sampler.series()` returns)."""
+    def update(self, series: dict[str, list[MemoryReading]], t0: float | None = None,
+               final: bool = False) -> None:
+        """Set the lines from a series (as `Sampler.series()` returns).
+
+        `final=True` fits the axes to the data (a live chart's axes otherwise move in steps).
+        """
         import numpy as np
 
         readings = [r for rs in series.values() for r in rs]
@@ -712,7 +716,7 @@ class MemoryChart:
                 self._line(label, "limit", color, lw=1.2, ls="--", alpha=0.8).set_data(
                     [0, 1e12], [limit / scale] * 2)
                 limits.append((label, limit))
-        if self.live:
+        if self.live and not final:
             xmax = _nice_above(max(t_end, 1.0) * 1.05)
             ymax = _nice_above(top / scale * 1.1)
         else:

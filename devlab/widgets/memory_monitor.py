@@ -107,7 +107,8 @@ class MemoryMonitor(ipywidgets.VBox):
     def redraw(self) -> None:
         """Draw the series as it is now (the sampler thread calls this; so may you)."""
         series = self.sampler.series()
-        self.chart.update(series, self.sampler.started_at)
+        self.chart.update(series, self.sampler.started_at,
+                          final=self.sampler.stopped_at is not None)
         show_png(self._chart, self.chart.png(), "memory chart: " + ", ".join(series))
         if self.sampler.stopped_at is None:
             self._status.value = self._status_text("watching", series)
