@@ -304,6 +304,62 @@ def test_sparse_tensors_are_refused_not_silently_left_on_the_host(two) -> None:
         torch.ones(2, 2).to_sparse().cuda()
 
 
+def test_nn_parallel_scatter_and_allreduce_as_in_d2l(two) -> None:
+    devices = [torch.device("cuda:0"), torch.device("cuda:1")]
+    data = torch.arange(20).reshape(4, 5)
+    split = nn.parallel.scatter(data, devices)
+    assert [s.device for s in split] == devices
+    assert [s.tolist() for s in split] == [data[:2].tolist(), data[2:].tolist()]
+    grads = [torch.ones((1, 2), device=d) * (i + 1) for i, d in enumerate(devices)]
+    for i in range(1, len(grads)):  # d2l's allreduce
+        grads[0][:] += grads[i].to(grads[0].device)
+    for i in range(1, len(grads)):
+        grads[i][:] = grads[0].to(grads[i].device)
+    assert [g.device.index for g in grads] == [0, 1] and grads[1].tolist() == [[3.0, 3.0]]
+    gathered = nn.parallel.gather(list(split), "cuda:1")
+    assert gathered.device.index == 1 and torch.equal(gathered.cpu(), data)
+
+
+class _WhereAmI(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(10, 1)
+        self.seen: list[torch.device] = []
+
+    def forward(self, x):
+        self.seen.append(x.device)
+        return self.lin(x) + torch.zeros(1, device=x.device)  # a factory inside a replica
+
+
+def _train_data_parallel(devices: list[int] | None) -> float:
+    torch.manual_seed(0)
+    net = _WhereAmI()
+    X, y = torch.randn(64, 10), torch.randn(64, 1)
+    model: nn.Module = net
+    if devices:
+        model = nn.DataParallel(net, device_ids=devices).to(f"cuda:{devices[0]}")
+        X, y = X.to(f"cuda:{devices[0]}"), y.to(f"cuda:{devices[0]}")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(30):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(X), y)
+        loss.backward()
+        opt.step()
+    assert loss.device == (torch.device("cuda", devices[0]) if devices else torch.device("cpu"))
+    return loss.item()
+
+
+def test_data_parallel_splits_the_batch_over_the_gpus_and_trains_like_the_cpu() -> None:
+    cpu_loss = _train_data_parallel(None)
+    simulated.start(2)
+    assert _train_data_parallel([0, 1]) == pytest.approx(cpu_loss, rel=1e-5)
+    net = _WhereAmI()
+    dp = nn.DataParallel(net).cuda()
+    out = dp(torch.randn(8, 10, device="cuda:0"))
+    assert out.device.index == 0 and out.shape == (8, 1)
+    assert sorted(d.index for d in net.seen[-2:]) == [0, 1]
+
+
 def test_save_and_load_keep_or_map_the_device(two, tmp_path) -> None:
     x = torch.randn(3, device="cuda:1")
     state = nn.Linear(2, 2).cuda(0).state_dict()
@@ -524,9 +580,14 @@ def test_events_time_simulated_work(two) -> None:
 # --- stop() puts torch back exactly ------------------------------------------------------
 
 def _snapshot() -> dict[str, object]:
-    mods = [torch.Tensor, torch.cuda, torch.accelerator, torch.utils._device.DeviceContext]
-    mods += [sys.modules[n] for n in ("torch.cuda.memory", "torch.cuda.random",
-                                      "torch.accelerator.memory") if n in sys.modules]
+    mods = [torch.Tensor, torch.cuda, torch.accelerator, torch.utils._device.DeviceContext,
+            torch.backends.cudnn]
+    mods += [sys.modules[n] for n in (
+        "torch.cuda.memory", "torch.cuda.random", "torch.cuda.comm", "torch.accelerator.memory",
+        "torch.nn.parallel", "torch.nn.parallel._functions", "torch.nn.parallel.comm",
+        "torch.nn.parallel.data_parallel", "torch.nn.parallel.parallel_apply",
+        "torch.nn.parallel.scatter_gather", "torch.utils.data._utils.pin_memory")
+        if n in sys.modules]
     snap: dict[str, object] = {f"{m.__name__}.{k}": v for m in mods for k, v in vars(m).items()}
     snap["registry"] = list(torch.serialization._package_registry)
     return snap

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import torch
 from torch.overrides import _pop_mode, _push_mode
 
-from . import _mode, _patches, _state, _workers
+from . import _mode, _parallel, _patches, _state, _workers
 from ._patches import SimulatedDeviceProperties
 from ._state import current_index, index_of
 
@@ -92,6 +92,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             _patches.patch_cuda(patcher)
             _patches.patch_device_context(patcher)
             _patches.patch_threads(patcher)
+            _parallel.patch_parallel(patcher)
             _patches.register_serialization()
             _state.session = _state.Session(limits)
             _state.tls.device = 0

@@ -630,8 +630,14 @@ def _h_plain(func: Callable, args: tuple, kwargs: dict) -> Any:
     return func(*args, **kwargs)
 
 
+def _h_noop(func: Callable, args: tuple, kwargs: dict) -> Any:
+    return None
+
+
 # Calls that take a device without creating anything on it.
 _HANDLERS[torch._C._nn._parse_to] = _h_plain
+# A simulated GPU has one stream per device, so there is no other stream to record on.
+_HANDLERS[Tensor.record_stream] = _h_noop
 
 _CONSTRUCTORS = frozenset(_torch_device._device_constructors())
 
