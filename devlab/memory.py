@@ -185,12 +185,14 @@ class TorchCudaReader:
         return MemoryReading(time.perf_counter(), used, reserved, self._limit(), self.label, peak)
 
     def _limit(self) -> int | None:
-        if self._total is None and torch.cuda.is_initialized():
-            # get_device_properties would initialize CUDA, so only ask once it is running.
-            total = torch.cuda.get_device_properties(self.index).total_memory
-            fraction = _configured_fraction(self.index)
-            self._total = int(total * fraction) if fraction is not None else total
-        return self._total
+        if not torch.cuda.is_initialized():
+            return None  # get_device_properties would initialize CUDA: only ask once it runs
+        if self._total is None:
+            self._total = torch.cuda.get_device_properties(self.index).total_memory
+        # A limit set with set_per_process_memory_fraction (as devlab.config does for
+        # LogicalDeviceConfiguration(memory_limit=...)) is the line to draw.
+        fraction = _configured_fraction(self.index)
+        return int(self._total * fraction) if fraction is not None else self._total
 
 
 def _configured_fraction(index: int) -> float | None:

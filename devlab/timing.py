@@ -360,9 +360,10 @@ class Comparison:
         ax.invert_yaxis()
         ax.set_xlabel(f"median time per call ({unit})")
         speedups = self.speedups
-        for y, r, m in zip(ys, self.results, medians, strict=True):
-            ax.text(m, y, f"  {speedups[r.label]:.2f}x", va="center", fontsize=9)
-        ax.set_xlim(0, max(medians) * 1.3)
+        right = [max(r.q3, r.median) / scale for r in self.results]  # past the error bar
+        for y, r, x in zip(ys, self.results, right, strict=True):
+            ax.text(x, y, f"  {speedups[r.label]:.2f}x", va="center", fontsize=9)
+        ax.set_xlim(0, max(right) * 1.25)
         ax.set_title(f"speed-up vs {self.baseline.label}", fontsize=10)
         fig.tight_layout()
         return fig

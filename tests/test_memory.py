@@ -146,6 +146,24 @@ def test_torch_cuda_reader_never_initializes_cuda(monkeypatch):
     assert (r.used, r.reserved, r.peak, r.limit) == (10, 20, 15, None)
 
 
+def test_torch_cuda_reader_limit_is_the_memory_fraction(monkeypatch):
+    class Props:
+        total_memory = 8 * 1024 * MiB
+
+    for name, value in (("memory_allocated", 1), ("memory_reserved", 2),
+                        ("max_memory_allocated", 3)):
+        monkeypatch.setattr(torch.cuda, name, lambda i, v=value: v)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
+    fraction = {"value": 1.0}
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction",
+                        lambda i: fraction["value"])
+    reader = TorchCudaReader(1)
+    assert reader.read().limit == 8 * 1024 * MiB
+    fraction["value"] = 0.125
+    assert reader.read().limit == 1024 * MiB
+
+
 # -- the sampler -----------------------------------------------------------------------------
 
 
