@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.cuda.comm  # noqa: F401 - loaded now, so start() patches it without importing it
 from torch._utils import ExceptionWrapper
 
 from . import _mode
