@@ -50,7 +50,8 @@ def _ops(device: str) -> dict[str, Callable[[], object]]:
         "a.shape (attribute)": lambda: a.shape,
         "a.device": lambda: a.device,
         "torch.ones(8, device=d)": lambda: torch.ones(8, device=device),
-        "host.to(d) (copy)": lambda: host.to(device),
+        "host.to(d) (cpu: no-op)": lambda: host.to(device),
+        "host.to(d, copy=True)": lambda: host.to(device, copy=True),
         "a.sum().item()": lambda: a.sum().item(),
     }
 

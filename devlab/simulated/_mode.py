@@ -282,11 +282,11 @@ def _copy_to(func: Callable, t: Tensor, target: int | None, dtype: Any = None,
 
 def _h_to(func: Callable, args: tuple, kwargs: dict) -> Any:
     self = args[0]
-    rest, kwargs, copy = _split_copy(args[1:], dict(kwargs))
-    other = rest[0] if rest and isinstance(rest[0], Tensor) else kwargs.get("other")
+    rest, kw_rest, copy = _split_copy(args[1:], dict(kwargs))
+    other = rest[0] if rest and isinstance(rest[0], Tensor) else kw_rest.get("other")
     if rest and isinstance(rest[0], int) and not isinstance(rest[0], bool):
         rest = (torch.device("cuda", rest[0]),) + rest[1:]
-    device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*rest, **kwargs)
+    device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*rest, **kw_rest)
     src = _state.index_of(self)
     if isinstance(other, Tensor):
         target = _state.index_of(other)
@@ -294,7 +294,9 @@ def _h_to(func: Callable, args: tuple, kwargs: dict) -> Any:
         target = src
     else:
         target = resolve(device)
-        if target == _OTHER:
+        if target == _OTHER:  # meta and other devices: torch's own business
+            if src is not None:
+                _workers.wait(src)
             return func(*args, **kwargs)
     if target == src and not copy:
         kw: dict[str, Any] = {"dtype": dtype or self.dtype, "non_blocking": non_blocking}
@@ -362,7 +364,8 @@ def _h_pin_memory(func: Callable, args: tuple, kwargs: dict) -> Any:
     # locking for free (host and "device" are the same memory), so pinning is a copy.
     self = args[0]
     if _state.index_of(self) is not None:
-        raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
+        raise RuntimeError(f"cannot pin '{self.type().replace('torch.', 'torch.cuda.', 1)}' "
+                           "only dense CPU tensors can be pinned")
     return self.clone()
 
 
