@@ -47,22 +47,35 @@ class DeviceState:
         self.torch_device = torch.device("cuda", self.index)
 
 
-class _Mark:
-    """What a storage carries: its simulated device, its session and the bytes accounted."""
+def _release(m: _Mark) -> None:
+    """The storage died (weakref callback): its bytes leave the device."""
+    sess = m.session
+    if sess is session:
+        with lock:
+            sess.devices[m.index].allocated -= m.nbytes
 
-    __slots__ = ("index", "nbytes", "ref", "session")
 
-    def __init__(self, index: int, session: Session, nbytes: int) -> None:
+class _Mark(weakref.ref):
+    """What a storage carries: its simulated device, its session and the bytes accounted.
+
+    It is also the weak reference to that storage whose callback gives the bytes back (one
+    object per storage instead of two; CPython drops the callback once it has run, so the
+    storage -> mark -> storage loop does not outlive the storage).
+    """
+
+    __slots__ = ("index", "nbytes", "session")
+
+    def __new__(cls, storage: torch.UntypedStorage, index: int, session: Session,
+                nbytes: int) -> _Mark:
+        self = super().__new__(cls, storage, _release)
         self.index = index
         self.session = session
         self.nbytes = nbytes
+        return self
 
-    def release(self, ref: weakref.ref) -> None:
-        """The storage died (weakref callback): its bytes leave the device."""
-        sess = self.session
-        if sess is session:
-            with lock:
-                sess.devices[self.index].allocated -= self.nbytes
+    def __init__(self, storage: torch.UntypedStorage, index: int, session: Session,
+                 nbytes: int) -> None:
+        super().__init__(storage, _release)
 
 
 # The running session (None when not simulating). Read on every op, so a plain global.
@@ -180,7 +193,7 @@ def mark_storages(storages: list[torch.UntypedStorage], index: int) -> None:
         if dev.allocated > dev.peak:
             dev.peak = dev.allocated
     for s, nb in zip(storages, sizes, strict=True):
-        _attach(s, _Mark(index, sess, nb))
+        setattr(s, MARK, _Mark(s, index, sess, nb))
     if not sess.used:
         _first_use(sess)
 
@@ -199,18 +212,9 @@ def mark_storage(s: torch.UntypedStorage, index: int) -> None:
         dev.allocated = alloc
         if alloc > dev.peak:
             dev.peak = alloc
-    m = _Mark(index, sess, nb)
-    # The mark holds the weak reference that tells when the storage dies; CPython drops the
-    # callback once it has run, so no reference cycle outlives the storage.
-    m.ref = weakref.ref(s, m.release)
-    s._devlab_sim = m
+    s._devlab_sim = _Mark(s, index, sess, nb)
     if not sess.used:
         _first_use(sess)
-
-
-def _attach(s: torch.UntypedStorage, m: _Mark) -> None:
-    m.ref = weakref.ref(s, m.release)
-    s._devlab_sim = m
 
 
 def _first_use(sess: Session) -> None:
