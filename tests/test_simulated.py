@@ -658,6 +658,22 @@ def test_stop_removes_only_its_own_mode() -> None:
     assert torch._C._len_torch_function_stack() == 0
 
 
+def test_stop_from_another_thread_disarms_the_mode() -> None:
+    simulated.start(1)
+    x = torch.ones(2, device="cuda:0")
+    t = threading.Thread(target=simulated.stop)
+    t.start()
+    t.join()
+    assert not simulated.is_active() and not torch.cuda.is_available()
+    assert x.device.type == "cpu" and (x + 1).device.type == "cpu"
+    with pytest.raises(AssertionError, match="Torch not compiled with CUDA enabled"):
+        torch.ones(1, device="cuda")
+    simulated.start(1)  # removes the disarmed mode of this thread
+    assert torch._C._len_torch_function_stack() == 1
+    simulated.stop()
+    assert torch._C._len_torch_function_stack() == 0
+
+
 def test_start_rejects_bad_arguments() -> None:
     for args in ((0,), (True,), (2, [10]), (1, [0])):
         with pytest.raises(ValueError):

@@ -2,14 +2,20 @@
 
 A simulated GPU's tensor is a CPU tensor whose storage is marked with the GPU's index; while
 the simulation runs, `Tensor.device`/`is_cuda`/`get_device` report the mark, `torch.cuda`
-answers for the simulated GPUs, and a TorchFunctionMode routes `device="cuda:N"`, `.to`,
-`.cuda`, `.cpu`, checks that an op's tensors share one device and marks its outputs. Values
-are real (computed on the CPU); speed says nothing about a real GPU.
+(and `torch.accelerator`) answer for the simulated GPUs, and a TorchFunctionMode routes
+`device="cuda:N"`, `.to`, `.cuda`, `.cpu`, checks that an op's tensors share one device and
+marks its outputs. Each GPU accounts the bytes of its storages (with CUDA's 512-byte blocks)
+and can have a memory limit. Heavy matrix products run asynchronously on one worker thread
+per GPU. `nn.DataParallel` and `nn.parallel.scatter/gather` work. Values are real (computed
+on the CPU); speed says nothing about a real GPU.
 
 Limits: the routing mode lives on the thread that called `start()` (torch function modes are
-per-thread), so factories with `device="cuda"` only work in that thread (and reading
-`.device` of existing tensors works everywhere). Streams, events, CUDA graphs, NCCL and
-sparse tensors are not simulated.
+per-thread), so new work with `device="cuda"` is routed only in that thread, in threads that
+enter `thread_routing()`, in DataLoader's pin-memory thread and in DataParallel's replicas;
+reading `.device` of existing tensors works everywhere. `torch.device(0)` and
+`torch.Generator(device="cuda")` are C++ constructors and still fail. CUDA graphs, NCCL,
+`torch.compile` for CUDA, cuDNN, autocast to half precision and sparse tensors are not
+simulated (sparse ones are refused). One stream per GPU.
 """
 
 from __future__ import annotations
@@ -47,7 +53,6 @@ _control_lock = threading.RLock()
 _patcher: _patches.Patcher | None = None
 _mode_instance: _mode.SimulationMode | None = None
 _mode_thread: int | None = None
-_asynchronous = True
 _MB = 1024 * 1024
 
 
@@ -72,7 +77,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
     Calling it again before any simulated tensor exists replaces the configuration.
     `asynchronous=False` runs every op synchronously on the calling thread.
     """
-    global _patcher, _mode_instance, _mode_thread, _asynchronous
+    global _patcher, _mode_instance, _mode_thread
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"count must be a positive integer, got {count!r}")
     limits = _limits_bytes(count, memory_limits_mb)
@@ -85,6 +90,10 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         if torch.cuda.is_available():
             raise RuntimeError("real CUDA GPUs are available: devlab does not simulate GPUs "
                                "on a machine that has them")
+        # A stop() from another thread could only make this thread's old mode inert.
+        for old in torch.overrides._get_current_function_mode_stack():
+            if isinstance(old, _mode.SimulationMode) and old.inert:
+                _remove_mode(old)
         patcher = _patches.Patcher()
         mode = _mode.SimulationMode()
         try:
@@ -104,7 +113,6 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             raise
         _patcher, _mode_instance, _mode_thread = patcher, mode, threading.get_ident()
         _mode.active_mode = mode
-        _asynchronous = asynchronous
         _mode.set_asynchronous(asynchronous)
 
 
@@ -144,7 +152,12 @@ def _remove_mode(mode: _mode.SimulationMode) -> bool:
 
 
 def stop() -> None:
-    """Return torch to exactly its normal behaviour: every patch and mode removed."""
+    """Return torch to exactly its normal behaviour: every patch and mode removed.
+
+    Call it from the thread that called start(): another thread cannot take the routing mode
+    off that thread's stack, so it only disarms it (it passes every call through unchanged
+    until the next start() there removes it).
+    """
     global _patcher, _mode_instance, _mode_thread
     with _control_lock:
         errors: list[BaseException] = []
