@@ -618,15 +618,15 @@ def ensure_figure_formatter() -> None:
 _UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1))
 
 
-def _nice_above(x: float) -> float:
-    """The smallest of 1, 1.5, 2, 3, 5, 7.5 x 10^k at or above x: axis limits that move in
-    steps, so a live chart redraws its axes rarely."""
+def _nice_above(x: float, steps: tuple[float, ...] = (1, 1.5, 2, 3, 5, 7.5)) -> float:
+    """The smallest of `steps` x 10^k at or above x: axis limits that move in steps, so a
+    live chart redraws its axes (a full render, ~10x a frame's cost) rarely."""
     import math
 
     if x <= 0:
         return 1.0
     k = math.floor(math.log10(x))
-    for m in (1, 1.5, 2, 3, 5, 7.5, 10):
+    for m in (*steps, 10):
         if m * 10**k >= x:
             return m * 10**k
     return 10 ** (k + 1)
@@ -719,7 +719,8 @@ class MemoryChart:
                     [0, 1e12], [limit / scale] * 2)
                 limits.append((label, limit))
         if self.live and not final:
-            xmax = _nice_above(max(t_end, 1.0) * 1.05)
+            # Time only grows: coarse steps (2, 5, 10, 20 s...) keep its redraws few.
+            xmax = _nice_above(max(t_end, 1.0) * 1.05, (1, 2, 5))
             ymax = _nice_above(top / scale * 1.1)
         else:
             xmax, ymax = max(t_end, 1.0) * 1.02, max(top / scale, 1e-9) * 1.1

@@ -56,9 +56,12 @@ class MemoryMonitor(ipywidgets.VBox):
 
     def start(self) -> MemoryMonitor:
         """Start sampling and drawing."""
-        self.sampler.add_callback(self._on_sample)
         self.sampler.start()
-        self._status.value = self._status_text("watching")
+        # The first frame lays out the axes (the costly part) here, before the watched code
+        # runs; the sampler thread draws only once it is done, so never at the same time.
+        self.redraw()
+        self._last_draw = time.perf_counter()
+        self.sampler.add_callback(self._on_sample)
         return self
 
     def stop(self) -> MemorySummary:
@@ -100,9 +103,7 @@ class MemoryMonitor(ipywidgets.VBox):
         self._last_draw = now
         self.redraw()
         cost = time.perf_counter() - now
-        # The first frame lays out the axes and loads fonts: not what later frames cost.
-        if self.draws > 1:
-            self._draw_cost = 0.7 * self._draw_cost + 0.3 * cost
+        self._draw_cost = 0.7 * self._draw_cost + 0.3 * cost
 
     def redraw(self) -> None:
         """Draw the series as it is now (the sampler thread calls this; so may you)."""
