@@ -61,6 +61,17 @@ def test_fn_and_setup_run_with_the_device_as_default():
     assert torch.get_default_device() == before
 
 
+def test_as_default_false_leaves_the_default_device_alone():
+    import devlab
+
+    devlab.config.simulate_gpus(1)
+    seen = {}
+    time_on_device(lambda: seen.setdefault("fn", torch.get_default_device()), "/GPU:0",
+                   setup=lambda: seen.setdefault("setup", torch.get_default_device()),
+                   as_default=False, min_time=0)
+    assert seen == {"setup": torch.device("cuda", 0), "fn": torch.device("cpu")}
+
+
 def test_an_error_in_fn_propagates_and_restores_the_default_device():
     before = torch.get_default_device()
 
