@@ -23,6 +23,7 @@ from ._state import MARK, mark_storage, mark_storages, resized, tls
 Tensor = torch.Tensor
 _DisableTF = torch._C.DisableTorchFunction
 _tf_stack_len = torch._C._len_torch_function_stack
+_MethodWrapper = type(Tensor.grad.__get__)  # what torch passes for an attribute getter
 
 INVALID_ORDINAL = (
     "CUDA error: invalid device ordinal\n"
@@ -664,6 +665,16 @@ class SimulationMode(TorchFunctionMode):
             kwargs = {}
         if sess is None or self.inert:
             return func(*args, **kwargs)
+        if type(func) is _MethodWrapper and func.__name__ == "__get__":
+            # An attribute read (`.shape`, `.requires_grad`, `.grad`, ...): metadata, known
+            # even while the tensor's op is queued. Only a tensor result may need a mark
+            # (a gradient the C++ engine made).
+            out = func(*args)
+            if isinstance(out, Tensor):
+                index = _state.index_of(args[0])
+                if index is not None:
+                    mark_out(out, index)
+            return out
         h = _HANDLERS.get(func)
         if h is not None:
             return h(func, args, kwargs)
