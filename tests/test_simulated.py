@@ -409,6 +409,16 @@ def test_memory_is_accounted_per_gpu_like_cuda(two) -> None:
     assert free == total
 
 
+def test_gradients_count_on_their_gpu_once_backward_made_them(two) -> None:
+    w = torch.zeros(256, 256, device="cuda:1", requires_grad=True)  # 256 KiB
+    x = torch.ones(256, device="cuda:1")
+    before = torch.cuda.memory_allocated(1)
+    (w @ x).sum().backward()
+    assert torch.cuda.memory_allocated(1) == before + 256 * 256 * 4  # w.grad
+    w.grad = None
+    assert torch.cuda.memory_allocated(1) == before
+
+
 def test_out_of_memory_in_cudas_words_and_nothing_left_allocated() -> None:
     simulated.start(2, [None, 100])
     keep = torch.empty(22 * MIB // 4, device="cuda:1")  # 22 MiB of float32

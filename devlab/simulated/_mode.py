@@ -467,6 +467,7 @@ def _backward_under_mode(func: Callable, args: tuple, kwargs: dict) -> bool:
     retain_graph = kw.get("retain_graph")
     if retain_graph is None:
         retain_graph = create_graph
+    leaves = _leaves(tensors)
     _push_mode(mode)
     try:
         grads = make_grads(tensors, to_tuple(grad_tensors, len(tensors)), is_grads_batched=False)
@@ -474,7 +475,33 @@ def _backward_under_mode(func: Callable, args: tuple, kwargs: dict) -> bool:
                allow_unreachable=True, accumulate_grad=True)
     finally:
         _pop_mode()
+    # The engine made the gradients in C++, unmarked: they are on their leaves' devices and
+    # count in those devices' memory from now on, as on CUDA.
+    for leaf in leaves:
+        index = _state.index_of(leaf)
+        if index is not None:
+            g = leaf.grad
+            if g is not None:
+                mark_out(g, index)
     return True
+
+
+def _leaves(roots: tuple) -> list[Tensor]:
+    """The leaf tensors a backward pass from `roots` accumulates gradients into."""
+    leaves = []
+    seen = set()
+    stack = [t.grad_fn for t in roots]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)  # an AccumulateGrad node
+        if var is not None:
+            leaves.append(var)
+        else:
+            stack.extend(nxt for nxt, _ in fn.next_functions)
+    return leaves
 
 
 def _h_register_hook(func: Callable, args: tuple, kwargs: dict) -> Any:
