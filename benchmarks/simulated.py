@@ -58,7 +58,7 @@ def _ops(device: str) -> dict[str, Callable[[], object]]:
 
 def per_op(number: int, repeats: int) -> list[tuple[str, float, float]]:
     rows: dict[str, list[float]] = {}
-    for _ in range(3):  # interleave CPU and simulated runs
+    for _ in range(5):  # interleave CPU and simulated runs
         cpu = {k: _best_us(f, number, repeats) for k, f in _ops("cpu").items()}
         simulated.start(1)
         try:
@@ -91,7 +91,7 @@ def _mlp_step(device: str) -> Callable[[], object]:
 
 def training_step(number: int, repeats: int) -> tuple[float, float]:
     cpu = sim = float("inf")
-    for _ in range(3):
+    for _ in range(5):
         cpu = min(cpu, _best_us(_mlp_step("cpu"), number, repeats))
         simulated.start(1)
         try:

@@ -665,8 +665,15 @@ def _h_noop(func: Callable, args: tuple, kwargs: dict) -> Any:
     return None
 
 
-# Calls that take a device without creating anything on it.
+# Calls that take a device without creating anything on it, and calls without tensors that
+# every training step makes (grad mode, profiler ranges): straight through.
 _HANDLERS[torch._C._nn._parse_to] = _h_plain
+_HANDLERS[torch._C._set_grad_enabled] = _h_plain
+for _name in ("_record_function_enter_new", "_record_function_exit"):
+    _op = getattr(torch.ops.profiler, _name, None)
+    for _f in (_op, getattr(_op, "_RecordFunction", None), getattr(_op, "default", None)):
+        if _f is not None:
+            _HANDLERS[_f] = _h_plain
 # A simulated GPU has one stream per device, so there is no other stream to record on.
 _HANDLERS[Tensor.record_stream] = _h_noop
 
@@ -698,9 +705,12 @@ class SimulationMode(TorchFunctionMode):
             # (a gradient the C++ engine made).
             out = func(*args)
             if isinstance(out, Tensor):
-                index = _state.index_of(args[0])
-                if index is not None:
-                    mark_out(out, index)
+                st = _storage(out)
+                m = getattr(st, MARK, None) if st is not None else None
+                if m is None or m.session is not sess:
+                    index = _state.index_of(args[0])
+                    if index is not None:
+                        mark_out(out, index)
             return out
         h = _HANDLERS.get(func)
         if h is not None:
