@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
 from html import escape
@@ -47,6 +48,7 @@ class MemoryMonitor(ipywidgets.VBox):
         self._status = ipywidgets.HTML(value=self._status_text("ready"))
         self._chart = ipywidgets.Output()
         self._summary = ipywidgets.HTML(value="")
+        self._draw_lock = threading.Lock()  # one frame at a time: a Figure is not thread-safe
         self._last_draw = 0.0
         self._draw_cost = 0.0
         self.draws = 0
@@ -107,13 +109,14 @@ class MemoryMonitor(ipywidgets.VBox):
 
     def redraw(self) -> None:
         """Draw the series as it is now (the sampler thread calls this; so may you)."""
-        series = self.sampler.series()
-        self.chart.update(series, self.sampler.started_at,
-                          final=self.sampler.stopped_at is not None)
-        show_png(self._chart, self.chart.png(), "memory chart: " + ", ".join(series))
-        if self.sampler.stopped_at is None:
-            self._status.value = self._status_text("watching", series)
-        self.draws += 1
+        with self._draw_lock:
+            series = self.sampler.series()
+            self.chart.update(series, self.sampler.started_at,
+                              final=self.sampler.stopped_at is not None)
+            show_png(self._chart, self.chart.png(), "memory chart: " + ", ".join(series))
+            if self.sampler.stopped_at is None:
+                self._status.value = self._status_text("watching", series)
+            self.draws += 1
 
     def _status_text(self, state: str, series=None) -> str:
         parts = []
