@@ -112,7 +112,7 @@ def _session() -> _state.Session:
     return sess
 
 
-def _index(device: Any = None, optional: bool = True) -> int:
+def _index(device: Any = None) -> int:
     """torch.cuda's device argument (None, int, str, torch.device) -> checked index."""
     if device is None:
         return _mode.checked_index(_mode.current_device())
@@ -206,10 +206,14 @@ def get_device_capability(device: Any = None) -> tuple[int, int]:
 
 
 def synchronize(device: Any = None) -> None:
+    """Wait for the device's queued work; with no device, for every simulated GPU's.
+
+    CUDA's synchronize() waits for the current device only, but d2l and most timing code
+    call it meaning "wait for the GPUs", and waiting for all keeps such timings honest here.
+    """
     if device is None:
-        _workers.wait(_index(None))
-        _workers.wait_all()  # torch.cuda.synchronize() waits for the current device only; a
-        # simulated machine is one host, and waiting for all keeps timings honest
+        _index(None)
+        _workers.wait_all()
     else:
         _workers.wait(_index(device))
 
@@ -349,6 +353,12 @@ class Stream:
 
     def is_capturing(self) -> bool:
         return False
+
+    def __enter__(self) -> Stream:  # `with stream:` - the device's only stream
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and other.device_index == self.device_index
