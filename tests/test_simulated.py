@@ -297,6 +297,11 @@ def test_python_code_in_backward_is_routed_too(two) -> None:
     out.sum().backward()  # recomputes the forward during backward, on cuda:0 again
     assert y.grad.device.index == 0
     assert torch.allclose(y.grad.cpu(), 3 * torch.cos(torch.full((3,), 3.0)))
+    (g,) = torch.autograd.grad(_Double.apply(x).sum(), x)
+    assert g.device.index == 1 and g.tolist() == [2.0] * 3
+    z = torch.ones(2, device="cuda:0", requires_grad=True)
+    gz, gx = torch.autograd.grad((z * 2).sum(), [z, x], materialize_grads=True)
+    assert gz.device.index == 0 and gx.device.index == 1 and gx.tolist() == [0.0] * 3
 
 
 def test_sparse_tensors_are_refused_not_silently_left_on_the_host(two) -> None:

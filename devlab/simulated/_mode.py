@@ -398,7 +398,9 @@ def _h_as_tensor(func: Callable, args: tuple, kwargs: dict) -> Any:
 def _h_autograd_grad(func: Callable, args: tuple, kwargs: dict) -> Any:
     # Gradients come from the C++ engine unmarked; each belongs on its input's device.
     inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
-    out = func(*args, **kwargs)
+    out = _grad_under_mode(args, kwargs)
+    if out is None:
+        out = func(*args, **kwargs)
     ins = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs or ())
     for inp, g in zip(ins, out, strict=False):
         if isinstance(g, Tensor):
@@ -406,6 +408,49 @@ def _h_autograd_grad(func: Callable, args: tuple, kwargs: dict) -> Any:
             if i is not None:
                 mark_out(g, i)
     return out
+
+
+def _grad_under_mode(args: tuple, kwargs: dict) -> tuple | None:
+    """torch.autograd.grad after its override check, with this mode on the stack (see
+    _backward_under_mode); None if the call is not a plain one."""
+    mode = active_mode
+    ag = torch.autograd
+    make_grads = getattr(ag, "_make_grads", None)
+    to_tuple = getattr(ag, "_tensor_or_tensors_to_tuple", None)
+    engine = getattr(getattr(ag, "graph", None), "_engine_run_backward", None)
+    known = {"grad_outputs", "retain_graph", "create_graph", "only_inputs", "allow_unused",
+             "is_grads_batched", "materialize_grads"}
+    if (mode is None or make_grads is None or to_tuple is None or engine is None
+            or len(args) != 2 or not set(kwargs) <= known or kwargs.get("is_grads_batched")):
+        return None
+    outputs, inputs = args
+    outputs = (outputs,) if isinstance(outputs, Tensor) else tuple(outputs)
+    inputs = (inputs,) if isinstance(inputs, Tensor) else inputs
+    if not isinstance(inputs, (list, tuple)):
+        return None
+    inputs = tuple(inputs)
+    if not inputs or not all(isinstance(t, Tensor) for t in outputs + inputs):
+        return None
+    materialize = bool(kwargs.get("materialize_grads", False))
+    allow_unused = kwargs.get("allow_unused")
+    if allow_unused is None:
+        allow_unused = materialize
+    create_graph = bool(kwargs.get("create_graph", False))
+    retain_graph = kwargs.get("retain_graph")
+    if retain_graph is None:
+        retain_graph = create_graph
+    _push_mode(mode)
+    try:
+        grads = make_grads(outputs, to_tuple(kwargs.get("grad_outputs"), len(outputs)),
+                           is_grads_batched=False)
+        result = engine(outputs, grads, retain_graph, create_graph, inputs, allow_unused,
+                        accumulate_grad=False)
+        if materialize:
+            result = tuple(torch.zeros_like(i, requires_grad=create_graph) if r is None else r
+                           for r, i in zip(result, inputs, strict=True))
+    finally:
+        _pop_mode()
+    return result
 
 
 def _h_backward(func: Callable, args: tuple, kwargs: dict) -> Any:
