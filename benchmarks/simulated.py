@@ -12,6 +12,7 @@ A simulated GPU is the CPU: these numbers say nothing about a real GPU.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -144,7 +145,7 @@ def main() -> None:
     number, repeats = (200, 3) if opts.quick else (2000, 7)
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{simulated._workers.cpu_cores()} cores")
+          f"{simulated._workers.cpu_cores()} cores, load average {_load()}")
     print("\nmicroseconds per op (best of interleaved repeats)")
     print(f"{'op':28s} {'cpu':>9s} {'simulated':>10s} {'ratio':>7s}")
     for name, c, s in per_op(number, repeats):
@@ -161,6 +162,15 @@ def main() -> None:
     print(f"one GPU after the other: {t['sequential']:.3f}   both launched together: "
           f"{t['together']:.3f}   speed-up {t['sequential'] / t['together']:.2f}x")
     print(f"same work on the plain CPU (all cores, no simulation): {t['cpu']:.3f}")
+    print(f"load average now {_load()}: other processes on the cores lower every figure here,"
+          " the overlap of two simulated GPUs most")
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 if __name__ == "__main__":
