@@ -554,6 +554,8 @@ def test_heavy_products_launch_asynchronously_and_host_reads_wait(two, monkeypat
     threading.Timer(0.05, gate.set).start()
     assert out.sum().item() == pytest.approx(expected, rel=1e-5)  # waited for the queue
     assert _workers.idle(0)
+    del out
+    assert torch.cuda.memory_allocated(0) == 64 * 64 * 4  # the worker let go of the output
 
 
 def test_two_gpus_work_at_the_same_time(two) -> None:

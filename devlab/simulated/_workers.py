@@ -63,6 +63,9 @@ class _Worker:
                         self.error = e
                     _has_error = True
             finally:
+                # Drop the op (and the tensors its closure holds) before waiting for the next
+                # one, so freed tensors leave the device's memory at once.
+                fn = None
                 with _lock:
                     self.pending -= 1
                     _pending_total -= 1
