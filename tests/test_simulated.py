@@ -643,6 +643,21 @@ def test_stop_returns_torch_to_exactly_its_normal_behaviour() -> None:
     _assert_torch_is_normal(before)
 
 
+def test_the_config_switches_start_and_stop_the_simulation() -> None:
+    import devlab
+
+    before = _snapshot()
+    devlab.config.simulate_gpus(2, memory_limit=64)
+    assert simulated.is_active() and torch.cuda.device_count() == 2
+    assert simulated.memory_stats(1)["limit"] == 64 * MIB
+    x = torch.ones(2, device="cuda:1")
+    with pytest.raises(RuntimeError, match="cannot be modified after being initialized"):
+        devlab.config.simulate_gpus(3)
+    devlab.config.stop_simulation()
+    assert not simulated.is_active() and x.device.type == "cpu"
+    _assert_torch_is_normal(before)
+
+
 def test_stop_after_errors_and_a_failed_start(monkeypatch) -> None:
     before = _snapshot()
     simulated.start(2)
