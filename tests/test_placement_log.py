@@ -106,3 +106,58 @@ def test_logging_leaves_no_mode_or_patch_behind_after_an_error() -> None:
 def test_log_is_empty_when_off() -> None:
     assert torch._C._len_torch_dispatch_stack() == 0
     assert not devlab.debugging.get_log_device_placement()
+
+
+GPU0 = "/job:localhost/replica:0/task:0/device:GPU:0"
+GPU1 = "/job:localhost/replica:0/task:0/device:GPU:1"
+
+
+@pytest.fixture
+def two_gpus():
+    devlab.config.simulate_gpus(2)
+    yield
+    devlab.config.stop_simulation()
+
+
+def test_each_host_read_of_a_gpu_tensor_is_a_sync(two_gpus) -> None:
+    x = torch.arange(6.0, device="cuda:0")
+    cases = {
+        "item": lambda: x.sum().item(),
+        "float": lambda: float(x[0]),
+        "cpu": lambda: x.cpu(),
+        "tolist": lambda: x.tolist(),
+        "numpy": lambda: x.cpu().numpy(),
+        "print": lambda: print(x),
+        "bool": lambda: bool(x[1] > 0),
+    }
+    for name, read in cases.items():
+        with placement_log.capture() as log:
+            read()
+        syncs = [e for e in log.events if e.kind == "sync"]
+        assert len(syncs) == 1, f"{name}: {log.lines()}"
+        assert syncs[0].device == torch.device("cuda", 0)
+        assert syncs[0].text().startswith(f"Host sync: the host waited for {GPU0} (")
+
+
+def test_ops_on_a_gpu_and_copies_between_gpus(two_gpus) -> None:
+    with placement_log.capture() as log:
+        x = torch.ones(2, 3, device="cuda:0")
+        z = x.cuda(1)
+        y = torch.rand(2, 3, device="cuda:1")
+        y + z
+    lines = log.lines()
+    assert lines[0] == f"Executing op aten::ones in device {GPU0}"
+    assert f"Copy 24 B from {GPU0} to {GPU1} (aten::_to_copy)" in lines
+    assert lines[-1] == f"Executing op aten::add in device {GPU1}"
+    s = log.summary()
+    assert (s.copies, s.copied_bytes, s.syncs) == (1, 24, 0)
+    assert s.ops_per_device == {GPU0: 1, GPU1: 2}
+
+
+def test_backward_on_a_gpu_is_logged_on_the_gpu(two_gpus) -> None:
+    w = torch.ones(3, device="cuda:1", requires_grad=True)
+    with placement_log.capture() as log:
+        (w * w).sum().backward()
+    devices = {e.device for e in log.events if e.kind == "op"}
+    assert devices == {torch.device("cuda", 1)}
+    assert len(log) >= 4

@@ -14,6 +14,7 @@ import torch.utils._device
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import devlab
 from devlab import runtime, simulated
 from devlab.simulated import _mode, _workers
 
@@ -500,12 +501,29 @@ def test_reconfigure_only_before_first_use(two) -> None:
 
 def test_start_from_environment(monkeypatch) -> None:
     monkeypatch.delenv("DEVLAB_SIMULATE_GPUS", raising=False)
-    assert not simulated.start_from_environment()
+    assert not devlab.config.simulate_from_environment()
     monkeypatch.setenv("DEVLAB_SIMULATE_GPUS", "3")
     monkeypatch.setenv("DEVLAB_SIMULATE_GPU_MEMORY_MB", "64")
-    assert simulated.start_from_environment()
+    assert devlab.config.simulate_from_environment()
     assert simulated.device_count() == 3 and simulated.memory_stats(2)["limit"] == 64 * MIB
-    assert not simulated.start_from_environment()  # already running
+    assert len(devlab.config.list_physical_devices("GPU")) == 3
+    assert not devlab.config.simulate_from_environment()  # already running
+    devlab.config.stop_simulation()
+    monkeypatch.setenv("DEVLAB_SIMULATE_GPUS", "two")
+    with pytest.warns(UserWarning, match="devlab ignored DEVLAB_SIMULATE_GPUS='two'.*DEVLAB_SIMULATE_GPUS=2"):
+        assert not devlab.config.simulate_from_environment()
+    assert not simulated.is_active()
+
+
+def test_environment_switch_at_import() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = "import devlab, torch; print(torch.cuda.device_count(), torch.ones(1, device='cuda:1').device)"
+    env = {**os.environ, "DEVLAB_SIMULATE_GPUS": "2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "2 cuda:1"
 
 
 def test_other_threads_read_the_device_of_simulated_tensors(two) -> None:

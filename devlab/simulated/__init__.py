@@ -21,7 +21,6 @@ simulated (sparse ones are refused). One stream per GPU.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 
@@ -43,7 +42,6 @@ __all__ = [
     "reconfigure",
     "reset_peak",
     "start",
-    "start_from_environment",
     "stop",
     "synchronize",
     "thread_routing",
@@ -254,28 +252,3 @@ def synchronize(index: int | None = None) -> None:
     else:
         _device(index)
         _workers.wait(index)
-
-
-def start_from_environment() -> bool:
-    """Start from DEVLAB_SIMULATE_GPUS=N (and DEVLAB_SIMULATE_GPU_MEMORY_MB); True if started.
-
-    DEVLAB_SIMULATE_GPU_MEMORY_MB is one limit for every GPU or a comma-separated list.
-    Does nothing when already simulating or when real GPUs exist.
-    """
-    raw = os.environ.get("DEVLAB_SIMULATE_GPUS", "").strip()
-    if not raw or raw == "0" or _state.session is not None:
-        return False
-    try:
-        count = int(raw)
-    except ValueError as e:
-        raise ValueError(f"DEVLAB_SIMULATE_GPUS must be a number of GPUs, got {raw!r}") from e
-    mem = os.environ.get("DEVLAB_SIMULATE_GPU_MEMORY_MB", "").strip()
-    limits: list[int | None] | None = None
-    if mem:
-        parts = [p.strip() for p in mem.split(",")]
-        values = [None if p.lower() in ("", "none") else int(p) for p in parts]
-        limits = values * count if len(values) == 1 else values
-    if torch.cuda.is_available():
-        return False
-    start(count, limits)
-    return True

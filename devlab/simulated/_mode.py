@@ -333,6 +333,14 @@ def _h_cpu(func: Callable, args: tuple, kwargs: dict) -> Any:
     return _copy_to(torch.Tensor.to, self, None, None, False, kwargs.get("memory_format"))
 
 
+def _h_tolist(func: Callable, args: tuple, kwargs: dict) -> Any:
+    # As on CUDA, the values cross to the host first: one copy the placement log can see.
+    self = args[0]
+    if _state.index_of(self) is None:
+        return func(*args, **kwargs)
+    return _h_cpu(Tensor.cpu, (self,), {}).tolist()
+
+
 def _h_copy_(func: Callable, args: tuple, kwargs: dict) -> Any:
     dst, src = args[0], args[1] if len(args) > 1 else kwargs["src"]
     i_dst, i_src = _state.index_of(dst), _state.index_of(src)
@@ -689,6 +697,7 @@ _HANDLERS: dict[Callable, Callable] = {
     Tensor.cpu: _h_cpu,
     Tensor.copy_: _h_copy_,
     Tensor.numpy: _h_numpy,
+    Tensor.tolist: _h_tolist,
     Tensor.__array__: _h_numpy,
     Tensor.type: _h_type,
     Tensor.pin_memory: _h_pin_memory,

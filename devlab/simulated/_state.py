@@ -154,8 +154,9 @@ def _oom(dev: DeviceState, nbytes: int) -> torch.OutOfMemoryError:
         f"CUDA out of memory. Tried to allocate {format_size(nbytes)}. GPU {dev.index} has a "
         f"total capacity of {format_size(dev.limit)} of which {format_size(free)} is free. "
         f"Of the allocated memory {format_size(dev.allocated)} is allocated by PyTorch, and "
-        "0 bytes is reserved by PyTorch but unallocated. (simulated GPU: CPU-backed, its "
-        "memory limit is set by devlab.simulated.start)"
+        "0 bytes is reserved by PyTorch but unallocated. (This GPU is simulated on the CPU; its "
+        "memory limit comes from devlab.config.simulate_gpus(memory_limit=...) or "
+        "set_logical_device_configuration.) Free tensors you no longer need (del x)."
     )
 
 
