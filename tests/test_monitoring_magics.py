@@ -28,9 +28,11 @@ def _no_sampler_thread() -> bool:
 
 def test_help_lists_every_option(ip):
     doc = ip.find_cell_magic("memwatch").__doc__
+    assert "%%memwatch [--device NAME] [--interval MS]" in doc
     for option in ("--device", "--interval", "MS", "summary"):
         assert option in doc
     doc = ip.find_cell_magic("compare_devices").__doc__
+    assert "%%compare_devices" in doc
     for option in ("NAME", "--setup", "--warmup", "--min-time", "--repeats", "%timeit"):
         assert option in doc
 

@@ -34,7 +34,8 @@ def _one_line(e: BaseException) -> str:
 class MonitoringMagics(Magics):
     """Live memory charts and device timing comparisons for notebook cells."""
 
-    @magic_arguments.magic_arguments()
+    # The name is what the help's usage line shows: "%%memwatch", a cell magic.
+    @magic_arguments.magic_arguments(name="%memwatch")
     @magic_arguments.argument(
         "--device", "-d", action="append", metavar="NAME", default=None,
         help="Device to watch: /GPU:0, /CPU:0, cuda:1, cpu... Repeat for several. "
@@ -78,7 +79,7 @@ class MonitoringMagics(Magics):
             # Whatever happened in the cell: stop and join the thread, then say what it saw.
             display(monitor.stop())
 
-    @magic_arguments.magic_arguments()
+    @magic_arguments.magic_arguments(name="%compare_devices")
     @magic_arguments.argument(
         "devices", nargs="+", metavar="NAME",
         help="Devices to run the cell on, the first being the baseline of the speed-ups: "
