@@ -16,7 +16,7 @@ from devlab.timing import Comparison, TimingResult, compare, format_seconds, tim
 
 def test_median_of_a_known_duration():
     r = time_on_device(lambda: time.sleep(0.002), "cpu", min_time=0.1)
-    assert 0.002 <= r.median < 0.0035
+    assert 0.002 <= r.median < 0.005  # sleep overshoots a little, never undershoots
     assert r.q1 <= r.median <= r.q3 and r.iqr >= 0
     assert r.number == 1  # a 2 ms call is its own block
     assert r.total >= 0.1 and r.repeats >= 5
@@ -128,7 +128,7 @@ def test_synchronize_makes_asynchronous_work_count(monkeypatch):
 
     r = time_on_device(dev.launch, "cuda:0", min_time=0.05)
     assert naive < 0.0005
-    assert 0.003 <= r.median < 0.005
+    assert 0.003 <= r.median < 0.008
     assert dev.syncs >= 2 * r.repeats
     assert r.synchronize == "torch.cuda.synchronize"
 
