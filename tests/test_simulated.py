@@ -434,7 +434,7 @@ def test_out_of_memory_in_cudas_words_and_nothing_left_allocated() -> None:
         "CUDA out of memory. Tried to allocate 100.00 MiB. GPU 1 has a total capacity of "
         "100.00 MiB of which 78.00 MiB is free. Of the allocated memory 22.00 MiB is allocated "
         "by PyTorch")
-    assert "(simulated GPU: CPU-backed" in str(err.value)
+    assert "(This GPU is simulated on the CPU; its memory limit comes from devlab.config.simulate_gpus" in str(err.value)
     assert torch.cuda.memory_allocated(1) == 22 * MIB
     big = torch.ones(64 * MIB // 4, device="cuda:1")
     with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 64.00 MiB. GPU 1 .* of "
