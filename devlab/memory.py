@@ -219,10 +219,12 @@ class SimulatedReader:
 
         stats = simulated.memory_stats(self.index)
         limit = stats.get("limit")
+        # "reserved" is optional in the contract: memory growth off shows as reserved memory.
+        reserved = stats.get("reserved")
         return MemoryReading(
             time.perf_counter(),
             int(stats["allocated"]),
-            None,
+            int(reserved) if reserved is not None else None,
             int(limit) if limit else None,
             self.label,
             int(stats["peak"]),

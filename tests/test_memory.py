@@ -106,6 +106,9 @@ def test_simulated_reader_reads_the_accounting(monkeypatch):
     assert r.label == "GPU:1 (simulated)"
     with pytest.raises(ValueError, match="2 simulated GPU"):
         reader_for("cuda:2")
+    # Reserved memory, where the simulation reports it (memory growth off), is read too.
+    sim.stats[0] = {"allocated": MiB, "peak": MiB, "limit": 64 * MiB, "reserved": 64 * MiB}
+    assert reader_for("cuda:0").read().reserved == 64 * MiB
 
 
 def test_nvml_reader_device_and_process(monkeypatch):
