@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
-from devlab import config, debugging, exercises, placement_log, runtime, simulated
+from devlab import config, debugging, exercises, memory, placement_log, runtime, simulated, timing
 from devlab.d2l import cpu, gpu, num_gpus, try_all_gpus, try_gpu
 from devlab.inventory import device_table
 from devlab.magics import load_ipython_extension, unload_ipython_extension
 from devlab.names import DeviceSpec, full_name
 from devlab.placement_log import PlacementLog
 from devlab.scope import Placement, device, resolve
+from devlab.timing import compare, time_on_device
 
 __version__ = "0.1.0"
 
@@ -22,6 +23,7 @@ __all__ = [
     "DeviceSpec",
     "Placement",
     "PlacementLog",
+    "compare",
     "config",
     "cpu",
     "debugging",
@@ -31,11 +33,14 @@ __all__ = [
     "full_name",
     "gpu",
     "load_ipython_extension",
+    "memory",
     "num_gpus",
     "placement_log",
     "resolve",
     "runtime",
     "simulated",
+    "time_on_device",
+    "timing",
     "try_all_gpus",
     "try_gpu",
     "unload_ipython_extension",

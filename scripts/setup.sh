@@ -16,3 +16,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (devlab)" >/dev/null
     touch "$stamp"
 fi
+# ipywidgets 7.7 (what Colab ships) in its own folder: the widget tests run under it too.
+if [ ! -f .venv/ipywidgets7/ipywidgets/__init__.py ]; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+        --target .venv/ipywidgets7 "ipywidgets==7.7.5" "ipython_genutils==0.2.0"
+fi

@@ -7,13 +7,14 @@ the results. Registered by devlab's extension loader; by hand:
 
 from __future__ import annotations
 
-import ast
 from typing import Any
 
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.display import display
+
+from devlab.magics.cell import compile_cell, run_body
 
 __all__ = ["MonitoringMagics"]
 
@@ -74,7 +75,7 @@ class MonitoringMagics(Magics):
         display(monitor)
         monitor.start()
         try:
-            return self._run(cell, f"%%memwatch {line}")
+            return run_body(self.shell, cell, f"%%memwatch {line}")
         finally:
             # Whatever happened in the cell: stop and join the thread, then say what it saw.
             display(monitor.stop())
@@ -129,9 +130,9 @@ class MonitoringMagics(Magics):
                 resolve_device(name)
             except Exception as e:
                 raise UsageError(f"%%compare_devices: {_one_line(e)}") from None
-        body, _ = self._compile(cell, "timed", f"%%compare_devices {line}")
+        body, _ = compile_cell(self.shell, cell, "timed", f"%%compare_devices {line}")
         setup_code = _unquote(args.setup)
-        setup = self._compile(setup_code, "setup")[0] if setup_code.strip() else None
+        setup = compile_cell(self.shell, setup_code, "setup")[0] if setup_code.strip() else None
         user_ns = self.shell.user_ns
         chart = TimingChart(len(args.devices), show_table=not args.output)
         display(chart)
@@ -157,45 +158,3 @@ class MonitoringMagics(Magics):
                 raise
             chart.add(result)
         return chart.comparison if args.output else None
-
-    # -- running cell code -----------------------------------------------------------------
-
-    def _compile(self, cell: str, kind: str, header: str = ""):
-        """Compile a cell (IPython syntax allowed) so that tracebacks show its lines as
-        lines of the notebook cell, numbered as the user sees them.
-
-        kind "cell": a last expression is compiled apart, to be the cell's value; "timed":
-        all of it runs each time; "setup": code from the magic's line. `header` (the
-        %%magic line) is line 1 of the source tracebacks show.
-        """
-        shell = self.shell
-        source = shell.transform_cell(cell)
-        try:
-            tree = ast.parse(source)
-        except SyntaxError as e:
-            raise UsageError(f"SyntaxError in the {kind}: {e.msg} (line {e.lineno})") from None
-        last = None
-        if kind == "cell" and tree.body and isinstance(tree.body[-1], ast.Expr):
-            # Like a normal cell, the value of a last expression is the cell's value.
-            last = ast.Expression(tree.body.pop().value)
-        offset = 0 if kind == "setup" else 1  # the cell's line 1 is the %%magic line
-        for node in (tree, last):
-            if node is not None:
-                ast.increment_lineno(node, offset)
-        shown = (header + "\n") * offset + source
-        # The running cell is number execution_count - 1: IPython counts it up before running.
-        number = max(1, shell.execution_count - 1)
-        filename = shell.compile.cache(shown, number, raw_code=shown)
-        code = shell.compile(tree, filename, "exec")
-        value = shell.compile(last, filename, "eval") if last is not None else None
-        return code, value
-
-    def _run(self, cell: str, header: str) -> Any:
-        """Run the cell in the user's namespace; an error propagates (the cell fails)."""
-        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
-        code, value = self._compile(cell, "cell", header)
-        shell = self.shell
-        exec(code, shell.user_global_ns, shell.user_ns)
-        if value is not None:
-            return eval(value, shell.user_global_ns, shell.user_ns)
-        return None

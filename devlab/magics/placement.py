@@ -81,9 +81,9 @@ class PlacementMagics(Magics):
         self._guard(scope.resolve, args.name, soft=soft)  # a bad name is a one-line error
         if args.log:
             # The log starts first so that it also shows a soft-placement fallback.
-            return self._run_logged(cell, args.limit, scope=scope.device(args.name, soft=soft))
+            return self._run_logged(cell, args.limit, scope=scope.device(args.name, soft=soft), header=f"%%device {line}")
         with scope.device(args.name, soft=soft):
-            return run_body(self.shell, cell)
+            return run_body(self.shell, cell, f"%%device {line}")
 
     # -- %placement_log / %%placement_log --------------------------------------------------------
 
@@ -111,7 +111,7 @@ class PlacementMagics(Magics):
         if cell is not None:
             if args.state:
                 raise UsageError("%%placement_log logs its own cell; on/off is for the line form %placement_log on.")
-            return self._run_logged(cell, args.limit, args.file)
+            return self._run_logged(cell, args.limit, args.file, header=f"%%placement_log {line}")
         if args.limit is not None:
             self.limit = args.limit
         if args.file is not None:
@@ -164,12 +164,17 @@ class PlacementMagics(Magics):
             raise UsageError(str(exc)) from None
 
     def _run_logged(
-        self, cell: str, limit: int | None, file: str | None = None, scope: Any = None
+        self,
+        cell: str,
+        limit: int | None,
+        file: str | None = None,
+        scope: Any = None,
+        header: str = "",
     ) -> Any:
         __tracebackhide__ = True  # noqa: F841
         with placement_log.capture() as log, scope or contextlib.nullcontext():
             try:
-                return run_body(self.shell, cell)
+                return run_body(self.shell, cell, header)
             finally:
                 self._pending.append(log)
                 if file is not None:
