@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -10,6 +12,8 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
+IPYWIDGETS7 = ROOT / ".venv" / "ipywidgets7"
+IPYWIDGETS7_SPEC = ["ipywidgets==7.7.5", "ipython_genutils==0.2.0"]
 
 
 def _kernel_env() -> dict[str, str]:
@@ -96,3 +100,23 @@ class _patched_environ:
     def __exit__(self, *exc: object) -> None:
         os.environ.clear()
         os.environ.update(self.saved)
+
+
+def ensure_ipywidgets7() -> Path:
+    """ipywidgets 7.7 (what Colab ships) in its own folder, to put first on a kernel's path.
+
+    Only the Python package is needed in the kernel (widgetsnbextension and
+    jupyterlab_widgets 1.x are frontend assets); ipython_genutils is a 7.x import.
+    scripts/setup.sh installs it; this installs it if a test runs without that set-up.
+    """
+    if not (IPYWIDGETS7 / "ipywidgets" / "__init__.py").exists():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+             "--no-deps", "--target", str(IPYWIDGETS7), *IPYWIDGETS7_SPEC],
+            check=True)
+    return IPYWIDGETS7
+
+
+def ipywidgets7_env() -> dict[str, str]:
+    """Kernel environment that imports ipywidgets 7.7 instead of the venv's 8."""
+    return {"PYTHONPATH": os.pathsep.join([str(ensure_ipywidgets7()), str(ROOT), os.environ.get("PYTHONPATH", "")])}

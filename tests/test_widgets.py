@@ -4,24 +4,18 @@ ipywidgets 8 (installed) and 7.7 (Colab's; installed into a folder under .venv/)
 from __future__ import annotations
 
 import base64
-import os
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import nbformat
 import pytest
 import torch
-from nbutil import ROOT, execute
+from nbutil import execute, ipywidgets7_env
 
 from devlab.memory import MemoryReading
 from devlab.widgets import MemoryMonitor, TimingChart
 
 MiB = 1024 * 1024
-IPYWIDGETS7 = ROOT / ".venv" / "ipywidgets7"
-IPYWIDGETS7_SPEC = ["ipywidgets==7.7.5", "ipython_genutils==0.2.0"]
 
 
 class Reader:
@@ -159,23 +153,7 @@ def test_widgets_in_a_kernel_with_ipywidgets_8():
     _check_kernel_widgets(cells, state, "8")
 
 
-def ensure_ipywidgets7() -> Path:
-    """ipywidgets 7.7 (what Colab ships) in its own folder, put first on the kernel's path.
-
-    Only the Python package is needed in the kernel (widgetsnbextension and
-    jupyterlab_widgets 1.x are frontend assets); ipython_genutils is a 7.x import.
-    """
-    if not (IPYWIDGETS7 / "ipywidgets" / "__init__.py").exists():
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-             "--no-deps", "--target", str(IPYWIDGETS7), *IPYWIDGETS7_SPEC],
-            check=True)
-    return IPYWIDGETS7
-
-
 @pytest.mark.notebook
 def test_widgets_in_a_kernel_with_ipywidgets_7():
-    folder = ensure_ipywidgets7()
-    path = os.pathsep.join([str(folder), str(ROOT), os.environ.get("PYTHONPATH", "")])
-    cells, state = run_widget_cells(KERNEL_CODE, env={"PYTHONPATH": path})
+    cells, state = run_widget_cells(KERNEL_CODE, env=ipywidgets7_env())
     _check_kernel_widgets(cells, state, "7")
