@@ -29,7 +29,9 @@ from typing import Any
 
 import torch
 
-from devlab.memory import device_label, ensure_figure_formatter, figure_png, resolve_device
+from devlab import scope
+from devlab.figures import ensure_figure_formatter, figure_png
+from devlab.memory import device_label, resolve_device
 
 __all__ = [
     "TimingResult",
@@ -80,8 +82,8 @@ def synchronizer(device: torch.device) -> tuple[Callable[[], None], str]:
 
 @contextlib.contextmanager
 def _on_device(name: torch.device | str, device: torch.device) -> Iterator[None]:
-    """Make `device` the default for the block: `devlab.device` when it exists (it knows
-    TensorFlow names and soft placement), else torch's own device context.
+    """Make `device` the default for the block with `devlab.device` (it knows TensorFlow
+    names and soft placement).
 
     When `device` already is the default (the CPU, usually) nothing is entered: a device
     context is a TorchFunctionMode, which adds about a microsecond to every torch call and
@@ -90,16 +92,7 @@ def _on_device(name: torch.device | str, device: torch.device) -> Iterator[None]
     if device == torch.get_default_device():
         yield
         return
-    try:
-        from devlab import scope
-    except ImportError:
-        scope = None
-    ctx = getattr(scope, "device", None) if scope is not None else None
-    if ctx is None:
-        import devlab
-
-        ctx = getattr(devlab, "device", None)
-    with (ctx(name if isinstance(name, str) else str(name)) if ctx is not None else device):
+    with scope.device(name if isinstance(name, str) else str(name)):
         yield
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-import devlab.memory as memory
+from devlab import scope
 from devlab.memory import (
     MemoryChart,
     MemoryReading,
@@ -92,7 +93,8 @@ class FakeSimulation:
         monkeypatch.setattr(simulated, "memory_stats", lambda i: dict(self.stats[i]),
                             raising=False)
         # Resolution of names is the scope's business; keep it to torch names here.
-        monkeypatch.setattr(memory, "_scope_resolve", lambda: None)
+        monkeypatch.setattr(scope, "resolve",
+                            lambda name, soft=None: SimpleNamespace(device=torch.device(name)))
 
 
 def test_simulated_reader_reads_the_accounting(monkeypatch):
@@ -383,3 +385,16 @@ def test_sampler_reads_simulated_gpus():
     assert (gpu1.start, gpu1.peak, gpu1.end) == (0, 64 * MiB, 0)
     assert gpu1.limit == 256 * MiB
     assert s.summary()["GPU:0 (simulated)"].peak == 0
+
+
+def test_the_package_exports_every_public_name_once():
+    # `devlab.memory` is a package of small modules; its public names stay importable from it
+    # and are the very objects the modules define (no second copy anywhere).
+    import devlab.figures
+    import devlab.memory
+    from devlab.memory import chart, readers, sampler, summary
+
+    homes = (readers, sampler, summary, chart, devlab.figures)
+    for name in devlab.memory.__all__:
+        obj = getattr(devlab.memory, name)
+        assert [m for m in homes if getattr(m, name, None) is obj and name in m.__all__], name

@@ -163,7 +163,7 @@ class ExerciseResult:
         """A matplotlib `Figure` of the result (shown as an image when it is a cell's value)."""
         from matplotlib.figure import Figure
 
-        from devlab.memory import ensure_figure_formatter
+        from devlab.figures import ensure_figure_formatter
 
         # A bare Figure rather than pyplot's: it is shown once, as the cell's value, and
         # never leaks into a later cell's output.

@@ -9,7 +9,7 @@ from typing import Any
 import ipywidgets
 import torch
 
-from devlab.memory import figure_png
+from devlab.figures import figure_png
 from devlab.timing import Comparison, TimingResult, compare
 from devlab.widgets._output import show_png
 

@@ -1,0 +1,52 @@
+"""Memory of every kind of device, and the background `Sampler` that watches it.
+
+- `devlab.memory.readers`: a *reader* per backend answers "how much memory does this device
+  hold right now?" as a `MemoryReading` (simulated accounting, torch's allocator, NVML, the
+  process RSS); `reader_for(device)` picks one.
+- `devlab.memory.sampler`: `Sampler` reads its readers from one background thread at a
+  fixed rate into a time series.
+- `devlab.memory.summary`: start/peak/end per device (`MemorySummary`), `format_bytes`.
+- `devlab.memory.chart`: `MemoryChart`, the matplotlib chart `Sampler.plot` and the
+  `MemoryMonitor` widget draw.
+
+Every public name is importable from `devlab.memory` itself.
+"""
+
+from __future__ import annotations
+
+from devlab.figures import ensure_figure_formatter, figure_png
+from devlab.memory.chart import MemoryChart
+from devlab.memory.readers import (
+    MemoryReader,
+    MemoryReading,
+    NvmlReader,
+    ProcessReader,
+    SimulatedReader,
+    TorchCudaReader,
+    default_devices,
+    device_label,
+    reader_for,
+    resolve_device,
+)
+from devlab.memory.sampler import Sampler
+from devlab.memory.summary import DeviceSummary, MemorySummary, format_bytes
+
+__all__ = [
+    "MemoryReading",
+    "MemoryReader",
+    "ProcessReader",
+    "TorchCudaReader",
+    "SimulatedReader",
+    "NvmlReader",
+    "reader_for",
+    "resolve_device",
+    "device_label",
+    "default_devices",
+    "Sampler",
+    "DeviceSummary",
+    "MemorySummary",
+    "format_bytes",
+    "MemoryChart",
+    "figure_png",
+    "ensure_figure_formatter",
+]
