@@ -74,6 +74,42 @@ def test_accelerator_api_answers_for_the_simulated_gpus(two) -> None:
     assert torch.ones(1, device=dev).device == torch.device("cuda", 0)
 
 
+def test_the_rest_of_the_accelerator_api(two) -> None:
+    x = torch.randn(512, 512, device="cuda:1")
+    y = x @ x  # queued on GPU 1's worker
+    torch.accelerator.synchronize()
+    assert _workers.idle(1) and y.device == torch.device("cuda", 1)
+    caps = torch.accelerator.get_device_capability("cuda:1")
+    assert {torch.float32, torch.int64, torch.bool} <= caps["supported_dtypes"]
+    with pytest.raises(AssertionError, match="Invalid device id"):
+        torch.accelerator.get_device_capability(2)
+    torch.accelerator.set_stream(torch.accelerator.current_stream(1))
+    assert torch.accelerator.current_device_index() == 1  # as torch: the stream's device
+    torch.cuda.set_stream(torch.cuda.current_stream(0))
+    assert torch.cuda.current_device() == 0
+    with pytest.raises(TypeError, match="simulated GPU"):
+        torch.accelerator.set_stream(object())
+    torch.accelerator.reset_accumulated_memory_stats(1)
+    torch.cuda.reset_accumulated_memory_stats()
+    torch.accelerator.empty_host_cache()
+
+
+def test_benchmark_timer_measures_simulated_gpu_work(two) -> None:
+    # torch.utils.benchmark.Timer waits for the device with torch.accelerator.synchronize; if
+    # that did not wait for the simulated GPU's worker, Timer would time the launch only
+    # (tens of microseconds) instead of the product (milliseconds).
+    from torch.utils import benchmark
+
+    from devlab import timing
+
+    x = torch.randn(512, 512, device="cuda:0")
+    assert x.numel() * x.shape[1] >= _mode.ASYNC_MIN_MACS  # launched asynchronously
+    ours = timing.time_on_device(lambda: x @ x, torch.device("cuda", 0), as_default=False,
+                                 min_time=0.3).median
+    timer = benchmark.Timer("x @ x", globals={"x": x}).blocked_autorange(min_run_time=0.3)
+    assert ours / 3 < timer.median < ours * 3, (timer.median, ours)
+
+
 # --- factories and moves -------------------------------------------------------------------
 
 def test_factories_with_a_device_make_simulated_tensors(two) -> None:
@@ -644,9 +680,27 @@ def _assert_torch_is_normal(before: dict[str, object]) -> None:
     assert torch.get_default_device() == torch.device("cpu")
 
 
+# What start() must replace (and stop() put back): among them what torch.utils.benchmark.Timer
+# and device-generic code call.
+_MUST_PATCH = {
+    "torch.accelerator.is_available", "torch.accelerator.synchronize",
+    "torch.accelerator.get_device_capability", "torch.accelerator.set_stream",
+    "torch.accelerator.current_stream", "torch.accelerator.empty_host_cache",
+    "torch.accelerator.reset_accumulated_memory_stats", "torch.accelerator.memory_reserved",
+    "torch.accelerator.memory.reset_accumulated_memory_stats",
+    "torch.accelerator.memory.empty_host_cache", "torch.accelerator.memory.memory_reserved",
+    "torch.cuda.synchronize", "torch.cuda.set_stream", "torch.cuda.memory_reserved",
+    "torch.cuda.reset_accumulated_memory_stats", "torch.cuda.memory.memory_reserved",
+    "torch.cuda.memory.reset_accumulated_memory_stats",
+}
+
+
 def test_stop_returns_torch_to_exactly_its_normal_behaviour() -> None:
     before = _snapshot()
     simulated.start(2, [None, 10])
+    during = _snapshot()
+    patched = {k for k in before if k != "registry" and during[k] is not before[k]}
+    assert _MUST_PATCH <= patched, sorted(_MUST_PATCH - patched)
     x = torch.ones(3, device="cuda:1")
     y = x.cuda(0) @ torch.ones(3, device="cuda:0")
     torch.set_default_device("cuda:1")

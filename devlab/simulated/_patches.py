@@ -420,6 +420,19 @@ def stream(stream: Any) -> contextlib.AbstractContextManager:
     return _NoStream()
 
 
+def set_stream(stream: Stream) -> None:
+    """Make `stream` current: with one stream per GPU, that makes its device current."""
+    if not isinstance(stream, Stream):
+        raise TypeError(f"expected the stream of a simulated GPU (torch.cuda.current_stream()), "
+                        f"got {type(stream).__name__}")
+    tls.device = _mode.checked_index(stream.device_index)
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """A simulated GPU keeps no accumulated (historical) counters: nothing to reset."""
+    _index(device)
+
+
 _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "is_available": is_available,
     "device_count": device_count,
@@ -457,6 +470,8 @@ _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "current_stream": current_stream,
     "default_stream": current_stream,
     "stream": stream,
+    "set_stream": set_stream,
+    "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
 }
 
 
@@ -472,6 +487,26 @@ def current_accelerator(check_available: bool = False) -> torch.device:
 
 def get_memory_info(device_index: Any = None) -> tuple[int, int]:
     return mem_get_info(device_index)
+
+
+# The dense dtypes a CPU tensor holds and converts between (quantized, bit and sub-byte
+# shell dtypes left out); names missing from an older torch are skipped.
+_SUPPORTED_DTYPES = frozenset(
+    d for d in (getattr(torch, n, None) for n in (
+        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+        "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+        "float8_e4m3fn", "float8_e5m2"))
+    if isinstance(d, torch.dtype))
+
+
+def accelerator_capability(device: Any = None) -> dict[str, Any]:
+    """torch.accelerator.get_device_capability: a simulated GPU holds what the CPU holds."""
+    _index(device)
+    return {"supported_dtypes": set(_SUPPORTED_DTYPES)}
+
+
+def empty_host_cache() -> None:
+    """No pinned-memory cache: pinning for a simulated GPU is a plain copy."""
 
 
 _ACCEL_FUNCS: dict[str, Callable[..., Any] | type] = {
@@ -492,7 +527,11 @@ _ACCEL_FUNCS: dict[str, Callable[..., Any] | type] = {
     "memory_stats": memory_stats,
     "get_memory_info": get_memory_info,
     "empty_cache": empty_cache,
+    "empty_host_cache": empty_host_cache,
+    "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+    "get_device_capability": accelerator_capability,
     "current_stream": current_stream,
+    "set_stream": set_stream,
 }
 
 
