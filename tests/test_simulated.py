@@ -648,6 +648,33 @@ def test_events_time_simulated_work(two) -> None:
     assert end.elapsed_time(start) <= 0 <= start.elapsed_time(end)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="a bare raise keeps an edited "
+                    "traceback from Python 3.11 on")
+def test_errors_raised_in_torchs_name_leave_without_the_simulations_frames() -> None:
+    import os
+    import traceback
+
+    simulated.start(2, [1, None])
+    ours = os.path.join("devlab", "simulated")
+
+    def user_code() -> torch.Tensor:
+        return torch.ones(2**20, device="cuda:0")  # 4 MiB on a 1 MiB GPU
+
+    for call, error in ((user_code, torch.OutOfMemoryError),
+                        (lambda: torch.ones(3, device="cuda:0") + torch.ones(3, device="cuda:1"),
+                         RuntimeError),
+                        (lambda: torch.ones(3, device="cuda:9"), RuntimeError),
+                        (lambda: torch.ones(3, device="cuda:1").numpy(), TypeError)):
+        with pytest.raises(error) as info:
+            call()
+        frames = traceback.extract_tb(info.value.__traceback__)
+        assert not [f for f in frames if ours in f.filename], frames
+        assert frames[-1].filename == __file__  # it ends in this file, the caller's
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        user_code()
+    assert traceback.extract_tb(info.value.__traceback__)[-1].name == "user_code"
+
+
 # --- stop() puts torch back exactly ------------------------------------------------------
 
 def _snapshot() -> dict[str, object]:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import sys
+
 import pytest
-from nbutil import errors, run_notebook, text
+from nbutil import errors, run_cells, run_notebook, text
 
 pytestmark = pytest.mark.notebook
 
@@ -45,3 +48,38 @@ def test_the_network_runs_on_gpu_0(cells) -> None:
     out = cells["net(X)"]
     assert out.startswith("tensor([[") and out.endswith("device='cuda:0', grad_fn=<AddmmBackward0>)")
     assert cells["net[0].weight.data.device"] == "device(type='cuda', index=0)"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="a bare raise keeps an edited "
+                    "traceback from Python 3.11 on; before, IPython shows the raising frame")
+def test_simulated_errors_point_at_the_users_line_only() -> None:
+    # As CUDA's errors (raised in C++) do: the traceback ends at the user's own line, with
+    # none of the simulation's frames; the user's own function frames stay.
+    cells = run_cells(
+        "import torch, devlab\ndevlab.config.simulate_gpus(2, memory_limit=64)",
+        "big = torch.empty(100 * 2**20, device='cuda:0')",
+        "def grow(t):\n    return torch.cat([t, t, t, t])\n"
+        "w = torch.ones(4 * 2**20, device='cuda:0')\ngrow(w)",
+        "x = torch.ones(3, device='cuda:0')\ny = torch.ones(3)\nz = x + y",
+        "a = torch.ones(3, device='cuda:0')\nb = torch.ones(3, device='cuda:1')\nc = a * b",
+    )
+    assert not errors(cells[0])
+    expected = [
+        ("OutOfMemoryError", ["----> 1 big = torch.empty(100 * 2**20, device='cuda:0')"]),
+        ("OutOfMemoryError", ["----> 4 grow(w)", "----> 2     return torch.cat([t, t, t, t])"]),
+        ("RuntimeError", ["----> 3 z = x + y"]),
+        ("RuntimeError", ["----> 3 c = a * b"]),
+    ]
+    for cell, (ename, lines) in zip(cells[1:], expected, strict=True):
+        (err,) = errors(cell)
+        assert err.ename == ename
+        tb = _ANSI.sub("", "\n".join(err.traceback))
+        for line in lines:
+            assert line in tb, tb
+        assert "devlab/simulated" not in tb, tb
+        assert [f for f in tb.splitlines() if f.startswith("File ")] == [], tb  # no library frame
+    assert "found at least two devices, cuda:0 and cpu!" in errors(cells[3])[0].evalue
+    assert "cuda:0 and cuda:1!" in errors(cells[4])[0].evalue

@@ -40,7 +40,7 @@ _OTHER = -1
 
 def invalid_ordinal() -> Exception:
     err = getattr(torch, "AcceleratorError", RuntimeError)
-    return err(INVALID_ORDINAL)
+    return _state.user_error(err(INVALID_ORDINAL))
 
 
 def current_device() -> int:
@@ -49,6 +49,7 @@ def current_device() -> int:
 
 
 def checked_index(index: int) -> int:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     sess = _state.session
     if sess is None or not 0 <= index < sess.count:
         raise invalid_ordinal()
@@ -57,6 +58,7 @@ def checked_index(index: int) -> int:
 
 def resolve(device: Any) -> int | None:
     """A `device=` value -> simulated index, _CPU (None) or _OTHER."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if isinstance(device, torch.device):
         t, i = device.type, device.index
     elif isinstance(device, str):
@@ -88,6 +90,7 @@ def mark_out(out: Any, index: int, exclude: list | None = None) -> None:
     Storages already marked are views or in-place results; `exclude` holds the storages of
     unmarked (CPU) inputs, which an output may alias (e.g. a broadcast CPU scalar).
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if isinstance(out, Tensor):
         if type(out) in _PLAIN and not _tf_stack_len():
             try:
@@ -137,14 +140,16 @@ def mark_out(out: Any, index: int, exclude: list | None = None) -> None:
 def _no_storage(t: Tensor) -> None:
     """A storage-less result (sparse, nested) cannot carry a mark: refuse rather than let it
     quietly land on the CPU."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if t.layout is not torch.strided or t.is_nested:
-        raise NotImplementedError(
+        raise _state.user_error(NotImplementedError(
             f"devlab's simulated GPUs hold dense (strided) tensors only, not {t.layout} "
-            "tensors; keep this tensor on the CPU (or stop the simulation)")
+            "tensors; keep this tensor on the CPU (or stop the simulation)"))
 
 
 def _call_on(index: int | None, func: Callable, args: tuple, kwargs: dict) -> Any:
     """Run func with current_index() == index in this thread."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     prev = getattr(tls, "index", None)
     tls.index = index
     try:
@@ -154,10 +159,10 @@ def _call_on(index: int | None, func: Callable, args: tuple, kwargs: dict) -> An
 
 
 def _mixed_error(common: int, other: str) -> RuntimeError:
-    return RuntimeError(
+    return _state.user_error(RuntimeError(
         "Expected all tensors to be on the same device, but found at least two devices, "
         f"cuda:{common} and {other}!"
-    )
+    ))
 
 
 def _tensors(args: tuple, kwargs: dict) -> list[Tensor]:
@@ -186,6 +191,7 @@ def _nonscalar(t: Tensor) -> bool:
 
 def _raise_mixed(ts: list[Tensor]) -> None:
     """Build PyTorch's TensorIterator message: the first GPU, then the first misfit."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     devs: list[tuple[int | None, Tensor]] = []
     for t in ts:
         s = _storage(t)
@@ -212,6 +218,7 @@ _MIXED_OK_NAMES = {"__set__", "__get__", "__setitem__", "__getitem__", "index_pu
 
 def _op_device(func: Callable, args: tuple, kwargs: dict) -> tuple[int | None, list | None]:
     """(simulated device the op runs on or None, storages of its unmarked inputs)."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     sess = _state.session
     common = None
     bad = False
@@ -266,6 +273,7 @@ def _copy_to(func: Callable, t: Tensor, target: int | None, dtype: Any = None,
     Runs as one `aten::_to_copy` with current_index() == target, so a placement log sees a
     copy from a CPU tensor onto the simulated device (or, target None, back to the host).
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     src = _state.index_of(t)
     if src is not None:
         _workers.wait(src)
@@ -282,6 +290,7 @@ def _copy_to(func: Callable, t: Tensor, target: int | None, dtype: Any = None,
 
 
 def _h_to(func: Callable, args: tuple, kwargs: dict) -> Any:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     self = args[0]
     rest, kw_rest, copy = _split_copy(args[1:], dict(kwargs))
     other = rest[0] if rest and isinstance(rest[0], Tensor) else kw_rest.get("other")
@@ -311,6 +320,7 @@ def _h_to(func: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 def _h_cuda(func: Callable, args: tuple, kwargs: dict) -> Any:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     self = args[0]
     device = args[1] if len(args) > 1 else kwargs.get("device")
     non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
@@ -320,13 +330,14 @@ def _h_cuda(func: Callable, args: tuple, kwargs: dict) -> Any:
     else:
         target = resolve(device)
         if target is None or target == _OTHER:
-            raise RuntimeError("Invalid device, must be cuda device")
+            raise _state.user_error(RuntimeError("Invalid device, must be cuda device"))
     if _state.index_of(self) == target:
         return self
     return _copy_to(torch.Tensor.to, self, target, None, non_blocking, memory_format)
 
 
 def _h_cpu(func: Callable, args: tuple, kwargs: dict) -> Any:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     self = args[0]
     if _state.index_of(self) is None:
         return func(*args, **kwargs)
@@ -335,6 +346,7 @@ def _h_cpu(func: Callable, args: tuple, kwargs: dict) -> Any:
 
 def _h_tolist(func: Callable, args: tuple, kwargs: dict) -> Any:
     # As on CUDA, the values cross to the host first: one copy the placement log can see.
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     self = args[0]
     if _state.index_of(self) is None:
         return func(*args, **kwargs)
@@ -342,6 +354,7 @@ def _h_tolist(func: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 def _h_copy_(func: Callable, args: tuple, kwargs: dict) -> Any:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     dst, src = args[0], args[1] if len(args) > 1 else kwargs["src"]
     i_dst, i_src = _state.index_of(dst), _state.index_of(src)
     if i_src is not None:
@@ -352,16 +365,18 @@ def _h_copy_(func: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 def _h_numpy(func: Callable, args: tuple, kwargs: dict) -> Any:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     i = _state.index_of(args[0])
     if i is not None:
-        raise TypeError(
+        raise _state.user_error(TypeError(
             f"can't convert cuda:{i} device type tensor to numpy. Use Tensor.cpu() to copy "
             "the tensor to host memory first."
-        )
+        ))
     return func(*args, **kwargs)
 
 
 def _h_type(func: Callable, args: tuple, kwargs: dict) -> Any:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     out = _h_generic(func, args, kwargs)
     if isinstance(out, str) and _state.index_of(args[0]) is not None:
         return out.replace("torch.", "torch.cuda.", 1)
@@ -371,14 +386,17 @@ def _h_type(func: Callable, args: tuple, kwargs: dict) -> Any:
 def _h_pin_memory(func: Callable, args: tuple, kwargs: dict) -> Any:
     # Pinned host memory exists only with a CUDA runtime; a simulated machine has the page-
     # locking for free (host and "device" are the same memory), so pinning is a copy.
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     self = args[0]
     if _state.index_of(self) is not None:
-        raise RuntimeError(f"cannot pin '{self.type().replace('torch.', 'torch.cuda.', 1)}' "
-                           "only dense CPU tensors can be pinned")
+        raise _state.user_error(RuntimeError(
+            f"cannot pin '{self.type().replace('torch.', 'torch.cuda.', 1)}' "
+            "only dense CPU tensors can be pinned"))
     return self.clone()
 
 
 def _h_as_tensor(func: Callable, args: tuple, kwargs: dict) -> Any:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     data = args[0] if args else kwargs.get("data", kwargs.get("obj"))
     device = kwargs.get("device")
     if device is None and _torch_device.CURRENT_DEVICE is not None:
@@ -405,6 +423,7 @@ def _h_as_tensor(func: Callable, args: tuple, kwargs: dict) -> Any:
 
 def _h_autograd_grad(func: Callable, args: tuple, kwargs: dict) -> Any:
     # Gradients come from the C++ engine unmarked; each belongs on its input's device.
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
     out = _grad_under_mode(args, kwargs)
     if out is None:
@@ -421,6 +440,7 @@ def _h_autograd_grad(func: Callable, args: tuple, kwargs: dict) -> Any:
 def _grad_under_mode(args: tuple, kwargs: dict) -> tuple | None:
     """torch.autograd.grad after its override check, with this mode on the stack (see
     _backward_under_mode); None if the call is not a plain one."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     mode = active_mode
     ag = torch.autograd
     make_grads = getattr(ag, "_make_grads", None)
@@ -462,6 +482,7 @@ def _grad_under_mode(args: tuple, kwargs: dict) -> tuple | None:
 
 
 def _h_backward(func: Callable, args: tuple, kwargs: dict) -> Any:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     ts = _tensors(args, kwargs)
     first = next((i for i in map(_state.index_of, ts) if i is not None), None)
     if first is None:
@@ -485,6 +506,7 @@ def _backward_under_mode(func: Callable, args: tuple, kwargs: dict) -> bool:
     `torch.zeros(..., device=grad.device)` there would ask the CPU build for CUDA. So this
     does what torch.autograd.backward does after its override check, with the mode pushed.
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     mode = active_mode
     ag = torch.autograd
     make_grads = getattr(ag, "_make_grads", None)
@@ -560,12 +582,14 @@ def _leaves(roots: tuple) -> list[Tensor]:
 def _h_register_hook(func: Callable, args: tuple, kwargs: dict) -> Any:
     # A tensor hook receives a gradient straight from the C++ engine, unmarked: mark it as
     # living where the tensor lives before user code computes with it.
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     self, hook = args[0], args[1] if len(args) > 1 else kwargs["hook"]
     index = _state.index_of(self)
     if index is None:
         return func(*args, **kwargs)
 
     def marked_hook(grad: Tensor) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
         if isinstance(grad, Tensor):
             mark_out(grad, index)
         return hook(grad)
@@ -580,6 +604,7 @@ def _reads_values(func: Callable) -> bool:
 
 
 def _h_generic(func: Callable, args: tuple, kwargs: dict) -> Any:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     index, cpu_in = _op_device(func, args, kwargs)
     if index is None:
         return func(*args, **kwargs)
@@ -597,6 +622,7 @@ def _h_generic(func: Callable, args: tuple, kwargs: dict) -> Any:
 
 def _routed(func: Callable, args: tuple, kwargs: dict, device: Any) -> Any:
     """An op given a device (device= or the default device): run on the CPU, mark outputs."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     target = resolve(device)
     if target == _OTHER:
         return func(*args, **kwargs)
@@ -645,6 +671,7 @@ def _h_async(func: Callable, args: tuple, kwargs: dict) -> Any:
     Only plain tensors that autograd will not record, and only when no dispatch mode (such as
     the placement log) is watching this thread: that mode must see the op run here.
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if (not _async or kwargs or len(args) != 2 or torch._C._len_torch_dispatch_stack()
             or torch._C._len_torch_function_stack()):
         return _h_generic(func, args, kwargs)
@@ -746,6 +773,7 @@ class SimulationMode(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
         # Runs for every torch call in this thread: the common case (plain tensors in, one
         # tensor out) is written out inline; everything else goes to the helpers above.
         sess = _state.session
@@ -753,89 +781,96 @@ class SimulationMode(TorchFunctionMode):
             kwargs = {}
         if sess is None or self.inert:
             return func(*args, **kwargs)
-        if type(func) is _MethodWrapper and func.__name__ == "__get__":
-            # An attribute read (`.shape`, `.requires_grad`, `.grad`, ...): metadata, known
-            # even while the tensor's op is queued. Only a tensor result may need a mark
-            # (a gradient the C++ engine made).
-            out = func(*args)
-            if isinstance(out, Tensor):
-                st = _storage(out)
-                m = getattr(st, MARK, None) if st is not None else None
-                if m is None or m.session is not sess:
-                    index = _state.index_of(args[0])
-                    if index is not None:
-                        mark_out(out, index)
-            return out
-        h = _HANDLERS.get(func)
-        if h is not None:
-            return h(func, args, kwargs)
-        if kwargs:
-            d = kwargs.get("device")
-            if d is not None:
-                return _routed(func, args, kwargs, d)
-        if func in _CONSTRUCTORS:
-            cur = _torch_device.CURRENT_DEVICE
-            if cur is not None and cur.type == "cuda":
-                return _routed(func, args, kwargs, cur)
-            return func(*args, **kwargs)
-        if kwargs or _tf_stack_len():
-            index, cpu_in = _guarded_op_device(func, args, kwargs)
-        else:
-            index = None
-            cpu_in = None
-            bad = False
-            for a in args:
-                if type(a) in _PLAIN:
-                    try:
-                        st = a.untyped_storage()
-                    except _state.STORAGE_ERRORS:
-                        continue
-                    m = getattr(st, MARK, None)
-                    if m is not None and m.session is sess:
-                        if index is None:
-                            index = m.index
-                        elif m.index != index:
-                            bad = True
-                    else:
-                        if cpu_in is None:
-                            cpu_in = [st]
-                        else:
-                            cpu_in.append(st)
-                        if a.dim() != 0:
-                            bad = True
-                elif isinstance(a, (Tensor, list, tuple)):  # subclasses, lists: the long way
-                    index, cpu_in = _op_device(func, args, kwargs)
-                    bad = False
-                    break
-            if bad and index is not None:
-                index, cpu_in = _op_device(func, args, kwargs)  # raises unless allowed
-        if index is None:
-            return func(*args, **kwargs)
-        if (_workers._pending_total or _workers._has_error) and _reads_values(func):
-            _workers.wait(index)
-        prev = getattr(tls, "index", None)
-        tls.index = index
         try:
-            out = func(*args, **kwargs)
-        finally:
-            tls.index = prev
-        if type(out) in _PLAIN and cpu_in is None and not _tf_stack_len():
-            try:
-                st = out.untyped_storage()
-            except _state.STORAGE_ERRORS:
-                _no_storage(out)
+            if type(func) is _MethodWrapper and func.__name__ == "__get__":
+                # An attribute read (`.shape`, `.requires_grad`, `.grad`, ...): metadata, known
+                # even while the tensor's op is queued. Only a tensor result may need a mark
+                # (a gradient the C++ engine made).
+                out = func(*args)
+                if isinstance(out, Tensor):
+                    st = _storage(out)
+                    m = getattr(st, MARK, None) if st is not None else None
+                    if m is None or m.session is not sess:
+                        index = _state.index_of(args[0])
+                        if index is not None:
+                            mark_out(out, index)
                 return out
-            m = getattr(st, MARK, None)
-            if m is None or m.session is not sess:
-                mark_storage(st, index)
-            elif st.nbytes() > m.nbytes:
-                resized(st, m)
-        else:
-            mark_out(out, index, cpu_in)
-        return out
+            h = _HANDLERS.get(func)
+            if h is not None:
+                return h(func, args, kwargs)
+            if kwargs:
+                d = kwargs.get("device")
+                if d is not None:
+                    return _routed(func, args, kwargs, d)
+            if func in _CONSTRUCTORS:
+                cur = _torch_device.CURRENT_DEVICE
+                if cur is not None and cur.type == "cuda":
+                    return _routed(func, args, kwargs, cur)
+                return func(*args, **kwargs)
+            if kwargs or _tf_stack_len():
+                index, cpu_in = _guarded_op_device(func, args, kwargs)
+            else:
+                index = None
+                cpu_in = None
+                bad = False
+                for a in args:
+                    if type(a) in _PLAIN:
+                        try:
+                            st = a.untyped_storage()
+                        except _state.STORAGE_ERRORS:
+                            continue
+                        m = getattr(st, MARK, None)
+                        if m is not None and m.session is sess:
+                            if index is None:
+                                index = m.index
+                            elif m.index != index:
+                                bad = True
+                        else:
+                            if cpu_in is None:
+                                cpu_in = [st]
+                            else:
+                                cpu_in.append(st)
+                            if a.dim() != 0:
+                                bad = True
+                    elif isinstance(a, (Tensor, list, tuple)):  # subclasses, lists: the long way
+                        index, cpu_in = _op_device(func, args, kwargs)
+                        bad = False
+                        break
+                if bad and index is not None:
+                    index, cpu_in = _op_device(func, args, kwargs)  # raises unless allowed
+            if index is None:
+                return func(*args, **kwargs)
+            if (_workers._pending_total or _workers._has_error) and _reads_values(func):
+                _workers.wait(index)
+            prev = getattr(tls, "index", None)
+            tls.index = index
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                tls.index = prev
+            if type(out) in _PLAIN and cpu_in is None and not _tf_stack_len():
+                try:
+                    st = out.untyped_storage()
+                except _state.STORAGE_ERRORS:
+                    _no_storage(out)
+                    return out
+                m = getattr(st, MARK, None)
+                if m is None or m.session is not sess:
+                    mark_storage(st, index)
+                elif st.nbytes() > m.nbytes:
+                    resized(st, m)
+            else:
+                mark_out(out, index, cpu_in)
+            return out
+        except Exception as e:
+            # The user's call entered the simulation here: an error raised in torch's name
+            # leaves without the simulation's frames (see _state.drop_own_frames).
+            _state.drop_own_frames(e)
+            raise
 
 
 def _guarded_op_device(func: Callable, args: tuple, kwargs: dict) -> tuple[int | None, list | None]:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if _tf_stack_len():
         # Another mode (a DeviceContext) lies below: storage lookups would enter it.
         with _DisableTF():

@@ -570,10 +570,15 @@ def _device_context_tf(self: Any, func: Callable, types: Any, args: tuple = (),
     The simulation mode already routes the calls it sees; this catches the factories that
     torch's own Python code calls while that mode is busy with an outer call.
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     kwargs = kwargs or {}
     if (_state.session is not None and self.device.type == "cuda"
             and func in _mode._CONSTRUCTORS and kwargs.get("device") is None):
-        return _mode._routed(func, args, kwargs, self.device)
+        try:
+            return _mode._routed(func, args, kwargs, self.device)
+        except Exception as e:  # a user's call may enter the simulation here too
+            _state.drop_own_frames(e)
+            raise
     return _orig_device_context_tf(self, func, types, args, kwargs)
 
 
@@ -612,16 +617,26 @@ def _tag(obj: Any) -> str | None:
 
 
 def _restore(obj: Any, location: str) -> Any:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if _state.session is None or not (location == "cuda" or location.startswith("cuda:")):
         return None
+    try:
+        return _restore_on(obj, location)
+    except Exception as e:  # torch.load entered the simulation here
+        _state.drop_own_frames(e)
+        raise
+
+
+def _restore_on(obj: Any, location: str) -> Any:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     i = _mode.current_device() if location == "cuda" else int(location.split(":", 1)[1])
     count = device_count()
     if i >= count:
-        raise RuntimeError(
+        raise _state.user_error(RuntimeError(
             f"Attempting to deserialize object on CUDA device {i} but "
             f"torch.cuda.device_count() is {count}. Please use torch.load with map_location "
             "to map your storages to an existing device."
-        )
+        ))
     s = _untyped(obj)
     if _state.storage_mark(s) is None:  # fresh from the file: it now lives on GPU i
         _state.mark_storages([s], i)

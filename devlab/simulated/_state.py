@@ -9,9 +9,11 @@ bytes leave the device.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -147,21 +149,64 @@ def format_size(size: int) -> str:
     return f"{size / 1073741824.0:.2f} GiB"
 
 
+# --- errors raised in PyTorch's name ---------------------------------------------------------
+
+_USER_ERROR = "_devlab_user_error"
+_PACKAGE_DIR = os.path.dirname(__file__)
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def user_error(err: _E) -> _E:
+    """Mark an error the simulation raises as PyTorch would (out of memory, mixed devices,
+    an invalid device...), for `drop_own_frames`."""
+    setattr(err, _USER_ERROR, True)
+    return err
+
+
+def drop_own_frames(err: BaseException) -> None:
+    """Where a user's call entered the simulation, take the simulation's frames out of the
+    traceback of an error `user_error` marked, so it ends at the user's line, as CUDA's errors
+    (raised in C++) do. Every other frame (the user's, torch's) stays. The caller re-raises
+    with a bare `raise`, which on Python 3.11+ keeps the edited traceback; on 3.10 the frames
+    stay, and IPython hides all but the last (they set `__tracebackhide__`).
+
+    Errors not marked (devlab's own bugs, torch's errors) keep their whole traceback. A marked
+    error keeps its mark, so an outer entry point drops its frames too (a backward pass whose
+    hook, the user's code, ran out of memory on a simulated GPU).
+    """
+    if not getattr(err, _USER_ERROR, False):
+        return
+    kept = []
+    tb = err.__traceback__
+    while tb is not None:
+        if os.path.dirname(tb.tb_frame.f_code.co_filename) != _PACKAGE_DIR:
+            kept.append(tb)
+        tb = tb.tb_next
+    for outer, inner in zip(kept, kept[1:], strict=False):
+        outer.tb_next = inner
+    if kept:
+        kept[-1].tb_next = None
+    err.__traceback__ = kept[0] if kept else None
+
+
 def _oom(dev: DeviceState, nbytes: int) -> torch.OutOfMemoryError:
     assert dev.limit is not None
     free = max(0, dev.limit - dev.allocated)
-    return torch.OutOfMemoryError(
+    return user_error(torch.OutOfMemoryError(
         f"CUDA out of memory. Tried to allocate {format_size(nbytes)}. GPU {dev.index} has a "
         f"total capacity of {format_size(dev.limit)} of which {format_size(free)} is free. "
         f"Of the allocated memory {format_size(dev.allocated)} is allocated by PyTorch, and "
         "0 bytes is reserved by PyTorch but unallocated. (This GPU is simulated on the CPU; its "
         "memory limit comes from devlab.config.simulate_gpus(memory_limit=...) or "
         "set_logical_device_configuration.) Free tensors you no longer need (del x)."
-    )
+    ))
 
 
 def check_fits(index: int, nbytes: int) -> None:
     """Raise CUDA's out-of-memory error if `nbytes` more would exceed the device's limit."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     sess = session
     if sess is None:
         return
@@ -178,6 +223,7 @@ def mark_storages(storages: list[torch.UntypedStorage], index: int) -> None:
 
     Raises the out-of-memory error, marking nothing, if they do not fit under the limit.
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if len(storages) == 1:
         mark_storage(storages[0], index)
         return
@@ -201,6 +247,7 @@ def mark_storages(storages: list[torch.UntypedStorage], index: int) -> None:
 
 def mark_storage(s: torch.UntypedStorage, index: int) -> None:
     """mark_storages for one storage: the path taken by almost every op, kept short."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     sess = session
     if sess is None:
         return
@@ -227,6 +274,7 @@ def _first_use(sess: Session) -> None:
 
 def resized(storage: torch.UntypedStorage, m: _Mark) -> None:
     """Re-account a marked storage whose size changed (resize_, set_, out= ops)."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     nb = rounded(storage.nbytes())
     if nb == m.nbytes:
         return
