@@ -434,9 +434,12 @@ def reset() -> None:
 
 
 def _apply_simulation() -> None:
-    # Simulated GPUs are renumbered to the logical GPUs, each with its own limit.
+    # Simulated GPUs are renumbered to the logical GPUs, each with its own limit; with memory
+    # growth off on its physical GPU, a logical GPU reserves its whole limit up front.
     if simulated.is_active():
-        simulated.reconfigure([d.memory_limit for d in logical_devices("GPU")])
+        gpus = logical_devices("GPU")
+        simulated.reconfigure([d.memory_limit for d in gpus],
+                              [_settings.memory_growth.get(d.physical.name, True) for d in gpus])
 
 
 def _apply_real_cuda_settings() -> None:

@@ -105,3 +105,40 @@ def test_d2l_helpers_without_a_gpu_are_drop_in() -> None:
     assert devlab.try_gpu(10) == torch.device("cpu")
     assert devlab.try_all_gpus() == [torch.device("cpu")]
     assert not runtime.is_initialized(), "the d2l helpers must not fix device settings"
+
+
+def test_memory_growth_off_on_a_simulated_gpu_reserves_its_limit_up_front() -> None:
+    from devlab import simulated
+
+    mib = 1024 * 1024
+    config.simulate_gpus(2, memory_limit=64)
+    gpu0, gpu1 = config.list_physical_devices("GPU")
+    config.set_memory_growth(gpu0, False)
+    assert [simulated.memory_stats(i)["reserved"] for i in range(2)] == [64 * mib, 0]
+    assert torch.cuda.memory_reserved(0) == 64 * mib and torch.cuda.memory_reserved(1) == 0
+    config.set_memory_growth(gpu0, True)  # before first use: grows on demand again
+    assert torch.cuda.memory_reserved(0) == 0
+    config.set_memory_growth(gpu0, False)
+    # Each logical device of a GPU without memory growth reserves its own limit.
+    config.set_logical_device_configuration(
+        gpu1, [LogicalDeviceConfiguration(16), LogicalDeviceConfiguration(32)])
+    config.set_memory_growth(gpu1, False)
+    assert [simulated.memory_stats(i)["reserved"] for i in range(3)] == [64 * mib, 16 * mib, 32 * mib]
+    x = torch.ones(mib, device="cuda:0")  # 4 MiB
+    assert simulated.memory_stats(0) == {"allocated": 4 * mib, "peak": 4 * mib, "limit": 64 * mib,
+                                         "reserved": 64 * mib}
+    with pytest.raises(RuntimeError, match="^Physical devices cannot be modified after being initialized$"):
+        config.set_memory_growth(gpu0, True)
+    del x
+
+
+def test_memory_growth_off_on_a_simulated_gpu_without_a_limit_reserves_what_it_allocates() -> None:
+    from devlab import simulated
+
+    config.simulate_gpus(1)
+    (gpu,) = config.list_physical_devices("GPU")
+    config.set_memory_growth(gpu, False)
+    assert simulated.memory_stats(0)["reserved"] == 0
+    x = torch.ones(1, device="cuda:0")
+    assert simulated.memory_stats(0)["reserved"] == torch.cuda.memory_reserved(0) == 512
+    del x

@@ -443,7 +443,8 @@ def test_memory_is_accounted_per_gpu_like_cuda(two) -> None:
     torch.cuda.reset_peak_memory_stats(0)
     assert torch.cuda.max_memory_allocated(0) == 0
     y = torch.ones(2, device="cuda:1")
-    assert simulated.memory_stats(1) == {"allocated": 512, "peak": 512, "limit": None}
+    assert simulated.memory_stats(1) == {"allocated": 512, "peak": 512, "limit": None,
+                                         "reserved": 512}
     simulated.reset_peak(1)
     del y
     assert simulated.memory_stats(1)["peak"] == 512
@@ -522,6 +523,46 @@ def test_first_simulated_tensor_initializes_the_runtime(two) -> None:
     assert not runtime.is_initialized()
     torch.ones(2, device="cuda:0")
     assert runtime.is_initialized() and simulated.is_used()
+
+
+def test_a_gpu_without_memory_growth_reserves_its_whole_limit(two) -> None:
+    # TensorFlow's default: a GPU's memory is mapped up front. GPU 0 does so (64 MiB), GPU 1
+    # has no limit (nothing of its own to reserve), GPU 2 grows on demand.
+    simulated.reconfigure([64, None, 32], [False, False, True])
+    assert simulated.memory_stats(0) == {"allocated": 0, "peak": 0, "limit": 64 * MIB,
+                                         "reserved": 64 * MIB}
+    x = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda:0")
+    y = torch.empty(MIB, dtype=torch.uint8, device="cuda:1")
+    z = torch.empty(MIB, dtype=torch.uint8, device="cuda:2")
+    assert [torch.cuda.memory_allocated(i) for i in range(3)] == [4 * MIB, MIB, MIB]
+    assert [torch.cuda.memory_reserved(i) for i in range(3)] == [64 * MIB, MIB, MIB]
+    assert [torch.cuda.max_memory_reserved(i) for i in range(3)] == [64 * MIB, MIB, MIB]
+    assert [simulated.memory_stats(i)["reserved"] for i in range(3)] == [64 * MIB, MIB, MIB]
+    assert torch.accelerator.memory_reserved(0) == 64 * MIB
+    stats = torch.cuda.memory_stats(0)
+    assert (stats["reserved_bytes.all.current"], stats["allocated_bytes.all.current"]) == (
+        64 * MIB, 4 * MIB)
+    assert torch.cuda.mem_get_info(0) == (0, 64 * MIB)  # reserved is not free
+    assert torch.cuda.mem_get_info(2) == (31 * MIB, 32 * MIB)
+    assert "reserved 64.00 MiB" in torch.cuda.memory_summary(0)
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        torch.empty(61 * MIB, dtype=torch.uint8, device="cuda:0")
+    assert ("GPU 0 has a total capacity of 64.00 MiB of which 0 bytes is free. Of the allocated "
+            "memory 4.00 MiB is allocated by PyTorch, and 60.00 MiB is reserved by PyTorch but "
+            "unallocated.") in str(info.value)
+    del x, y, z
+    assert [torch.cuda.memory_reserved(i) for i in range(3)] == [64 * MIB, 0, 0]
+
+
+def test_reconfigure_without_growth_flags_grows_on_demand(two) -> None:
+    with pytest.raises(ValueError, match="memory_growth has 1 entries for 2"):
+        simulated.reconfigure([64, 64], [False])
+    simulated.reconfigure([64, 64])  # the older call: every GPU grows on demand
+    assert [simulated.memory_stats(i)["reserved"] for i in range(2)] == [0, 0]
+    x = torch.ones(1, device="cuda:1")
+    assert torch.cuda.memory_reserved(1) == torch.cuda.memory_allocated(1) == 512
+    assert torch.cuda.max_memory_reserved(1) == 512
+    del x
 
 
 def test_reconfigure_only_before_first_use(two) -> None:

@@ -76,6 +76,27 @@ def test_context_manager_stops_on_error_and_summary_can_be_left_out():
     assert mon.summary.devices[0].label == "GPU:0"
 
 
+def test_memory_monitor_shows_what_a_simulated_gpu_without_growth_reserves():
+    import devlab
+
+    devlab.config.simulate_gpus(1, memory_limit=64)
+    (gpu,) = devlab.config.list_physical_devices("GPU")
+    devlab.config.set_memory_growth(gpu, False)
+    mon = MemoryMonitor(["/GPU:0"], interval=0.01, redraw_interval=0.05)
+    mon.start()
+    x = torch.ones(4 * MiB, device="cuda:0")  # 16 MiB
+    time.sleep(0.05)
+    summary = mon.stop()
+    lines = {line.get_label(): line for line in mon.chart.ax.get_lines()}
+    used, reserved = lines["GPU:0 (simulated)"], lines["GPU:0 (simulated) reserved"]
+    assert reserved.get_linestyle() == ":" and used.get_linestyle() == "-"
+    assert (reserved.get_ydata() == 64).all()  # MiB: the whole limit, from the first sample
+    assert used.get_ydata()[-1] == 16
+    assert summary["GPU:0 (simulated)"].reserved_end == 64 * MiB
+    assert "(reserved 64.0 MiB)" in mon._summary.value
+    del x
+
+
 def test_bad_device_fails_before_showing_anything():
     with pytest.raises((ValueError, RuntimeError)):
         MemoryMonitor(["/GPU:7"])

@@ -114,8 +114,15 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         _mode.set_asynchronous(asynchronous)
 
 
-def reconfigure(memory_limits_mb: list[int | None]) -> None:
+def reconfigure(memory_limits_mb: list[int | None],
+                memory_growth: list[bool] | None = None) -> None:
     """Replace the set of simulated GPUs (one entry per GPU: MB limit or None).
+
+    `memory_growth` has one flag per GPU, as `devlab.config.set_memory_growth` sets them:
+    True (the default for all when None) grows on demand, PyTorch's way; False reserves the
+    GPU's whole limit up front, TensorFlow's default, so `memory_stats(i)["reserved"]` and
+    `torch.cuda.memory_reserved(i)` read the limit. A GPU without a limit reserves nothing
+    beyond what is allocated: its only capacity is the host's memory.
 
     Allowed only before the first simulated tensor, as TensorFlow's logical devices are.
     """
@@ -128,7 +135,11 @@ def reconfigure(memory_limits_mb: list[int | None]) -> None:
         limits = list(memory_limits_mb)
         if not limits:
             raise ValueError("at least one simulated GPU is needed")
-        new = _state.Session(_limits_bytes(len(limits), limits))
+        growth = None if memory_growth is None else [bool(g) for g in memory_growth]
+        if growth is not None and len(growth) != len(limits):
+            raise ValueError(f"memory_growth has {len(growth)} entries for {len(limits)} "
+                             "simulated GPUs")
+        new = _state.Session(_limits_bytes(len(limits), limits), growth)
         _state.session = new
         if _mode.current_device() >= new.count:
             _state.tls.device = 0
@@ -232,10 +243,13 @@ def _device(index: int) -> _state.DeviceState:
 
 
 def memory_stats(index: int) -> dict[str, int | None]:
-    """Bytes on simulated GPU `index`: allocated now, peak since reset, limit (None = none)."""
+    """Bytes on simulated GPU `index`: allocated now, peak since reset, limit (None = none),
+    and reserved: what is allocated, or the whole limit when the GPU reserves it up front
+    (memory growth off, see `reconfigure`)."""
     dev = _device(index)
     with _state.lock:
-        return {"allocated": dev.allocated, "peak": dev.peak, "limit": dev.limit}
+        return {"allocated": dev.allocated, "peak": dev.peak, "limit": dev.limit,
+                "reserved": dev.reserved}
 
 
 def reset_peak(index: int) -> None:

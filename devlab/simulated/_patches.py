@@ -226,6 +226,15 @@ def max_memory_allocated(device: Any = None) -> int:
     return _session().devices[_index(device)].peak
 
 
+def memory_reserved(device: Any = None) -> int:
+    """Allocated bytes, or the whole limit of a GPU that reserves it up front (growth off)."""
+    return _session().devices[_index(device)].reserved
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return _session().devices[_index(device)].peak_reserved
+
+
 def reset_peak_memory_stats(device: Any = None) -> None:
     dev = _session().devices[_index(device)]
     with _state.lock:
@@ -237,15 +246,16 @@ def memory_stats(device: Any = None) -> dict[str, int]:
     return {
         "allocated_bytes.all.current": dev.allocated,
         "allocated_bytes.all.peak": dev.peak,
-        "reserved_bytes.all.current": dev.allocated,
-        "reserved_bytes.all.peak": dev.peak,
+        "reserved_bytes.all.current": dev.reserved,
+        "reserved_bytes.all.peak": dev.peak_reserved,
     }
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes: as cudaMemGetInfo, what is reserved is not free."""
     i = _index(device)
     total = total_memory(i)
-    return (max(0, total - _session().devices[i].allocated), total)
+    return (max(0, total - _session().devices[i].reserved), total)
 
 
 def empty_cache() -> None:
@@ -322,8 +332,10 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     i = _index(device)
     dev = _session().devices[i]
     lim = "unlimited" if dev.limit is None else _state.format_size(dev.limit)
+    reserved = ("" if dev.reserved == dev.allocated
+                else f", reserved {_state.format_size(dev.reserved)}")
     return (f"Simulated GPU {i} (CPU-backed) memory: allocated {_state.format_size(dev.allocated)}"
-            f", peak {_state.format_size(dev.peak)}, limit {lim}\n")
+            f"{reserved}, peak {_state.format_size(dev.peak)}, limit {lim}\n")
 
 
 class Stream:
@@ -446,8 +458,8 @@ _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "max_memory_allocated": max_memory_allocated,
     "reset_peak_memory_stats": reset_peak_memory_stats,
     "reset_max_memory_allocated": reset_peak_memory_stats,
-    "memory_reserved": memory_allocated,
-    "max_memory_reserved": max_memory_allocated,
+    "memory_reserved": memory_reserved,
+    "max_memory_reserved": max_memory_reserved,
     "memory_stats": memory_stats,
     "mem_get_info": mem_get_info,
     "memory_summary": memory_summary,
@@ -521,8 +533,8 @@ _ACCEL_FUNCS: dict[str, Callable[..., Any] | type] = {
     "synchronize": synchronize,
     "memory_allocated": memory_allocated,
     "max_memory_allocated": max_memory_allocated,
-    "memory_reserved": memory_allocated,
-    "max_memory_reserved": max_memory_allocated,
+    "memory_reserved": memory_reserved,
+    "max_memory_reserved": max_memory_reserved,
     "reset_peak_memory_stats": reset_peak_memory_stats,
     "memory_stats": memory_stats,
     "get_memory_info": get_memory_info,

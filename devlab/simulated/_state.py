@@ -29,24 +29,46 @@ class Session:
 
     __slots__ = ("__weakref__", "count", "devices", "used")
 
-    def __init__(self, limits: list[int | None]) -> None:
+    def __init__(self, limits: list[int | None], growth: list[bool] | None = None) -> None:
         self.count = len(limits)
-        self.devices = [DeviceState(i, lim) for i, lim in enumerate(limits)]
+        growth = [True] * self.count if growth is None else growth
+        self.devices = [DeviceState(i, lim, not grows)
+                        for i, (lim, grows) in enumerate(zip(limits, growth, strict=True))]
         self.used = False
 
 
 @dataclass
 class DeviceState:
-    """Byte accounting of one simulated GPU (bytes; limit None = unlimited)."""
+    """Byte accounting of one simulated GPU (bytes; limit None = unlimited).
+
+    `reserve_up_front` is memory growth off: the GPU holds its whole limit from the start, as
+    TensorFlow maps a GPU's memory by default, so its reserved bytes are the limit. Without a
+    limit there is no capacity of its own to hold (its memory is the host's), and reserved
+    stays what is allocated.
+    """
 
     index: int
     limit: int | None
+    reserve_up_front: bool = False
     allocated: int = 0
     peak: int = 0
     torch_device: torch.device = field(init=False)
 
     def __post_init__(self) -> None:
         self.torch_device = torch.device("cuda", self.index)
+
+    @property
+    def reserved(self) -> int:
+        """Bytes held for this GPU: allocated, or its whole limit when reserved up front."""
+        if self.reserve_up_front and self.limit is not None:
+            return self.limit
+        return self.allocated
+
+    @property
+    def peak_reserved(self) -> int:
+        if self.reserve_up_front and self.limit is not None:
+            return self.limit
+        return self.peak
 
 
 def _release(m: _Mark) -> None:
@@ -193,12 +215,14 @@ def drop_own_frames(err: BaseException) -> None:
 
 def _oom(dev: DeviceState, nbytes: int) -> torch.OutOfMemoryError:
     assert dev.limit is not None
-    free = max(0, dev.limit - dev.allocated)
+    reserved = dev.reserved
+    free = max(0, dev.limit - reserved)
     return user_error(torch.OutOfMemoryError(
         f"CUDA out of memory. Tried to allocate {format_size(nbytes)}. GPU {dev.index} has a "
         f"total capacity of {format_size(dev.limit)} of which {format_size(free)} is free. "
         f"Of the allocated memory {format_size(dev.allocated)} is allocated by PyTorch, and "
-        "0 bytes is reserved by PyTorch but unallocated. (This GPU is simulated on the CPU; its "
+        f"{format_size(reserved - dev.allocated)} is reserved by PyTorch but unallocated. "
+        "(This GPU is simulated on the CPU; its "
         "memory limit comes from devlab.config.simulate_gpus(memory_limit=...) or "
         "set_logical_device_configuration.) Free tensors you no longer need (del x)."
     ))
