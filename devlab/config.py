@@ -16,7 +16,8 @@ How each setting maps to PyTorch:
 - memory growth: PyTorch's caching allocator always grows on demand, which is what
   TensorFlow calls memory growth, so it is on by default. Turning it off on a real GPU makes
   devlab reserve the device's free memory in the allocator when the runtime starts (what
-  TensorFlow does by default); on a simulated GPU the whole capacity shows as reserved.
+  TensorFlow does by default); on a simulated GPU with a memory limit the whole limit shows
+  as reserved (one without a limit has only the host's memory, so it reserves nothing extra).
 - memory limit (`LogicalDeviceConfiguration(memory_limit=MB)`): on a real GPU,
   `torch.cuda.set_per_process_memory_fraction` for the sum of the device's logical limits;
   on a simulated GPU, the simulation's own accounting raises `torch.OutOfMemoryError`.

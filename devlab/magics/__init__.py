@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from devlab import config, debugging, scope
+from devlab.magics.monitoring import MonitoringMagics
 from devlab.magics.placement import PlacementMagics
 
 _state: dict[str, Any] = {}
@@ -15,13 +16,7 @@ def load_ipython_extension(ip: Any) -> None:
     if _state.get("shell") is ip:
         return
     placement = PlacementMagics(ip)
-    magics: list[Any] = [placement]
-    try:
-        from devlab.magics.monitoring import MonitoringMagics
-    except ImportError:  # the monitoring magics are optional until their module exists
-        pass
-    else:
-        magics.append(MonitoringMagics(ip))
+    magics: list[Any] = [placement, MonitoringMagics(ip)]
     for m in magics:
         ip.register_magics(m)
     ip.events.register("pre_run_cell", placement.pre_run_cell)
