@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from devlab import scope
+from devlab import scope, simulated
 from devlab.figures import ensure_figure_formatter, figure_png
 from devlab.memory import device_label, resolve_device
 
@@ -111,6 +111,7 @@ class TimingResult:
     warmup: int
     synchronize: str
     name: str = ""
+    simulated: bool = False
 
     @property
     def median(self) -> float:
@@ -283,7 +284,8 @@ def time_on_device(
     if progress is not None:
         progress(1.0)
     name = device if isinstance(device, str) else str(device)
-    return TimingResult(label or device_label(dev), str(dev), times, number, warmup, how, name)
+    return TimingResult(label or device_label(dev), str(dev), times, number, warmup, how, name,
+                        simulated=dev.type == "cuda" and simulated.is_active())
 
 
 @dataclass
@@ -323,10 +325,18 @@ class Comparison:
         speedups = self.speedups
         return {r.label: {**r.to_dict(), "speedup": speedups[r.label]} for r in self.results}
 
+    @property
+    def note(self) -> str | None:
+        """What a reader must know to read these times: which devices were simulated."""
+        if not any(r.simulated for r in self.results):
+            return None
+        return ("Simulated GPUs are CPU-backed: their times measure this machine's CPU, "
+                "and say nothing about a real GPU.")
+
     def __str__(self) -> str:
         speedups = self.speedups
-        return "\n".join(f"{r} — {speedups[r.label]:.2f}x vs {self.baseline.label}"
-                         for r in self.results)
+        lines = [f"{r} — {speedups[r.label]:.2f}x vs {self.baseline.label}" for r in self.results]
+        return "\n".join(lines + ([self.note] if self.note else []))
 
     def _repr_html_(self) -> str:
         speedups = self.speedups
@@ -337,8 +347,9 @@ class Comparison:
                 r.label, format_seconds(r.median), format_seconds(r.iqr),
                 f"{r.repeats} x {r.number}", f"{speedups[r.label]:.2f}x")) + "</tr>"
             for r in self.results)
+        note = f"<p class='devlab-note'><i>{escape(self.note)}</i></p>" if self.note else ""
         return (f"<table class='devlab-comparison'><thead><tr>{head}</tr></thead>"
-                f"<tbody>{rows}</tbody></table>")
+                f"<tbody>{rows}</tbody></table>{note}")
 
     def plot(self, ax=None):
         """A bar per device (median per call, IQR as error bars), labelled with speed-ups."""

@@ -100,6 +100,7 @@ def test_memwatch_and_compare_devices_charts_render_in_jupyterlab(tmp_path: Path
             assert "20 samples/s" in summary, summary
             table = compare.locator(".jp-Cell-outputArea").inner_text()
             assert "CPU:0" in table and "GPU:0" in table and "speed-up" in table.lower(), table
+            assert "say nothing about a real GPU" in table, table
         finally:
             browser.close()
     assert shot.stat().st_size > 20_000

@@ -212,3 +212,22 @@ def test_simulated_gpu_timing_waits_for_the_device(monkeypatch):
     assert r.label == "GPU:0 (simulated)" and r.device == "cuda:0"
     assert len(syncs) >= 2 * r.repeats
     assert r.median > 0
+
+
+def test_comparisons_with_simulated_gpus_say_their_times_mean_nothing_for_real_gpus() -> None:
+    import devlab
+    from devlab.timing import Comparison, time_on_device
+
+    cpu_only = Comparison()
+    cpu_only.add(time_on_device(lambda: None, "cpu", warmup=0, min_time=0.0, repeats=1))
+    assert cpu_only.note is None and "CPU-backed" not in cpu_only._repr_html_()
+    devlab.config.simulate_gpus(1)
+    try:
+        both = Comparison()
+        both.add(time_on_device(lambda: None, "/CPU:0", warmup=0, min_time=0.0, repeats=1))
+        both.add(time_on_device(lambda: None, "/GPU:0", warmup=0, min_time=0.0, repeats=1))
+        assert [r.simulated for r in both.results] == [False, True]
+        assert "say nothing about a real GPU" in both._repr_html_()
+        assert str(both).endswith("say nothing about a real GPU.")
+    finally:
+        devlab.config.stop_simulation()
