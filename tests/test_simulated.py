@@ -705,7 +705,12 @@ def test_errors_raised_in_torchs_name_leave_without_the_simulations_frames() -> 
                         (lambda: torch.ones(3, device="cuda:0") + torch.ones(3, device="cuda:1"),
                          RuntimeError),
                         (lambda: torch.ones(3, device="cuda:9"), RuntimeError),
-                        (lambda: torch.ones(3, device="cuda:1").numpy(), TypeError)):
+                        (lambda: torch.ones(3, device="cuda:1").numpy(), TypeError),
+                        # torch's own errors while the simulation runs the op
+                        (lambda: torch.ones(2, 3, device="cuda:0") @ torch.ones(2, 3,
+                                                                                device="cuda:0"),
+                         RuntimeError),
+                        (lambda: torch.ones(2, 3, device="cuda:0").view(4), RuntimeError)):
         with pytest.raises(error) as info:
             call()
         frames = traceback.extract_tb(info.value.__traceback__)

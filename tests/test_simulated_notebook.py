@@ -65,6 +65,9 @@ def test_simulated_errors_point_at_the_users_line_only() -> None:
         "w = torch.ones(4 * 2**20, device='cuda:0')\ngrow(w)",
         "x = torch.ones(3, device='cuda:0')\ny = torch.ones(3)\nz = x + y",
         "a = torch.ones(3, device='cuda:0')\nb = torch.ones(3, device='cuda:1')\nc = a * b",
+        # torch's own errors, raised while the simulation runs the op
+        "m = torch.ones(2, 3, device='cuda:0')\np = m @ m",
+        "v = torch.ones(2, 3, device='cuda:0').view(4)",
     )
     assert not errors(cells[0])
     expected = [
@@ -72,6 +75,8 @@ def test_simulated_errors_point_at_the_users_line_only() -> None:
         ("OutOfMemoryError", ["----> 4 grow(w)", "----> 2     return torch.cat([t, t, t, t])"]),
         ("RuntimeError", ["----> 3 z = x + y"]),
         ("RuntimeError", ["----> 3 c = a * b"]),
+        ("RuntimeError", ["----> 2 p = m @ m"]),
+        ("RuntimeError", ["----> 1 v = torch.ones(2, 3, device='cuda:0').view(4)"]),
     ]
     for cell, (ename, lines) in zip(cells[1:], expected, strict=True):
         (err,) = errors(cell)
@@ -83,3 +88,5 @@ def test_simulated_errors_point_at_the_users_line_only() -> None:
         assert [f for f in tb.splitlines() if f.startswith("File ")] == [], tb  # no library frame
     assert "found at least two devices, cuda:0 and cpu!" in errors(cells[3])[0].evalue
     assert "cuda:0 and cuda:1!" in errors(cells[4])[0].evalue
+    assert errors(cells[5])[0].evalue == "mat1 and mat2 shapes cannot be multiplied (2x3 and 2x3)"
+    assert errors(cells[6])[0].evalue == "shape '[4]' is invalid for input of size 6"

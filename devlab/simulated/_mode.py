@@ -147,6 +147,16 @@ def _no_storage(t: Tensor) -> None:
             "tensors; keep this tensor on the CPU (or stop the simulation)"))
 
 
+def _run(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """func(*args, **kwargs), torch's own errors marked (_state.torch_error)."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    try:
+        return func(*args, **kwargs)
+    except Exception as e:
+        _state.torch_error(e)
+        raise
+
+
 def _call_on(index: int | None, func: Callable, args: tuple, kwargs: dict) -> Any:
     """Run func with current_index() == index in this thread."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
@@ -154,6 +164,9 @@ def _call_on(index: int | None, func: Callable, args: tuple, kwargs: dict) -> An
     tls.index = index
     try:
         return func(*args, **kwargs)
+    except Exception as e:
+        _state.torch_error(e)
+        raise
     finally:
         tls.index = prev
 
@@ -307,12 +320,12 @@ def _h_to(func: Callable, args: tuple, kwargs: dict) -> Any:
         if target == _OTHER:  # meta and other devices: torch's own business
             if src is not None:
                 _workers.wait(src)
-            return func(*args, **kwargs)
+            return _run(func, args, kwargs)
     if target == src and not copy:
         kw: dict[str, Any] = {"dtype": dtype or self.dtype, "non_blocking": non_blocking}
         if memory_format is not None:
             kw["memory_format"] = memory_format
-        out = _call_on(src, func, (self, "cpu"), kw) if src is not None else func(self, "cpu", **kw)
+        out = _call_on(src, func, (self, "cpu"), kw) if src is not None else _run(func, (self, "cpu"), kw)
         if src is not None and out is not self:
             mark_out(out, src)
         return out
@@ -340,7 +353,7 @@ def _h_cpu(func: Callable, args: tuple, kwargs: dict) -> Any:
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     self = args[0]
     if _state.index_of(self) is None:
-        return func(*args, **kwargs)
+        return _run(func, args, kwargs)
     return _copy_to(torch.Tensor.to, self, None, None, False, kwargs.get("memory_format"))
 
 
@@ -349,7 +362,7 @@ def _h_tolist(func: Callable, args: tuple, kwargs: dict) -> Any:
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     self = args[0]
     if _state.index_of(self) is None:
-        return func(*args, **kwargs)
+        return _run(func, args, kwargs)
     return _h_cpu(Tensor.cpu, (self,), {}).tolist()
 
 
@@ -372,7 +385,7 @@ def _h_numpy(func: Callable, args: tuple, kwargs: dict) -> Any:
             f"can't convert cuda:{i} device type tensor to numpy. Use Tensor.cpu() to copy "
             "the tensor to host memory first."
         ))
-    return func(*args, **kwargs)
+    return _run(func, args, kwargs)
 
 
 def _h_type(func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -427,7 +440,7 @@ def _h_autograd_grad(func: Callable, args: tuple, kwargs: dict) -> Any:
     inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
     out = _grad_under_mode(args, kwargs)
     if out is None:
-        out = func(*args, **kwargs)
+        out = _run(func, args, kwargs)
     ins = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs or ())
     for inp, g in zip(ins, out, strict=False):
         if isinstance(g, Tensor):
@@ -476,6 +489,9 @@ def _grad_under_mode(args: tuple, kwargs: dict) -> tuple | None:
         if materialize:
             result = tuple(torch.zeros_like(i, requires_grad=create_graph) if r is None else r
                            for r, i in zip(result, inputs, strict=True))
+    except Exception as e:  # torch's own (a non-scalar loss...)
+        _state.torch_error(e)
+        raise
     finally:
         _pop_mode()
     return result
@@ -486,13 +502,13 @@ def _h_backward(func: Callable, args: tuple, kwargs: dict) -> Any:
     ts = _tensors(args, kwargs)
     first = next((i for i in map(_state.index_of, ts) if i is not None), None)
     if first is None:
-        return func(*args, **kwargs)
+        return _run(func, args, kwargs)
     _workers.wait_all()
     prev = getattr(tls, "index", None)
     tls.index = first
     try:
         if not _backward_under_mode(func, args, kwargs):
-            func(*args, **kwargs)
+            _run(func, args, kwargs)
     finally:
         tls.index = prev
     return None
@@ -548,6 +564,9 @@ def _backward_under_mode(func: Callable, args: tuple, kwargs: dict) -> bool:
         grads = make_grads(tensors, to_tuple(grad_tensors, len(tensors)), is_grads_batched=False)
         engine(tensors, grads, retain_graph, create_graph, inputs_tuple,
                allow_unreachable=True, accumulate_grad=True)
+    except Exception as e:  # torch's own (a non-scalar loss...)
+        _state.torch_error(e)
+        raise
     finally:
         _pop_mode()
     # The engine made the gradients in C++, unmarked: they are on their leaves' devices and
@@ -586,7 +605,7 @@ def _h_register_hook(func: Callable, args: tuple, kwargs: dict) -> Any:
     self, hook = args[0], args[1] if len(args) > 1 else kwargs["hook"]
     index = _state.index_of(self)
     if index is None:
-        return func(*args, **kwargs)
+        return _run(func, args, kwargs)
 
     def marked_hook(grad: Tensor) -> Any:
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
@@ -594,7 +613,7 @@ def _h_register_hook(func: Callable, args: tuple, kwargs: dict) -> Any:
             mark_out(grad, index)
         return hook(grad)
 
-    return func(self, marked_hook)
+    return _run(func, (self, marked_hook), {})
 
 
 def _reads_values(func: Callable) -> bool:
@@ -607,13 +626,16 @@ def _h_generic(func: Callable, args: tuple, kwargs: dict) -> Any:
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     index, cpu_in = _op_device(func, args, kwargs)
     if index is None:
-        return func(*args, **kwargs)
+        return _run(func, args, kwargs)
     if _reads_values(func):
         _workers.wait(index)
     prev = getattr(tls, "index", None)
     tls.index = index
     try:
         out = func(*args, **kwargs)
+    except Exception as e:
+        _state.torch_error(e)
+        raise
     finally:
         tls.index = prev
     mark_out(out, index, cpu_in)
@@ -625,13 +647,13 @@ def _routed(func: Callable, args: tuple, kwargs: dict, device: Any) -> Any:
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     target = resolve(device)
     if target == _OTHER:
-        return func(*args, **kwargs)
+        return _run(func, args, kwargs)
     if target is None:
         kw = dict(kwargs, device="cpu")
         ts = _tensors(args, {})
         for i in {_state.index_of(t) for t in ts} - {None}:
             _workers.wait(i)
-        return func(*args, **kw)
+        return _run(func, args, kw)
     size = _factory_nbytes(func, args, kwargs)
     if size:
         _state.check_fits(target, size)
@@ -686,7 +708,7 @@ def _h_async(func: Callable, args: tuple, kwargs: dict) -> Any:
     if index is None or _state.index_of(a) != _state.index_of(b):
         return _h_generic(func, args, kwargs)
     impl = _ASYNC_OPS[func]
-    shape = impl(_meta(a), _meta(b))  # shape and dtype errors are raised here, synchronously
+    shape = _run(impl, (_meta(a), _meta(b)), {})  # shape and dtype errors: here, synchronously
     out = torch.empty(shape.shape, dtype=shape.dtype)
     mark_out(out, index)
 
@@ -739,7 +761,8 @@ _HANDLERS.update({f: _h_async for f in _ASYNC_OPS})
 
 
 def _h_plain(func: Callable, args: tuple, kwargs: dict) -> Any:
-    return func(*args, **kwargs)
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    return _run(func, args, kwargs)
 
 
 def _h_noop(func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -786,7 +809,11 @@ class SimulationMode(TorchFunctionMode):
                 # An attribute read (`.shape`, `.requires_grad`, `.grad`, ...): metadata, known
                 # even while the tensor's op is queued. Only a tensor result may need a mark
                 # (a gradient the C++ engine made).
-                out = func(*args)
+                try:
+                    out = func(*args)
+                except Exception as e:
+                    _state.torch_error(e)
+                    raise
                 if isinstance(out, Tensor):
                     st = _storage(out)
                     m = getattr(st, MARK, None) if st is not None else None
@@ -806,7 +833,7 @@ class SimulationMode(TorchFunctionMode):
                 cur = _torch_device.CURRENT_DEVICE
                 if cur is not None and cur.type == "cuda":
                     return _routed(func, args, kwargs, cur)
-                return func(*args, **kwargs)
+                return _run(func, args, kwargs)
             if kwargs or _tf_stack_len():
                 index, cpu_in = _guarded_op_device(func, args, kwargs)
             else:
@@ -839,13 +866,20 @@ class SimulationMode(TorchFunctionMode):
                 if bad and index is not None:
                     index, cpu_in = _op_device(func, args, kwargs)  # raises unless allowed
             if index is None:
-                return func(*args, **kwargs)
+                try:
+                    return func(*args, **kwargs)
+                except Exception as e:
+                    _state.torch_error(e)
+                    raise
             if (_workers._pending_total or _workers._has_error) and _reads_values(func):
                 _workers.wait(index)
             prev = getattr(tls, "index", None)
             tls.index = index
             try:
                 out = func(*args, **kwargs)
+            except Exception as e:  # torch's own (a shape mismatch): see _state.torch_error
+                _state.torch_error(e)
+                raise
             finally:
                 tls.index = prev
             if type(out) in _PLAIN and cpu_in is None and not _tf_stack_len():

@@ -194,7 +194,8 @@ def drop_own_frames(err: BaseException) -> None:
     with a bare `raise`, which on Python 3.11+ keeps the edited traceback; on 3.10 the frames
     stay, and IPython hides all but the last (they set `__tracebackhide__`).
 
-    Errors not marked (devlab's own bugs, torch's errors) keep their whole traceback. A marked
+    Errors not marked (devlab's own bugs) keep their whole traceback; torch's own errors in a
+    call the simulation made for the user are marked by `torch_error`. A marked
     error keeps its mark, so an outer entry point drops its frames too (a backward pass whose
     hook, the user's code, ran out of memory on a simulated GPU).
     """
@@ -211,6 +212,23 @@ def drop_own_frames(err: BaseException) -> None:
     if kept:
         kept[-1].tb_next = None
     err.__traceback__ = kept[0] if kept else None
+
+
+def torch_error(err: BaseException) -> None:
+    """Mark, as `user_error` does, an error torch raised in a call the simulation made for the
+    user (a shape mismatch, a bad view...), so `drop_own_frames` ends it at the user's line too.
+
+    The caller made that call and catches the error: its own frame heads the traceback. If a
+    frame of the simulation lies further in (a patch torch called back into, a hook wrapper),
+    the error may be devlab's own and keeps its whole traceback.
+    """
+    tb = err.__traceback__
+    tb = tb.tb_next if tb is not None else None
+    while tb is not None:
+        if os.path.dirname(tb.tb_frame.f_code.co_filename) == _PACKAGE_DIR:
+            return
+        tb = tb.tb_next
+    setattr(err, _USER_ERROR, True)
 
 
 def _oom(dev: DeviceState, nbytes: int) -> torch.OutOfMemoryError:
