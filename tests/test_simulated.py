@@ -721,6 +721,42 @@ def test_errors_raised_in_torchs_name_leave_without_the_simulations_frames() -> 
     assert traceback.extract_tb(info.value.__traceback__)[-1].name == "user_code"
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="a bare raise keeps an edited "
+                    "traceback from Python 3.11 on")
+def test_patched_torch_cuda_errors_leave_without_the_simulations_frames() -> None:
+    import os
+    import traceback
+
+    simulated.start(2)
+    ours = os.path.join("devlab", "simulated")
+    ordinal = getattr(torch, "AcceleratorError", RuntimeError)
+
+    def enter_device() -> None:
+        with torch.cuda.device(9):
+            pass
+
+    untimed = torch.cuda.Event()
+    calls = [
+        (lambda: torch.cuda.set_device(7), ordinal, "CUDA error: invalid device ordinal"),
+        (lambda: torch.accelerator.set_device_index(7), ordinal,
+         "CUDA error: invalid device ordinal"),
+        (lambda: torch.cuda.get_device_properties(7), AssertionError, "Invalid device id"),
+        (lambda: torch.cuda.memory_allocated("cpu"), ValueError,
+         "Expected a cuda device, but got: cpu"),
+        (lambda: torch.cuda.Stream(5), AssertionError, "Invalid device id"),
+        (enter_device, ordinal, "CUDA error: invalid device ordinal"),
+        (lambda: untimed.elapsed_time(untimed), RuntimeError,
+         "Both events must be created with argument 'enable_timing=True'."),
+    ]
+    for call, error, text in calls:
+        with pytest.raises(error) as info:
+            call()
+        assert str(info.value).startswith(text)
+        frames = traceback.extract_tb(info.value.__traceback__)
+        assert not [f for f in frames if ours in f.filename], frames
+        assert frames[-1].filename == __file__  # it ends in this file, the caller's
+
+
 # --- stop() puts torch back exactly ------------------------------------------------------
 
 def _snapshot() -> dict[str, object]:

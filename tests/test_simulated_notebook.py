@@ -68,6 +68,8 @@ def test_simulated_errors_point_at_the_users_line_only() -> None:
         # torch's own errors, raised while the simulation runs the op
         "m = torch.ones(2, 3, device='cuda:0')\np = m @ m",
         "v = torch.ones(2, 3, device='cuda:0').view(4)",
+        # a patched torch.cuda function
+        "torch.cuda.set_device(7)",
     )
     assert not errors(cells[0])
     expected = [
@@ -77,6 +79,7 @@ def test_simulated_errors_point_at_the_users_line_only() -> None:
         ("RuntimeError", ["----> 3 c = a * b"]),
         ("RuntimeError", ["----> 2 p = m @ m"]),
         ("RuntimeError", ["----> 1 v = torch.ones(2, 3, device='cuda:0').view(4)"]),
+        ("AcceleratorError", ["----> 1 torch.cuda.set_device(7)"]),
     ]
     for cell, (ename, lines) in zip(cells[1:], expected, strict=True):
         (err,) = errors(cell)
@@ -90,3 +93,4 @@ def test_simulated_errors_point_at_the_users_line_only() -> None:
     assert "cuda:0 and cuda:1!" in errors(cells[4])[0].evalue
     assert errors(cells[5])[0].evalue == "mat1 and mat2 shapes cannot be multiplied (2x3 and 2x3)"
     assert errors(cells[6])[0].evalue == "shape '[4]' is invalid for input of size 6"
+    assert errors(cells[7])[0].evalue.startswith("CUDA error: invalid device ordinal")

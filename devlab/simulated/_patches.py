@@ -6,11 +6,12 @@ mode, and a storage tagger for torch.save/torch.load.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.serialization as _ser
@@ -105,10 +106,29 @@ def patch_tensor(p: Patcher) -> None:
 
 # --- torch.cuda ----------------------------------------------------------------------------
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _entry(fn: _F) -> _F:
+    """A user's call enters the simulation here (torch.cuda.set_device(7), ...): an error
+    raised in torch's name leaves without the simulation's frames (_state.drop_own_frames)."""
+
+    @functools.wraps(fn)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            _state.drop_own_frames(e)
+            raise
+
+    return entry  # type: ignore[return-value]
+
+
 def _session() -> _state.Session:
     sess = _state.session
     if sess is None:  # a stale reference to a patched function after stop()
-        raise RuntimeError("devlab GPU simulation is not running")
+        raise _state.user_error(RuntimeError("devlab GPU simulation is not running"))
     return sess
 
 
@@ -120,7 +140,7 @@ def _index(device: Any = None) -> int:
         device = torch.device(device)
     if isinstance(device, torch.device):
         if device.type != "cuda":
-            raise ValueError(f"Expected a cuda device, but got: {device}")
+            raise _state.user_error(ValueError(f"Expected a cuda device, but got: {device}"))
         i = _mode.current_device() if device.index is None else device.index
     else:
         i = int(device)
@@ -128,7 +148,7 @@ def _index(device: Any = None) -> int:
         i = _mode.current_device()
     sess = _session()
     if not 0 <= i < sess.count:
-        raise AssertionError("Invalid device id")
+        raise _state.user_error(AssertionError("Invalid device id"))
     return i
 
 
@@ -168,19 +188,23 @@ class SimulatedDeviceProperties:
                 f"multi_processor_count={self.multi_processor_count}, simulated=True)")
 
 
+@_entry
 def is_available() -> bool:
     return _state.session is not None
 
 
+@_entry
 def device_count() -> int:
     sess = _state.session
     return sess.count if sess is not None else 0
 
 
+@_entry
 def current_device() -> int:
     return _mode.current_device()
 
 
+@_entry
 def set_device(device: Any) -> None:
     if device is None:
         return
@@ -190,21 +214,25 @@ def set_device(device: Any) -> None:
     tls.device = _mode.checked_index(i)
 
 
+@_entry
 def get_device_name(device: Any = None) -> str:
     return device_name(_index(device))
 
 
+@_entry
 def get_device_properties(device: Any = None) -> SimulatedDeviceProperties:
     i = _index(device)
     return SimulatedDeviceProperties(name=device_name(i), total_memory=total_memory(i),
                                      multi_processor_count=_workers.cpu_cores())
 
 
+@_entry
 def get_device_capability(device: Any = None) -> tuple[int, int]:
     _index(device)
     return (0, 0)  # no real compute capability: code gated on one takes its plain path
 
 
+@_entry
 def synchronize(device: Any = None) -> None:
     """Wait for the device's queued work; with no device, for every simulated GPU's.
 
@@ -218,29 +246,35 @@ def synchronize(device: Any = None) -> None:
         _workers.wait(_index(device))
 
 
+@_entry
 def memory_allocated(device: Any = None) -> int:
     return _session().devices[_index(device)].allocated
 
 
+@_entry
 def max_memory_allocated(device: Any = None) -> int:
     return _session().devices[_index(device)].peak
 
 
+@_entry
 def memory_reserved(device: Any = None) -> int:
     """Allocated bytes, or the whole limit of a GPU that reserves it up front (growth off)."""
     return _session().devices[_index(device)].reserved
 
 
+@_entry
 def max_memory_reserved(device: Any = None) -> int:
     return _session().devices[_index(device)].peak_reserved
 
 
+@_entry
 def reset_peak_memory_stats(device: Any = None) -> None:
     dev = _session().devices[_index(device)]
     with _state.lock:
         dev.peak = dev.allocated
 
 
+@_entry
 def memory_stats(device: Any = None) -> dict[str, int]:
     dev = _session().devices[_index(device)]
     return {
@@ -251,6 +285,7 @@ def memory_stats(device: Any = None) -> dict[str, int]:
     }
 
 
+@_entry
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     """(free, total) bytes: as cudaMemGetInfo, what is reserved is not free."""
     i = _index(device)
@@ -258,49 +293,60 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     return (max(0, total - _session().devices[i].reserved), total)
 
 
+@_entry
 def empty_cache() -> None:
     """Nothing is cached: a simulated GPU frees a storage's bytes when the storage dies."""
 
 
+@_entry
 def is_initialized() -> bool:
     sess = _state.session
     return bool(sess is not None and sess.used)
 
 
+@_entry
 def is_current_stream_capturing() -> bool:
     return False
 
 
+@_entry
 def init() -> None:
     """Nothing to initialize for simulated GPUs."""
 
 
 # Simulated GPUs compute on the CPU, so they draw from the CPU generator: seeding "the GPUs"
 # seeds it, and the same seed gives the same values as the same code on the CPU.
+@_entry
 def manual_seed(seed: int) -> None:
     torch.default_generator.manual_seed(int(seed))
 
 
+@_entry
 def seed() -> None:
     torch.default_generator.seed()
 
 
+@_entry
 def initial_seed() -> int:
     return torch.default_generator.initial_seed()
 
 
+@_entry
 def get_rng_state(device: Any = "cuda") -> torch.Tensor:
     return torch.get_rng_state()
 
 
+@_entry
 def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
     torch.set_rng_state(new_state)
 
 
+@_entry
 def get_rng_state_all() -> list[torch.Tensor]:
     return [torch.get_rng_state() for _ in range(device_count())]
 
 
+@_entry
 def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
     if new_states:
         torch.set_rng_state(new_states[0])
@@ -309,11 +355,13 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 class device:  # noqa: N801 - stands in for torch.cuda.device
     """`with torch.cuda.device(i):` for simulated GPUs: the thread's current device."""
 
+    @_entry
     def __init__(self, device: Any) -> None:
         self.idx = -1 if device is None else (device if isinstance(device, int) else
                                               _index(device))
         self.prev_idx = -1
 
+    @_entry
     def __enter__(self) -> None:
         self.prev_idx = _mode.current_device()
         if self.idx >= 0:
@@ -328,6 +376,7 @@ def _cudnn_is_acceptable(tensor: torch.Tensor) -> bool:
     return False  # no cuDNN behind a simulated GPU: modules take their plain paths
 
 
+@_entry
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     i = _index(device)
     dev = _session().devices[i]
@@ -341,11 +390,13 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
 class Stream:
     """A simulated GPU's one stream: its worker's queue (no capture, no priorities)."""
 
+    @_entry
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         self.device_index = _index(device)
         self.device = torch.device("cuda", self.device_index)
         self.priority = priority
 
+    @_entry
     def synchronize(self) -> None:
         _workers.wait(self.device_index)
 
@@ -358,6 +409,7 @@ class Stream:
     def wait_event(self, event: Any) -> None:
         """As wait_stream."""
 
+    @_entry
     def record_event(self, event: Any = None) -> Event:
         event = event or Event()
         event.record(self)
@@ -391,6 +443,7 @@ class Event:
         self.time: float | None = None
         self.device_index: int | None = None
 
+    @_entry
     def record(self, stream: Any = None) -> None:
         i = stream.device_index if isinstance(stream, Stream) else _index(None)
         self.device_index = i
@@ -403,6 +456,7 @@ class Event:
     def query(self) -> bool:
         return self.time is not None
 
+    @_entry
     def synchronize(self) -> None:
         if self.device_index is not None:
             _workers.wait(self.device_index)
@@ -410,16 +464,20 @@ class Event:
     def wait(self, stream: Any = None) -> None:
         """See Stream.wait_stream."""
 
+    @_entry
     def elapsed_time(self, end_event: Event) -> float:
         if not (self.enable_timing and end_event.enable_timing):
-            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+            raise _state.user_error(RuntimeError(
+                "Both events must be created with argument 'enable_timing=True'."))
         self.synchronize()
         end_event.synchronize()
         if self.time is None or end_event.time is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+            raise _state.user_error(RuntimeError(
+                "Both events must be recorded before calculating elapsed time."))
         return (end_event.time - self.time) * 1000.0
 
 
+@_entry
 def current_stream(device: Any = None) -> Stream:
     return Stream(device)
 
@@ -428,18 +486,22 @@ class _NoStream(contextlib.nullcontext):
     """torch.cuda.stream(s): every simulated GPU has one stream, so nothing to switch."""
 
 
+@_entry
 def stream(stream: Any) -> contextlib.AbstractContextManager:
     return _NoStream()
 
 
+@_entry
 def set_stream(stream: Stream) -> None:
     """Make `stream` current: with one stream per GPU, that makes its device current."""
     if not isinstance(stream, Stream):
-        raise TypeError(f"expected the stream of a simulated GPU (torch.cuda.current_stream()), "
-                        f"got {type(stream).__name__}")
+        raise _state.user_error(TypeError(
+            "expected the stream of a simulated GPU (torch.cuda.current_stream()), "
+            f"got {type(stream).__name__}"))
     tls.device = _mode.checked_index(stream.device_index)
 
 
+@_entry
 def reset_accumulated_memory_stats(device: Any = None) -> None:
     """A simulated GPU keeps no accumulated (historical) counters: nothing to reset."""
     _index(device)
@@ -493,10 +555,12 @@ class device_index(device):  # noqa: N801
     """`with torch.accelerator.device_index(i):`."""
 
 
+@_entry
 def current_accelerator(check_available: bool = False) -> torch.device:
     return torch.device("cuda")
 
 
+@_entry
 def get_memory_info(device_index: Any = None) -> tuple[int, int]:
     return mem_get_info(device_index)
 
@@ -511,12 +575,14 @@ _SUPPORTED_DTYPES = frozenset(
     if isinstance(d, torch.dtype))
 
 
+@_entry
 def accelerator_capability(device: Any = None) -> dict[str, Any]:
     """torch.accelerator.get_device_capability: a simulated GPU holds what the CPU holds."""
     _index(device)
     return {"supported_dtypes": set(_SUPPORTED_DTYPES)}
 
 
+@_entry
 def empty_host_cache() -> None:
     """No pinned-memory cache: pinning for a simulated GPU is a plain copy."""
 
