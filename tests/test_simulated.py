@@ -689,6 +689,32 @@ def test_events_time_simulated_work(two) -> None:
     assert end.elapsed_time(start) <= 0 <= start.elapsed_time(end)
 
 
+
+def test_device_generic_events_and_streams_wait_for_simulated_work(two) -> None:
+    # torch.accelerator's docs time with torch.Event: it must wait for the GPU's queue.
+    start, end = torch.Event(enable_timing=True), torch.Event(enable_timing=True)
+    assert isinstance(start, torch.cuda.Event) and isinstance(torch.Stream(), torch.cuda.Stream)
+    gate = threading.Event()
+    start.record()
+    _workers.submit(0, lambda: gate.wait(10))  # simulated work on GPU 0 until the gate opens
+    end.record()
+    assert not end.query()
+    threading.Timer(0.2, gate.set).start()
+    torch.accelerator.synchronize()
+    assert end.query() and start.elapsed_time(end) >= 150
+    stream = torch.Stream("cuda:1")
+    assert stream.device_index == 1 and stream == torch.cuda.current_stream(1)
+    gate.clear()
+    _workers.submit(1, lambda: gate.wait(10))
+    assert not stream.query()
+    gate.set()
+    stream.synchronize()
+    assert stream.query()
+    # another device still gets torch's own objects
+    assert type(torch.Event(device="cpu")) is torch._C.Event
+    assert type(torch.Stream("cpu")) is torch._C.Stream
+
+
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="a bare raise keeps an edited "
                     "traceback from Python 3.11 on")
 def test_errors_raised_in_torchs_name_leave_without_the_simulations_frames() -> None:
@@ -769,6 +795,7 @@ def _snapshot() -> dict[str, object]:
         "torch.nn.parallel.scatter_gather", "torch.utils.data._utils.pin_memory")
         if n in sys.modules]
     snap: dict[str, object] = {f"{m.__name__}.{k}": v for m in mods for k, v in vars(m).items()}
+    snap["torch.Event"], snap["torch.Stream"] = torch.Event, torch.Stream
     snap["registry"] = list(torch.serialization._package_registry)
     return snap
 
@@ -800,7 +827,7 @@ _MUST_PATCH = {
     "torch.accelerator.memory.empty_host_cache", "torch.accelerator.memory.memory_reserved",
     "torch.cuda.synchronize", "torch.cuda.set_stream", "torch.cuda.memory_reserved",
     "torch.cuda.reset_accumulated_memory_stats", "torch.cuda.memory.memory_reserved",
-    "torch.cuda.memory.reset_accumulated_memory_stats",
+    "torch.cuda.memory.reset_accumulated_memory_stats", "torch.Event", "torch.Stream",
 }
 
 

@@ -477,6 +477,51 @@ class Event:
         return (end_event.time - self.time) * 1000.0
 
 
+# torch.Event / torch.Stream: device-generic (torch.accelerator's docs time with
+# `torch.Event(enable_timing=True)`). While simulating, the current accelerator is a simulated
+# GPU, so without a device, or with a cuda one, they are torch.cuda.Event / torch.cuda.Stream
+# above (an Event then waits for the GPU's queued work); another device gets torch's own.
+_orig_event = getattr(torch, "Event", None)
+_orig_stream = getattr(torch, "Stream", None)
+
+
+def _cuda_or_none(device: Any) -> bool:
+    return device is None or isinstance(device, int) or torch.device(device).type == "cuda"
+
+
+class AcceleratorEvent(Event):
+    """torch.Event(device=None, *, enable_timing=False, blocking=False, interprocess=False)."""
+
+    def __new__(cls, device: Any = None, **kwargs: Any) -> Any:
+        if not _cuda_or_none(device) and _orig_event is not None:
+            return _orig_event(device, **kwargs)
+        return super().__new__(cls)
+
+    @_entry
+    def __init__(self, device: Any = None, *, enable_timing: bool = False,
+                 blocking: bool = False, interprocess: bool = False) -> None:
+        super().__init__(enable_timing, blocking, interprocess)
+        if device is not None:
+            _index(device)  # a missing GPU fails here, as torch's own check does
+
+    def __repr__(self) -> str:
+        where = "" if self.device_index is None else f" device=cuda:{self.device_index}"
+        return f"<simulated Event{where}>"
+
+
+class AcceleratorStream(Stream):
+    """torch.Stream(device=None, *, priority=0)."""
+
+    def __new__(cls, device: Any = None, **kwargs: Any) -> Any:
+        if not _cuda_or_none(device) and _orig_stream is not None:
+            return _orig_stream(device, **kwargs)
+        return super().__new__(cls)
+
+    @_entry
+    def __init__(self, device: Any = None, *, priority: int = 0) -> None:
+        super().__init__(device, priority)
+
+
 @_entry
 def current_stream(device: Any = None) -> Stream:
     return Stream(device)
@@ -615,6 +660,9 @@ _ACCEL_FUNCS: dict[str, Callable[..., Any] | type] = {
 
 def patch_cuda(p: Patcher) -> None:
     p.set(torch.backends.cudnn, "is_acceptable", _cudnn_is_acceptable)
+    if _orig_event is not None and _orig_stream is not None:
+        p.set(torch, "Event", AcceleratorEvent)
+        p.set(torch, "Stream", AcceleratorStream)
     # torch.cuda re-exports functions defined in submodules (torch.cuda.memory,
     # torch.cuda.random); code may call either name, so both are patched.
     modules = [torch.cuda] + [sys.modules[n] for n in ("torch.cuda.memory", "torch.cuda.random")
