@@ -87,8 +87,10 @@ def _lab_settings(settings_dir: Path) -> None:
     settings = {
         "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
             {"fetchNews": "false", "checkForUpdates": False},
+        # Start the notebook's kernel without the "Select Kernel" dialog, which otherwise
+        # may pop up after the kernel already shows idle and swallow the next click.
         "@jupyterlab/notebook-extension/tracker.jupyterlab-settings":
-            {"windowingMode": "none"},
+            {"windowingMode": "none", "autoStartDefaultKernel": True},
     }
     for rel, value in settings.items():
         path = settings_dir / rel
@@ -251,19 +253,24 @@ def dismiss_kernel_dialog(page: Any) -> bool:
     return False
 
 
-def wait_kernel_idle(page: Any, timeout: float = 60.0) -> None:
-    """Wait for the notebook's kernel to be connected and idle, answering a kernel dialog."""
+def wait_kernel_idle(page: Any, timeout: float = 60.0, settle: int = 4) -> None:
+    """Wait until the notebook's kernel is idle and no dialog shows, `settle` checks in a row
+    (200 ms apart): a kernel dialog can appear after the first "idle"; it is answered."""
     indicator = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) "
                              ".jp-Notebook-ExecutionIndicator")
+    dialogs = page.locator(".jp-Dialog")
     deadline = time.monotonic() + timeout
+    calm = 0
     while time.monotonic() < deadline:
         dismiss_kernel_dialog(page)
-        if indicator.count() and indicator.first.get_attribute("data-status") == "idle":
+        idle = indicator.count() and indicator.first.get_attribute("data-status") == "idle"
+        calm = calm + 1 if idle and not dialogs.count() else 0
+        if calm >= settle:
             return
         page.wait_for_timeout(200)
     status = indicator.first.get_attribute("data-status") if indicator.count() else "missing"
     raise AssertionError(f"the kernel did not become idle within {timeout:.0f} s "
-                         f"(indicator: {status})")
+                         f"(indicator: {status}, dialogs: {dialogs.all_inner_texts()})")
 
 
 def run_menu_command(page: Any, menu: str, item: str) -> None:
@@ -278,6 +285,24 @@ def run_menu_command(page: Any, menu: str, item: str) -> None:
                          has=page.locator(".lm-Menu-itemLabel",
                                           has_text=re.compile(rf"^{re.escape(item)}$")))
     entry.first.click(timeout=10_000)
+
+
+def run_all_cells(page: Any, started_within: float = 10.0) -> None:
+    """Run > Run All Cells, and make sure the cells really started (a prompt leaves "[ ]:");
+    if not (a dialog took the click), answer any dialog and try once more."""
+    for attempt in (1, 2):
+        run_menu_command(page, "Run", "Run All Cells")
+        deadline = time.monotonic() + started_within
+        while time.monotonic() < deadline:
+            dismiss_kernel_dialog(page)
+            if any(p != "[ ]:" for p in prompts(page)):
+                return
+            page.wait_for_timeout(100)
+        if attempt == 1:
+            page.keyboard.press("Escape")  # close a menu left open
+            wait_kernel_idle(page, 20.0)
+    raise AssertionError(f"Run All Cells did not start the cells: {prompts(page)}; dialogs: "
+                         f"{page.locator('.jp-Dialog').all_inner_texts()}")
 
 
 def prompts(page: Any) -> list[str]:
@@ -329,19 +354,30 @@ def error_texts(page: Any) -> list[str]:
     return found
 
 
-def screenshot_whole_notebook(page: Any, path: Path) -> Path:
-    """Grow the window until the whole notebook fits, then take a full-page screenshot."""
+def screenshot_whole_notebook(page: Any, path: Path, hide_sidebar: bool = True) -> Path:
+    """Full-page screenshot showing the whole notebook: JupyterLab's page never scrolls (the
+    notebook scrolls inside it), so the window is first made tall enough for every cell."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if hide_sidebar:  # more width for the notebook: collapse the open left panel (file browser)
+        tab = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
+        if tab.count():
+            tab.first.click(timeout=5000)
+    # The notebook's scroller (which element it is changes between JupyterLab versions):
+    # whichever element in the notebook panel overflows the most.
     needed = page.evaluate(
         """() => {
-            const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook');
-            if (!nb) return 0;
-            return nb.scrollHeight - nb.clientHeight;
+            const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+            if (!panel) return 0;
+            let most = 0;
+            for (const el of [panel, ...panel.querySelectorAll('*')]) {
+                most = Math.max(most, el.scrollHeight - el.clientHeight);
+            }
+            return most;
         }""")
     size = page.viewport_size or {"width": 1280, "height": 900}
     if needed and needed > 0:
         page.set_viewport_size({"width": size["width"],
                                 "height": min(8000, size["height"] + int(needed) + 40)})
-        page.wait_for_timeout(500)  # let JupyterLab lay out again
+    page.wait_for_timeout(500)  # let JupyterLab lay out again
     page.screenshot(path=str(path), full_page=True)
     return path

@@ -1,19 +1,32 @@
-"""A teacher's view: real JupyterLab in headless Chromium runs a `%%memwatch` cell and a
-`%%compare_devices` cell, and the charts must actually render."""
+"""What a teacher sees: devlab's live charts in real JupyterLab, in headless Chromium.
+
+Starts this venv's JupyterLab on a free port, opens a notebook in Debian's Chromium through
+Playwright, runs it with Run > Run All Cells, and checks what the page shows: the `%%memwatch`
+chart growing while its cell runs, the `%%compare_devices` chart and table, the summaries, and
+no "Error displaying widget" anywhere. Screenshots go to test-artifacts/browser/.
+
+A control test runs the same checks on a notebook with plain ipywidgets and matplotlib (no
+devlab): if it fails too, the browser set-up is broken rather than devlab's widgets.
+"""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-import urllib.request
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
 from browser_support import (
     ARTIFACTS,
     CHROMIUM,
+    PROMPT_DONE,
+    LabServer,
     cell,
     chromium_missing_message,
     error_texts,
@@ -22,92 +35,240 @@ from browser_support import (
     open_notebook,
     output_images,
     png_ink,
+    prompts,
+    run_all_cells,
     screenshot_whole_notebook,
     wait_cells_done,
 )
 
 pytestmark = pytest.mark.browser
 
-NOTEBOOK = "live-charts.ipynb"
-CELLS = [
-    "%load_ext devlab",
-    "import time\n\nimport torch\n\nimport devlab\n\ndevlab.config.simulate_gpus(1, memory_limit=512)",
-    "%%memwatch --device /GPU:0 --interval 50\n"
-    "blocks = []\n"
-    "for _ in range(8):\n"
-    "    blocks.append(torch.ones(4, 1024, 1024, device='cuda:0'))  # 16 MiB each\n"
-    "    time.sleep(0.25)",
-    '%%compare_devices /CPU:0 /GPU:0 --setup "x = torch.rand(256, 256)"\ny = x @ x',
+DEVLAB_NOTEBOOK = "devlab-charts.ipynb"
+CONTROL_NOTEBOOK = "plain-widgets.ipynb"
+RUN_TIMEOUT = 60.0  # seconds for all cells of one notebook
+
+# (kind, source); the cell indexes below count the markdown cell.
+DEVLAB_CELLS = [
+    ("markdown", "# devlab in the browser\n"
+                 "A live memory chart, then CPU vs (simulated) GPU timing."),
+    ("code", "import devlab\ndevlab.config.simulate_gpus(1, memory_limit=512)"),
+    ("code", "%load_ext devlab"),
+    # ~3 s of growth: the chart redraws at least every 2 s, so it must change while this runs.
+    ("code", "%%memwatch\n"
+             "import time\nimport torch\n"
+             "xs = []\n"
+             "for i in range(30):\n"
+             "    xs.append(torch.ones(512, 1024, device='cuda'))  # 2 MiB each\n"
+             "    time.sleep(0.1)\n"
+             "print(f'holding {len(xs)} tensors on {xs[0].device}')"),
+    ("code", '%%compare_devices /CPU:0 /GPU:0 --setup "a = torch.rand(256, 256)"\nb = a @ a'),
+    ("code", "print('browser test: all cells ran')"),
+]
+LOADED, MEMWATCH, COMPARE, LAST = 2, 3, 4, 5
+
+CONTROL_CELLS = [
+    ("code", "import base64, io, time\nimport ipywidgets as w\nimport matplotlib.pyplot as plt\n"
+             "from IPython.display import display"),
+    ("code", "out = w.Output(); bar = w.IntProgress(min=0, max=8); display(w.VBox([bar, out]))\n"
+             "for i in range(8):\n"
+             "    fig, ax = plt.subplots(figsize=(5, 3)); ax.plot(range(i + 2))\n"
+             "    buf = io.BytesIO(); fig.savefig(buf, format='png'); plt.close(fig)\n"
+             "    out.outputs = ({'output_type': 'display_data', 'metadata': {}, 'data': {\n"
+             "        'image/png': base64.b64encode(buf.getvalue()).decode(),\n"
+             "        'text/plain': 'chart'}},)\n"
+             "    bar.value = i + 1; time.sleep(0.1)\n"
+             "print('control summary: 8 frames')"),
 ]
 
 
-def _write_notebook(root: Path) -> None:
+def write_notebook(path: Path, cells: list[tuple[str, str]]) -> None:
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, root / NOTEBOOK)
+    nb.cells = [nbformat.v4.new_markdown_cell(src) if kind == "markdown"
+                else nbformat.v4.new_code_cell(src) for kind, src in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, path)
 
 
-def _start_kernel(server, path: str) -> None:
-    # A session made before the page opens: JupyterLab attaches to it instead of asking
-    # which kernel to start (the "Select Kernel" dialog).
-    body = json.dumps({"path": path, "name": path, "type": "notebook", "kernel": {"name": "python3"}})
-    req = urllib.request.Request(
-        server.url + "api/sessions", data=body.encode(), method="POST",
-        headers={"Authorization": f"token {server.token}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        assert json.loads(resp.read())["kernel"]["name"] == "python3"
+# -- fixtures ----------------------------------------------------------------------------------
 
-
-def _run_all_cells(page) -> None:
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile("^Run$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile("^Run All Cells$")).click()
-
-
-def test_memwatch_and_compare_devices_charts_render_in_jupyterlab(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     if not Path(CHROMIUM).exists():
-        pytest.fail(chromium_missing_message())
-    from playwright.sync_api import sync_playwright
-
-    root = tmp_path / "notebooks"
+        pytest.fail(chromium_missing_message(), pytrace=False)
+    root = tmp_path_factory.mktemp("lab") / "notebooks"
     root.mkdir()
-    _write_notebook(root)
-    shot = ARTIFACTS / "live-charts.png"
-    with jupyter_lab(root, log=ARTIFACTS / "jupyterlab.log") as server, sync_playwright() as p:
-        _start_kernel(server, NOTEBOOK)
-        browser = launch_chromium(p)
+    write_notebook(root / DEVLAB_NOTEBOOK, DEVLAB_CELLS)
+    write_notebook(root / CONTROL_NOTEBOOK, CONTROL_CELLS)
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)  # no stale screenshots from an earlier run
+    ARTIFACTS.mkdir(parents=True)
+    with jupyter_lab(root, log=ARTIFACTS / "jupyterlab.log") as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def browser(server: LabServer) -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as e:
+        pytest.fail(f"the playwright Python package is missing ({e}); install the test extras: "
+                    "pip install -e '.[test]'", pytrace=False)
+    with sync_playwright() as p:
+        b = launch_chromium(p)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1900})
-            page.set_default_timeout(30_000)
-            open_notebook(page, server, NOTEBOOK)
-            _run_all_cells(page)
-            done = wait_cells_done(page, timeout=90)
-            assert len(done) == len(CELLS)
-            page.wait_for_timeout(1000)  # the last widget frames reach the page
-            screenshot_whole_notebook(page, shot)
-
-            assert error_texts(page) == [], "a widget or an output failed to render"
-            memwatch, compare = cell(page, 2), cell(page, 3)
-            for name, c in (("%%memwatch", memwatch), ("%%compare_devices", compare)):
-                assert c.locator(".jupyter-widgets").count() > 0, f"{name}: no widget view"
-                images = [i for i in output_images(c) if i["src"].startswith("data:image/png")]
-                assert images, f"{name}: no chart image in its widget"
-                chart = max(images, key=lambda i: i["width"] * i["height"])
-                assert chart["complete"] and chart["width"] >= 300 and chart["height"] >= 150, chart
-                assert png_ink(chart["src"]) > 0.01, f"{name}: the chart is blank"
-            summary = memwatch.locator(".jp-Cell-outputArea").inner_text()
-            assert re.search(r"GPU:0 \(simulated\)\s+0 B\s+128\.0 MiB\s+\+128\.0 MiB", summary), summary
-            assert "20 samples/s" in summary, summary
-            table = compare.locator(".jp-Cell-outputArea").inner_text()
-            assert "CPU:0" in table and "GPU:0" in table and "speed-up" in table.lower(), table
-            assert "say nothing about a real GPU" in table, table
+            yield b
         finally:
-            browser.close()
-    assert shot.stat().st_size > 20_000
+            b.close()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fresh_artifacts():
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    yield
+@dataclass
+class Tab:
+    page: Any  # a playwright Page
+    problems: list[str] = field(default_factory=list)  # page errors and console errors
+
+
+@pytest.fixture
+def tab(browser: Any) -> Iterator[Tab]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(20_000)
+    t = Tab(context.new_page())
+    t.page.on("pageerror", lambda e: t.problems.append(f"page error: {e}"))
+    t.page.on("console", lambda m: t.problems.append(f"console error: {m.text}")
+              if m.type == "error" else None)
+    try:
+        yield t
+    finally:
+        context.close()
+
+
+@contextmanager
+def screenshot_on_failure(tab: Tab, name: str) -> Iterator[None]:
+    """A failing test leaves test-artifacts/browser/<name>-FAILED.png and the browser's errors."""
+    try:
+        yield
+    except BaseException:
+        try:
+            screenshot_whole_notebook(tab.page, ARTIFACTS / f"{name}-FAILED.png")
+        except Exception:  # noqa: BLE001 - a debugging aid only
+            pass
+        if tab.problems:
+            print("browser errors:\n" + "\n".join(tab.problems[:30]))
+        raise
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def run_all_watching(page: Any, index: int, timeout: float) -> set[int]:
+    """Run > Run All Cells; while cell `index` runs, collect the distinct chart images it
+    shows. Returns their hashes once every cell has finished."""
+    run_all_cells(page)
+    frames: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        target = cell(page, index)
+        if target.locator(".jp-InputPrompt").inner_text().strip() == "[*]:":
+            frames.update(hash(i["src"]) for i in output_images(target)
+                          if i["src"].startswith("data:image/png"))
+        shown = prompts(page)
+        if shown and all(PROMPT_DONE.match(p) for p in shown):
+            break
+        page.wait_for_timeout(100)
+    wait_cells_done(page, max(1.0, deadline - time.monotonic()))
+    return frames
+
+
+def assert_chart(target: Any, what: str, min_size: tuple[int, int] = (300, 150)) -> None:
+    """A widget view in `target` with a drawn (non-blank) matplotlib PNG in it."""
+    assert target.locator(".jupyter-widgets").count() > 0, f"{what}: no ipywidgets view rendered"
+    imgs = [i for i in output_images(target) if i["src"].startswith("data:image/png;base64,")]
+    assert imgs, f"{what}: no PNG chart inside the widget views"
+    for img in imgs:
+        assert img["complete"] and img["width"] >= min_size[0] and img["height"] >= min_size[1], (
+            f"{what}: chart image not drawn at a useful size: {img['width']}x{img['height']}")
+        ink = png_ink(img["src"])
+        assert ink > 0.01, f"{what}: chart image is blank ({ink:.2%} non-white pixels)"
+
+
+def progress_percent(target: Any) -> float:
+    """How full the (one) ipywidgets progress bar in `target` is drawn, in percent."""
+    bars = target.locator(".widget-hprogress .progress-bar")
+    assert bars.count() == 1, f"expected one progress bar, found {bars.count()}"
+    width = bars.first.evaluate("b => b.style.width")
+    assert width.endswith("%"), f"progress bar width {width!r}"
+    return float(width[:-1])
+
+
+def assert_clean(page: Any) -> None:
+    errors = error_texts(page)
+    assert not errors, "errors shown in the notebook:\n" + "\n---\n".join(errors)
+
+
+# -- tests -------------------------------------------------------------------------------------
+
+def test_control_plain_widgets_render(server: LabServer, tab: Tab) -> None:
+    """The harness itself: an IntProgress and an Output with a matplotlib PNG render."""
+    with screenshot_on_failure(tab, "control"):
+        check_control(server, tab.page)
+
+
+def check_control(server: LabServer, page: Any) -> None:
+    open_notebook(page, server, CONTROL_NOTEBOOK)
+    frames = run_all_watching(page, 1, RUN_TIMEOUT)
+    screenshot_whole_notebook(page, ARTIFACTS / "control.png")
+    out = cell(page, 1)
+    assert_chart(out, "control")
+    assert progress_percent(out) == 100.0, "control: the progress bar did not fill"
+    assert "control summary: 8 frames" in out.inner_text()
+    assert len(frames) >= 2, f"control: the chart did not change while the cell ran ({frames})"
+    assert_clean(page)
+
+
+def test_devlab_memwatch_and_compare_devices_render(server: LabServer, tab: Tab) -> None:
+    """%%memwatch and %%compare_devices (on a simulated GPU) draw their charts in JupyterLab."""
+    with screenshot_on_failure(tab, "devlab-charts"):
+        check_devlab(server, tab.page)
+
+
+def check_devlab(server: LabServer, page: Any) -> None:
+    open_notebook(page, server, DEVLAB_NOTEBOOK)
+    frames = run_all_watching(page, MEMWATCH, RUN_TIMEOUT)
+    shot = screenshot_whole_notebook(page, ARTIFACTS / "devlab-charts.png")
+    assert_clean(page)
+
+    loaded = cell(page, LOADED).inner_text()
+    assert "devlab loaded" in loaded and "/GPU:0" in loaded, loaded
+
+    # %%memwatch: the live chart, the final status line and the summary table.
+    mem = cell(page, MEMWATCH)
+    assert_chart(mem, "%%memwatch")
+    assert len(frames) >= 2, (
+        f"%%memwatch: the chart did not change while the cell ran ({len(frames)} frame(s) seen)")
+    text = mem.inner_text()
+    assert "memory (stopped" in text, f"%%memwatch: no final status line:\n{text}"
+    assert "holding 30 tensors on cuda:0" in text, text
+    summary = mem.locator("table.devlab-memory-summary")
+    assert summary.count() == 1, f"%%memwatch: no summary table:\n{text}"
+    summary_text = summary.inner_text()
+    for word in ("peak", "growth", "still held", "GPU:0"):
+        assert word in summary_text, f"%%memwatch summary lacks {word!r}:\n{summary_text}"
+    assert re.search(r"GPU:0 \(simulated\)\s+0 B\s+60\.0 MiB\s+\+60\.0 MiB\s+60\.0 MiB\s+512\.0 MiB",
+                     summary_text), f"%%memwatch: 30 x 2 MiB under a 512 MiB limit not seen:\n{summary_text}"
+    rate = re.search(r"(\d+) samples/s", text)
+    # Target 20/s (every 50 ms); benchmarks/ measures it. Here: the sampler ran, even on a busy CI.
+    assert rate and int(rate.group(1)) >= 10, f"%%memwatch: sampling rate too low:\n{text}"
+
+    # %%compare_devices: the bar chart, the finished progress and the speed-up table.
+    cmp_cell = cell(page, COMPARE)
+    assert_chart(cmp_cell, "%%compare_devices", min_size=(300, 80))
+    cmp_text = cmp_cell.inner_text()
+    assert "done: 2 devices" in cmp_text, f"%%compare_devices: not finished:\n{cmp_text}"
+    assert progress_percent(cmp_cell) == 100.0, "%%compare_devices: progress bar not full"
+    table = cmp_cell.locator("table.devlab-comparison")
+    assert table.count() == 1, f"%%compare_devices: no comparison table:\n{cmp_text}"
+    rows = table.locator("tbody tr").all_inner_texts()
+    assert len(rows) == 2 and "CPU:0" in rows[0] and "GPU:0" in rows[1], rows
+    assert "speed-up vs" in table.inner_text()
+    assert "say nothing about a real GPU" in cmp_text, f"no simulated-GPU caveat:\n{cmp_text}"
+
+    assert "browser test: all cells ran" in cell(page, LAST).inner_text()
+    assert shot.stat().st_size > 20_000, f"screenshot looks empty: {shot}"
