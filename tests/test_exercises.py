@@ -202,9 +202,12 @@ def test_launch_check_sees_that_cpu_work_is_synchronous() -> None:
 
 def test_launch_check_sees_that_a_simulated_gpu_launches_asynchronously() -> None:
     devlab.config.simulate_gpus(1)
-    a = torch.randn(384, 384, device="cuda:0")
+    # Big enough that the product takes tens of milliseconds: a launch that waited for it
+    # cannot pass for asynchronous, and one that did not cannot look synchronous on a busy
+    # machine (with 384x384 the check failed about one run in three under load).
+    a = torch.randn(1024, 1024, device="cuda:0")
     launch, work = scaling._launch_check(a, a, torch.device("cuda:0"))
-    assert launch < 0.5 * work
+    assert launch < 0.5 * work, (launch, work)
 
 
 def test_scaling_explanation_says_why_there_is_no_speed_up() -> None:
