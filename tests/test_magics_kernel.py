@@ -28,6 +28,7 @@ def cells(tmp_path_factory):
         "after_error": "import torch\ntorch.get_default_device(), torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()",
         "line_on": f"%placement_log on --limit 5 --file {logfile}",
         "logged": "w = torch.ones(3)\nfor _ in range(20):\n    w = w + 1",
+        "cell_log_while_on": "%%placement_log\nw * 2",
         "line_off": "%placement_log off",
         "not_logged": "w + 1",
         "python_switch": "import devlab\ndevlab.debugging.set_log_device_placement(True)\nv = torch.zeros(2) * 3\ndevlab.debugging.set_log_device_placement(False)",
@@ -110,6 +111,12 @@ def test_line_switch_logs_every_cell_collapsed_and_to_file(cells) -> None:
     assert "Executing op" not in text(cells["not_logged"])
     saved = cells["logfile"].read_text()
     assert saved.count("Executing op aten::add") == 20
+
+
+def test_a_cell_that_logs_itself_shows_one_log_while_the_switch_is_on(cells) -> None:
+    out = text(cells["cell_log_while_on"])
+    assert out.count("Executing op aten::mul") == 1
+    assert out.count("Placement summary") == 1
 
 
 def test_python_switch_takes_effect_at_once(cells) -> None:

@@ -196,7 +196,9 @@ class PlacementMagics(Magics):
         for log in logs:
             if self.file is not None:
                 _append(log, self.file)
-        logs = [*self._pending, *logs]
+        # A cell that logged itself (%%placement_log, %%device --log) shows that log only, not
+        # the switch's copy of the same ops as well.
+        logs = list(self._pending) or logs
         self._pending.clear()
         limit = self._cell_limit if getattr(self, "_cell_limit", None) is not None else self.limit
         for log in logs:
