@@ -157,6 +157,9 @@ class TimingResult:
                 "mean": self.mean, "repeats": self.repeats, "number": self.number,
                 "warmup": self.warmup, "synchronize": self.synchronize}
 
+    def __repr__(self) -> str:
+        return str(self)
+
     def __str__(self) -> str:
         return (f"{self.label}: {format_seconds(self.median)} per call (median), "
                 f"IQR {format_seconds(self.iqr)}, {self.repeats} x {self.number} calls")
@@ -332,6 +335,9 @@ class Comparison:
             return None
         return ("Simulated GPUs are CPU-backed: their times measure this machine's CPU, "
                 "and say nothing about a real GPU.")
+
+    def __repr__(self) -> str:
+        return str(self)
 
     def __str__(self) -> str:
         speedups = self.speedups

@@ -142,3 +142,32 @@ def test_memory_growth_off_on_a_simulated_gpu_without_a_limit_reserves_what_it_a
     x = torch.ones(1, device="cuda:0")
     assert simulated.memory_stats(0)["reserved"] == torch.cuda.memory_reserved(0) == 512
     del x
+
+
+def test_visible_devices_renumber_simulated_gpus_like_cuda_visible_devices() -> None:
+    config.simulate_gpus(2, memory_limit=64)
+    gpus = config.list_physical_devices("GPU")
+    config.set_visible_devices(gpus[1], "GPU")
+    assert config.get_visible_devices("GPU") == [gpus[1]]
+    assert devlab.num_gpus() == 1 and devlab.try_gpu(1) == torch.device("cpu")
+    assert torch.cuda.device_count() == 1
+    (only,) = config.list_logical_devices("GPU")
+    assert (only.name, only.torch_device, only.physical) == ("/device:GPU:0", torch.device("cuda", 0), gpus[1])
+    with pytest.raises(RuntimeError, match="^Visible devices cannot be modified after being initialized$"):
+        config.set_visible_devices(gpus, "GPU")
+    config.set_visible_devices([gpus[1]], "GPU")  # the same choice again: a no-op
+
+
+def test_memory_growth_on_simulated_gpus_follows_tensorflows_rules() -> None:
+    config.simulate_gpus(1, memory_limit=64)
+    (gpu,) = config.list_physical_devices("GPU")
+    assert config.get_memory_growth(gpu) is True  # PyTorch's caching allocator grows on demand
+    config.set_memory_growth(gpu, False)
+    assert config.get_memory_growth(gpu) is False
+    details = config.get_device_details(gpu)
+    assert details == {"device_name": "Simulated GPU 0 (CPU-backed)", "simulated": True, "total_memory": 64 * 2**20}
+    torch.ones(1, device="cuda:0")  # first use: the runtime starts
+    with pytest.raises(RuntimeError, match="^Physical devices cannot be modified after being initialized$"):
+        config.set_memory_growth(gpu, True)
+    with pytest.raises(RuntimeError, match="^Physical devices cannot be modified after being initialized"):
+        config.simulate_gpus(3)

@@ -53,6 +53,17 @@ def test_03_simulates_two_gpus_and_says_so(nb03) -> None:
     assert "simulates two GPUs" in said and "speeds say nothing about a real GPU" in said
 
 
+def test_03_compare_devices_times_a_cell_on_each_device(nb03) -> None:
+    cell = cell_with(nb03, "%%compare_devices /CPU:0 /GPU:0")
+    assert not errors(cell)
+    assert widgets(cell), "the live timing chart"
+    shown = text(cell)
+    assert re.search(r"CPU:0: .* per call \(median\).* 1\.00x vs CPU:0", shown), shown
+    assert re.search(r"GPU:0 \(simulated\): .* per call \(median\).*x vs CPU:0", shown), shown
+    assert "say nothing about a real GPU" in shown
+    assert "speed-up vs CPU:0" in html(cell)
+
+
 @pytest.mark.parametrize(
     ("call", "must_show"),
     [
@@ -75,8 +86,11 @@ def test_03_each_exercise_shows_a_progress_bar_and_its_table(nb03, call: str, mu
 def test_03_progress_bars_reached_the_end(nb03) -> None:
     state = nb03.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     bars = [m["state"] for m in state.values() if m["model_name"] == "IntProgressModel"]
-    assert len(bars) == 4
-    assert all(b["value"] == b["max"] and b["bar_style"] == "success" for b in bars)
+    exercise_bars = [b for b in bars if b["description"] != "timing"]
+    assert len(exercise_bars) == 4 and len(bars) == 5  # one more: %%compare_devices's
+    assert all(b["value"] == b["max"] and b["bar_style"] == "success" for b in exercise_bars)
+    (timing,) = [b for b in bars if b["description"] == "timing"]
+    assert timing["value"] == timing["max"]
 
 
 def test_03_every_plot_is_a_png(nb03) -> None:
