@@ -22,6 +22,7 @@ class DeviceRow:
     total: int | None
     utilization: int | None
     kind: str  # "real", "simulated" or "hidden"
+    reserved: int | None = None  # where an allocator holds more than is used
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,7 @@ def device_table() -> DeviceTable:
     rows: list[DeviceRow] = []
     logical = config.logical_devices()
     for dev in logical:
-        used, total, util = _reading(dev)
+        used, total, util, reserved = _reading(dev)
         rows.append(
             DeviceRow(
                 dev.device_type,
@@ -71,6 +72,7 @@ def device_table() -> DeviceTable:
                 total,
                 util,
                 "simulated" if dev.simulated else "real",
+                reserved,
             )
         )
     visible = {d.name for d in config.get_visible_devices()}
@@ -80,20 +82,21 @@ def device_table() -> DeviceTable:
     return DeviceTable(rows, config.gpu_status())
 
 
-def _reading(dev: config.LogicalDevice) -> tuple[int | None, int | None, int | None]:
+def _reading(dev: config.LogicalDevice) -> tuple[int | None, int | None, int | None, int | None]:
+    """(used, total, utilisation %, reserved) as far as they are known."""
     if dev.device_type == "CPU":
-        return psutil.Process().memory_info().rss, psutil.virtual_memory().total, None
+        return psutil.Process().memory_info().rss, psutil.virtual_memory().total, None, None
     if dev.simulated:
         stats = simulated.memory_stats(dev.torch_device.index)
-        return stats["allocated"], stats["limit"], None
+        return stats["allocated"], stats["limit"], None, stats.get("reserved")
     if dev.torch_device.type == "cuda":
         index = dev.physical.index
         info = nvml.memory_info(index)
         if info is not None:
-            return info[0], info[1], nvml.utilization(index)
+            return info[0], info[1], nvml.utilization(index), None
         if torch.cuda.is_initialized():
-            return torch.cuda.memory_allocated(index), None, None
-    return None, None, None
+            return torch.cuda.memory_allocated(index), None, None, torch.cuda.memory_reserved(index)
+    return None, None, None, None
 
 
 def _memory(row: DeviceRow) -> str:
@@ -101,6 +104,8 @@ def _memory(row: DeviceRow) -> str:
         return "-"
     used = "?" if row.used is None else _mib(row.used)
     total = "unlimited" if row.total is None else _mib(row.total)
+    if row.reserved is not None and row.reserved != row.used:
+        used += f" ({_mib(row.reserved)} reserved)"
     return f"{used} / {total}"
 
 

@@ -171,3 +171,19 @@ def test_memory_growth_on_simulated_gpus_follows_tensorflows_rules() -> None:
         config.set_memory_growth(gpu, True)
     with pytest.raises(RuntimeError, match="^Physical devices cannot be modified after being initialized"):
         config.simulate_gpus(3)
+
+
+def test_device_table_shows_simulated_gpus_and_what_they_reserve() -> None:
+    config.simulate_gpus(2, memory_limit=64)
+    gpus = config.list_physical_devices("GPU")
+    config.set_memory_growth(gpus[1], False)
+    x = torch.ones(1024, 1024, device="cuda:1")  # 4 MiB
+    table = devlab.device_table().text()
+    lines = table.splitlines()
+    gpu0 = next(line for line in lines if "device:GPU:0" in line)
+    gpu1 = next(line for line in lines if "device:GPU:1" in line)
+    assert "0 MiB / 64 MiB" in gpu0 and gpu0.rstrip().endswith("simulated")
+    assert "4 MiB (64 MiB reserved) / 64 MiB" in gpu1
+    assert lines[-1].startswith("2 simulated GPUs (CPU-backed")
+    assert "device:CPU:0" in table and "real" in table
+    del x
