@@ -119,14 +119,6 @@ class DeviceSpec:
         """A copy with the given fields changed."""
         return dataclasses.replace(self, **changes)
 
-    @property
-    def short_name(self) -> str:
-        """`/GPU:1`: the form the TensorFlow guide writes in code."""
-        if self.device_type is None:
-            return self.to_string()
-        index = "*" if self.device_index is None else str(self.device_index)
-        return f"/{self.device_type}:{index}"
-
     def __str__(self) -> str:
         return self.to_string()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
@@ -128,14 +128,3 @@ def reset_default() -> None:
 def current_default() -> torch.device:
     """The device factories use now."""
     return torch.get_default_device()
-
-
-@contextlib.contextmanager
-def restored_default() -> Iterator[None]:
-    """Whatever happens inside, leave the default device as it was."""
-    before = torch.get_default_device()
-    try:
-        yield
-    finally:
-        if torch.get_default_device() != before:
-            torch.set_default_device(None if before == torch.device("cpu") else before)
