@@ -98,6 +98,7 @@ class PlacementLog(TorchDispatchMode):
     def __init__(self, stream: IO[str] | None = None) -> None:
         super().__init__()
         self._raw: list[tuple[Any, ...]] = []
+        self._streamed = 0  # lines already written to `stream`
         self.stream = stream
         self._sim_current = simulated.current_index if simulated.is_active() else None
 
@@ -156,10 +157,15 @@ class PlacementLog(TorchDispatchMode):
         if self.stream is not None:
             self._flush_stream()
 
+    def host_sync(self, device: torch.device, reason: str) -> None:
+        """Record a host sync seen outside dispatch (printing turns dispatch modes off)."""
+        self._record_sync(device, reason)
+        if self.stream is not None:
+            self._flush_stream()
+
     def _flush_stream(self) -> None:
         assert self.stream is not None
-        start = getattr(self, "_streamed", 0)
-        for raw in self._raw[start:]:
+        for raw in self._raw[self._streamed:]:
             self.stream.write(_event(raw).text() + "\n")
         self._streamed = len(self._raw)
 
@@ -192,10 +198,10 @@ class PlacementLog(TorchDispatchMode):
                 notes += 1
         return Summary(dict(ops), copies, copied, syncs, notes)
 
-    def save(self, path: str | Path) -> Path:
-        """Write every line and the summary to a text file."""
+    def save(self, path: str | Path, append: bool = False) -> Path:
+        """Write every line and the summary to a text file (after what it holds, if `append`)."""
         path = Path(path)
-        with path.open("w") as f:
+        with path.open("a" if append else "w") as f:
             for raw in self._raw:
                 f.write(_event(raw).text() + "\n")
             f.write(self.summary().text() + "\n")
@@ -239,21 +245,19 @@ class PlacementLog(TorchDispatchMode):
     def __repr__(self) -> str:
         return self.render_text()
 
-    def _collapse(self, limit: int) -> tuple[list[Event], list[Event]]:
+    def _collapse(self, limit: int) -> tuple[list[Event], Counter[str]]:
+        """The first `limit` lines as events, and how many lines of each kind are left out."""
         if limit < 0:
             raise ValueError(f"limit is the number of log lines to show, 0 or more; got {limit}.")
-        if len(self._raw) <= limit:
-            return self.events, []
-        head = [_event(raw) for raw in self._raw[:limit]]
-        rest = [_event(raw) for raw in self._raw[limit:]]
-        return head, rest
+        shown = [_event(raw) for raw in self._raw[:limit]]
+        return shown, Counter(raw[0] for raw in self._raw[limit:])
 
     @staticmethod
-    def _hidden_text(hidden: list[Event]) -> str:
-        kinds = Counter(e.kind for e in hidden)
+    def _hidden_text(hidden: Counter[str]) -> str:
+        n = sum(hidden.values())
         return (
-            f"… {len(hidden):,} more line{_s(len(hidden))} not shown "
-            f"({kinds[COPY]:,} cop{'y' if kinds[COPY] == 1 else 'ies'}, {kinds[SYNC]:,} host sync{_s(kinds[SYNC])} among them; "
+            f"… {n:,} more line{_s(n)} not shown "
+            f"({hidden[COPY]:,} cop{'y' if hidden[COPY] == 1 else 'ies'}, {hidden[SYNC]:,} host sync{_s(hidden[SYNC])} among them; "
             "save the whole log with log.save(path) or %placement_log --file PATH)"
         )
 
@@ -323,9 +327,7 @@ def _logged_str(self: torch.Tensor, *args: Any, **kwargs: Any) -> str:
     device = self.device
     if device.type != "cpu":
         for log in active_logs():
-            log._record_sync(device, "printing a device tensor copies it to the host")
-            if log.stream is not None:
-                log._flush_stream()
+            log.host_sync(device, "printing a device tensor copies it to the host")
     return _original_str(self, *args, **kwargs)
 
 

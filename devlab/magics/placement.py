@@ -40,6 +40,7 @@ class PlacementMagics(Magics):
         self.limit = DEFAULT_LIMIT
         self.file: Path | None = None
         self._pending: list[PlacementLog] = []
+        self._cell_limit: int | None = None  # a cell magic's own --limit
         self._depth = 0
 
     # -- %device / %%device ------------------------------------------------------------------
@@ -178,7 +179,7 @@ class PlacementMagics(Magics):
             finally:
                 self._pending.append(log)
                 if file is not None:
-                    _append(log, Path(file))
+                    log.save(file, append=True)
                 self._cell_limit = limit
 
     # -- cell hooks (registered by the extension) ----------------------------------------------
@@ -189,23 +190,17 @@ class PlacementMagics(Magics):
             debugging.start_log()
 
     def post_run_cell(self, result: Any = None) -> None:
+        debugging.finish_log()
         logs = debugging.take_finished()
-        running = debugging.finish_log() if debugging.get_log_device_placement() else None
-        if running is not None:
-            logs = [*logs, *debugging.take_finished()]
-        for log in logs:
-            if self.file is not None:
-                _append(log, self.file)
+        if self.file is not None:
+            for log in logs:
+                log.save(self.file, append=True)
         # A cell that logged itself (%%placement_log, %%device --log) shows that log only, not
         # the switch's copy of the same ops as well.
         logs = list(self._pending) or logs
         self._pending.clear()
-        limit = self._cell_limit if getattr(self, "_cell_limit", None) is not None else self.limit
+        limit = self._cell_limit if self._cell_limit is not None else self.limit
         for log in logs:
             if len(log):
                 display(LogView(log, limit))
 
-
-def _append(log: PlacementLog, path: Path) -> None:
-    with path.open("a") as f:
-        f.write("\n".join(log.lines()) + "\n" + log.summary().text() + "\n")
