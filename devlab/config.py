@@ -401,10 +401,7 @@ def simulate_gpus(count: int, memory_limit: int | None = None) -> None:
             "Physical devices cannot be modified after being initialized "
             "(choose simulated GPUs before placing work, or call devlab.config.stop_simulation() first)."
         )
-    if simulated.is_active():
-        simulated.stop()
-    for name in [n for n in _settings.logical if "GPU" in n]:
-        del _settings.logical[name]
+    stop_simulation()  # a new set of simulated GPUs starts with none of the old one's settings
     _settings.simulated_gpus = count
     _settings.simulated_memory_mb = memory_limit
     _settings.visible = None

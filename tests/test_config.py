@@ -187,3 +187,15 @@ def test_device_table_shows_simulated_gpus_and_what_they_reserve() -> None:
     assert lines[-1].startswith("2 simulated GPUs (CPU-backed")
     assert "device:CPU:0" in table and "real" in table
     del x
+
+
+def test_simulating_again_before_first_use_forgets_the_old_gpus_settings() -> None:
+    config.simulate_gpus(2)
+    old = config.list_physical_devices("GPU")
+    config.set_memory_growth(old[0], False)
+    config.set_logical_device_configuration(old[1], [LogicalDeviceConfiguration(memory_limit=8)] * 2)
+    config.simulate_gpus(3)
+    new = config.list_physical_devices("GPU")
+    assert len(new) == 3 and len(config.logical_devices("GPU")) == 3
+    assert config.get_memory_growth(new[0]) is True
+    assert config.get_logical_device_configuration(new[1]) is None
