@@ -834,37 +834,7 @@ class SimulationMode(TorchFunctionMode):
                 if cur is not None and cur.type == "cuda":
                     return _routed(func, args, kwargs, cur)
                 return _run(func, args, kwargs)
-            if kwargs or _tf_stack_len():
-                index, cpu_in = _guarded_op_device(func, args, kwargs)
-            else:
-                index = None
-                cpu_in = None
-                bad = False
-                for a in args:
-                    if type(a) in _PLAIN:
-                        try:
-                            st = a.untyped_storage()
-                        except _state.STORAGE_ERRORS:
-                            continue
-                        m = getattr(st, MARK, None)
-                        if m is not None and m.session is sess:
-                            if index is None:
-                                index = m.index
-                            elif m.index != index:
-                                bad = True
-                        else:
-                            if cpu_in is None:
-                                cpu_in = [st]
-                            else:
-                                cpu_in.append(st)
-                            if a.dim() != 0:
-                                bad = True
-                    elif isinstance(a, (Tensor, list, tuple)):  # subclasses, lists: the long way
-                        index, cpu_in = _op_device(func, args, kwargs)
-                        bad = False
-                        break
-                if bad and index is not None:
-                    index, cpu_in = _op_device(func, args, kwargs)  # raises unless allowed
+            index, cpu_in = _guarded_op_device(func, args, kwargs)
             if index is None:
                 try:
                     return func(*args, **kwargs)
