@@ -797,8 +797,8 @@ class SimulationMode(TorchFunctionMode):
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-        # Runs for every torch call in this thread: the common case (plain tensors in, one
-        # tensor out) is written out inline; everything else goes to the helpers above.
+        # Runs for every torch call in this thread: attribute getters and calls with no
+        # simulated tensor leave early; an op's device comes from _guarded_op_device.
         sess = _state.session
         if kwargs is None:
             kwargs = {}
