@@ -797,8 +797,9 @@ class SimulationMode(TorchFunctionMode):
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-        # Runs for every torch call in this thread: attribute getters and calls with no
-        # simulated tensor leave early; an op's device comes from _guarded_op_device.
+        # Runs for every torch call in this thread: attribute getters leave early, handlers
+        # take the calls that need more (moves, factories, .numpy), and every other op gets
+        # its device from _guarded_op_device and runs there.
         sess = _state.session
         if kwargs is None:
             kwargs = {}
