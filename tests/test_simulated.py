@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import devlab
 from devlab import runtime, simulated
-from devlab.simulated import _mode, _workers
+from devlab.simulated import _launch, _workers
 
 MIB = 1024 * 1024
 
@@ -103,7 +103,7 @@ def test_benchmark_timer_measures_simulated_gpu_work(two) -> None:
     from devlab import timing
 
     x = torch.randn(512, 512, device="cuda:0")
-    assert x.numel() * x.shape[1] >= _mode.ASYNC_MIN_MACS  # launched asynchronously
+    assert x.numel() * x.shape[1] >= _launch.MIN_MACS  # launched asynchronously
     ours = timing.time_on_device(lambda: x @ x, torch.device("cuda", 0), as_default=False,
                                  min_time=0.3).median
     timer = benchmark.Timer("x @ x", globals={"x": x}).blocked_autorange(min_run_time=0.3)
@@ -637,7 +637,7 @@ def test_dataloader_pins_batches_in_its_own_thread(two) -> None:
 # --- asynchronous launch --------------------------------------------------------------------
 
 def test_heavy_products_launch_asynchronously_and_host_reads_wait(two, monkeypatch) -> None:
-    monkeypatch.setattr(_mode, "ASYNC_MIN_MACS", 1)
+    monkeypatch.setattr(_launch, "MIN_MACS", 1)
     a = torch.randn(64, 64, device="cuda:0")
     expected = (a.cpu() @ a.cpu()).sum().item()
     gate = threading.Event()
@@ -880,7 +880,9 @@ def test_stop_after_errors_and_a_failed_start(monkeypatch) -> None:
     def broken(p) -> None:
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(simulated._patches, "patch_device_context", broken)
+    from devlab.simulated import _factories
+
+    monkeypatch.setattr(_factories, "install", broken)
     with pytest.raises(RuntimeError, match="injected"):
         simulated.start(2)
     assert not simulated.is_active()

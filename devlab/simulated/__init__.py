@@ -1,21 +1,22 @@
 """Simulated GPUs: ordinary PyTorch code behaves as on a machine with N GPUs, on the CPU.
 
-A simulated GPU's tensor is a CPU tensor whose storage is marked with the GPU's index; while
-the simulation runs, `Tensor.device`/`is_cuda`/`get_device` report the mark, `torch.cuda`
-(and `torch.accelerator`) answer for the simulated GPUs, and a TorchFunctionMode routes
-`device="cuda:N"`, `.to`, `.cuda`, `.cpu`, checks that an op's tensors share one device and
-marks its outputs. Each GPU accounts the bytes of its storages (with CUDA's 512-byte blocks)
-and can have a memory limit. Heavy matrix products run asynchronously on one worker thread
-per GPU. `nn.DataParallel` and `nn.parallel.scatter/gather` work. Values are real (computed
-on the CPU); speed says nothing about a real GPU.
+A simulated GPU's tensor is a CPU tensor whose storage is marked with the GPU's index
+(`_marks`); while the simulation runs, `Tensor.device`/`is_cuda`/`get_device` report the mark
+(`_tensor`), `torch.cuda` and `torch.accelerator` answer for the simulated GPUs (`_cuda`), and a
+TorchFunctionMode on every routed thread (`_routing`, `_threads`) places each op where its
+tensors are (`_ops`), moves tensors (`_moves`), runs backward passes routed (`_autograd`) and
+launches heavy products asynchronously on one worker per GPU (`_launch`, `_workers`). Where
+torch asks C++ about devices, the simulation answers (`_queries`); autocast for "cuda" casts as
+on a GPU (`_amp`); torch.save/load keep devices (`_serialization`); DataParallel works
+(`_parallel`). Each GPU counts its bytes, with an optional limit. Values are real (computed on
+the CPU); speed says nothing about a real GPU. Every change to torch goes through one undo log
+(`_patcher`), and stop() puts torch back exactly.
 
-Limits: the routing mode lives on the thread that called `start()` (torch function modes are
-per-thread), so new work with `device="cuda"` is routed only in that thread, in threads that
-enter `thread_routing()`, in DataLoader's pin-memory thread and in DataParallel's replicas;
-reading `.device` of existing tensors works everywhere. `torch.device(0)` and
-`torch.Generator(device="cuda")` are C++ constructors and still fail. CUDA graphs, NCCL,
-`torch.compile` for CUDA, cuDNN, autocast to half precision and sparse tensors are not
-simulated (sparse ones are refused). One stream per GPU.
+Limits: a thread started before the simulation is not routed (`thread_routing()` routes it;
+without it, making a GPU tensor there fails with one line saying so).
+`torch.Generator(device="cuda")`, CUDA graphs, NCCL, `torch.compile` for CUDA, cuDNN and sparse
+tensors are not simulated (sparse ones are refused; the others fail with an error naming the
+limit). One stream per GPU.
 """
 
 from __future__ import annotations
@@ -23,16 +24,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import torch
-from torch.overrides import _pop_mode, _push_mode
 
-from . import _mode, _parallel, _patches, _state, _workers
-from ._patches import SimulatedDeviceProperties
-from ._state import current_index, index_of
+from . import _launch, _requirements, _session, _workers
+from ._marks import index_of
+from ._session import current_index
 
 __all__ = [
-    "SimulatedDeviceProperties",
     "current_index",
     "device_count",
     "index_of",
@@ -48,9 +48,9 @@ __all__ = [
 ]
 
 _control_lock = threading.RLock()
-_patcher: _patches.Patcher | None = None
-_mode_instance: _mode.SimulationMode | None = None
-_mode_thread: int | None = None
+_patcher: Any = None  # the running simulation's _patcher.Patcher
+_start_mode: Any = None  # the mode start() put on its thread's stack
+_start_thread: int | None = None
 _MB = 1024 * 1024
 
 
@@ -73,45 +73,55 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
     """Simulate `count` GPUs (one memory limit in MB per GPU; None = unlimited).
 
     Calling it again before any simulated tensor exists replaces the configuration.
-    `asynchronous=False` runs every op synchronously on the calling thread.
+    `asynchronous=False` runs every op synchronously on the calling thread. Refuses on a
+    machine with real CUDA GPUs, and on a torch that lacks what the simulation relies on.
     """
-    global _patcher, _mode_instance, _mode_thread
+    global _patcher, _start_mode, _start_thread
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"count must be a positive integer, got {count!r}")
     limits = _limits_bytes(count, memory_limits_mb)
     with _control_lock:
-        if _state.session is not None:
-            if _state.session.used:
+        if _session.session is not None:
+            if _session.session.used:
                 raise RuntimeError(
                     "Simulated GPUs cannot be modified after being initialized")
             stop()
         if torch.cuda.is_available():
             raise RuntimeError("real CUDA GPUs are available: devlab does not simulate GPUs "
                                "on a machine that has them")
-        # A stop() from another thread could only make this thread's old mode inert.
+        _requirements.check()
+        # Only now: these modules reach into torch internals the check has vouched for.
+        from . import (
+            _amp,
+            _cuda,
+            _factories,
+            _parallel,
+            _queries,
+            _routing,
+            _serialization,
+            _tensor,
+            _threads,
+        )
+        from ._patcher import Patcher
+
+        # A stop() from another thread could only disarm this thread's old mode.
         for old in torch.overrides._get_current_function_mode_stack():
-            if isinstance(old, _mode.SimulationMode) and old.inert:
-                _remove_mode(old)
-        patcher = _patches.Patcher()
-        mode = _mode.SimulationMode()
+            if isinstance(old, _routing.SimulationMode) and old.inert:
+                _threads.remove_mode(old)
+        patcher = Patcher()
         try:
-            _patches.patch_tensor(patcher)
-            _patches.patch_cuda(patcher)
-            _patches.patch_device_context(patcher)
-            _patches.patch_threads(patcher)
-            _parallel.patch_parallel(patcher)
-            _patches.register_serialization()
-            _state.session = _state.Session(limits)
-            _state.tls.device = 0
-            _push_mode(mode)
+            for module in (_tensor, _cuda, _queries, _factories, _amp, _threads, _parallel,
+                           _serialization):
+                module.install(patcher)
+            _session.session = _session.Session(limits)
+            _session.forget_thread_state()
+            mode = _threads.push_routing()
         except BaseException:
-            _state.session = None
-            _patches.unregister_serialization()
+            _session.session = None
             patcher.restore()
             raise
-        _patcher, _mode_instance, _mode_thread = patcher, mode, threading.get_ident()
-        _mode.active_mode = mode
-        _mode.set_asynchronous(asynchronous)
+        _patcher, _start_mode, _start_thread = patcher, mode, threading.get_ident()
+        _launch.enabled = asynchronous
 
 
 def reconfigure(memory_limits_mb: list[int | None],
@@ -127,7 +137,7 @@ def reconfigure(memory_limits_mb: list[int | None],
     Allowed only before the first simulated tensor, as TensorFlow's logical devices are.
     """
     with _control_lock:
-        sess = _state.session
+        sess = _session.session
         if sess is None:
             raise RuntimeError("GPU simulation is not running: call start() first")
         if sess.used:
@@ -139,48 +149,31 @@ def reconfigure(memory_limits_mb: list[int | None],
         if growth is not None and len(growth) != len(limits):
             raise ValueError(f"memory_growth has {len(growth)} entries for {len(limits)} "
                              "simulated GPUs")
-        new = _state.Session(_limits_bytes(len(limits), limits), growth)
-        _state.session = new
-        if _mode.current_device() >= new.count:
-            _state.tls.device = 0
-
-
-def _remove_mode(mode: _mode.SimulationMode) -> bool:
-    """Take `mode` off this thread's torch function mode stack, keeping the others in order."""
-    above = []
-    found = False
-    while torch._C._len_torch_function_stack():
-        m = _pop_mode()
-        if m is mode:
-            found = True
-            break
-        above.append(m)
-    for m in reversed(above):
-        _push_mode(m)
-    return found
+        sess.configure(_limits_bytes(len(limits), limits), growth)
+        if _session.current_device() >= sess.count:
+            _session.tls.device = 0
 
 
 def stop() -> None:
     """Return torch to exactly its normal behaviour: every patch and mode removed.
 
     Call it from the thread that called start(): another thread cannot take the routing mode
-    off that thread's stack, so it only disarms it (it passes every call through unchanged
-    until the next start() there removes it).
+    off that thread's stack, so it only disarms it (the mode passes every call through, and
+    the next start() there removes it). Modes of other threads are disarmed the same way.
     """
-    global _patcher, _mode_instance, _mode_thread
+    global _patcher, _start_mode, _start_thread
     with _control_lock:
         errors: list[BaseException] = []
         try:
             _workers.shutdown()
         except BaseException as e:
             errors.append(e)
-        mode = _mode_instance
-        if mode is not None:
-            mode.inert = True
-            if threading.get_ident() == _mode_thread:
-                _remove_mode(mode)
-        _mode_instance = _mode_thread = None
-        _mode.active_mode = None
+        mode = _start_mode
+        if mode is not None and threading.get_ident() == _start_thread:
+            from . import _threads
+
+            _threads.remove_mode(mode)
+        _start_mode = _start_thread = None
         # A default device naming a simulated GPU would make every factory fail afterwards.
         cur = torch.utils._device.CURRENT_DEVICE
         if cur is not None and cur.type == "cuda":
@@ -188,53 +181,50 @@ def stop() -> None:
                 torch.set_default_device(None)
             except BaseException as e:
                 errors.append(e)
-        _patches.unregister_serialization()
         if _patcher is not None:
             try:
                 _patcher.restore()
             except BaseException as e:
                 errors.append(e)
             _patcher = None
-        _state.session = None
-        _state.tls.__dict__.pop("device", None)
-        _state.tls.__dict__.pop("index", None)
-        _mode.set_asynchronous(False)
+        _session.session = None
+        _session.forget_thread_state()
+        _launch.enabled = False
         if errors:
             raise errors[0]
 
 
 @contextlib.contextmanager
 def thread_routing() -> Iterator[None]:
-    """Route simulated-GPU work in the current thread too (modes are per-thread).
-
-    `start()` puts the routing mode on the thread that called it; another thread of yours
-    that creates tensors with `device="cuda:N"` runs its work inside this block.
-    """
-    if _state.session is None:
+    """Route simulated-GPU work in the current thread, which was started before the simulation
+    (every thread started while it runs is routed already)."""
+    if _session.session is None:
         raise RuntimeError("GPU simulation is not running: call start() first")
-    with _mode.SimulationMode():
+    from . import _threads
+
+    with _threads.routing():
         yield
 
 
 def is_active() -> bool:
     """True while GPUs are simulated."""
-    return _state.session is not None
+    return _session.session is not None
 
 
 def device_count() -> int:
     """Number of simulated GPUs (0 when not simulating)."""
-    sess = _state.session
+    sess = _session.session
     return sess.count if sess is not None else 0
 
 
 def is_used() -> bool:
     """True once a simulated tensor has been created since start()."""
-    sess = _state.session
+    sess = _session.session
     return bool(sess is not None and sess.used)
 
 
-def _device(index: int) -> _state.DeviceState:
-    sess = _state.session
+def _device(index: int) -> _session.DeviceState:
+    sess = _session.session
     if sess is None:
         raise RuntimeError("GPU simulation is not running")
     if not 0 <= index < sess.count:
@@ -247,7 +237,7 @@ def memory_stats(index: int) -> dict[str, int | None]:
     and reserved: what is allocated, or the whole limit when the GPU reserves it up front
     (memory growth off, see `reconfigure`)."""
     dev = _device(index)
-    with _state.lock:
+    with _session.lock:
         return {"allocated": dev.allocated, "peak": dev.peak, "limit": dev.limit,
                 "reserved": dev.reserved}
 
@@ -255,7 +245,7 @@ def memory_stats(index: int) -> dict[str, int | None]:
 def reset_peak(index: int) -> None:
     """Start peak tracking of simulated GPU `index` afresh from what is allocated now."""
     dev = _device(index)
-    with _state.lock:
+    with _session.lock:
         dev.peak = dev.allocated
 
 

@@ -21,20 +21,16 @@ import torch
 import torch.cuda.comm  # noqa: F401 - loaded now, so start() patches it without importing it
 from torch._utils import ExceptionWrapper
 
-from . import _mode
+from . import _devices, _session
+from ._patcher import Patcher
 
 Tensor = torch.Tensor
 
 
 def _gpu(device: Any) -> torch.device:
-    if isinstance(device, torch.device):
-        index = device.index
-    elif isinstance(device, str):
-        index = torch.device(device).index
-    else:
-        index = device
-    return torch.device("cuda", _mode.checked_index(_mode.current_device() if index is None
-                                                     else int(index)))
+    _, index = _devices.parse(device)
+    return torch.device("cuda", _devices.checked_ordinal(
+        _session.current_device() if index is None else int(index)))
 
 
 def _target(device: Any) -> torch.device:
@@ -145,18 +141,19 @@ def parallel_apply(modules: Sequence[torch.nn.Module], inputs: Sequence[Any],
                device: Any) -> None:
         torch.set_grad_enabled(grad_enabled)
         try:
-            with _mode.SimulationMode():
-                if device is None:
-                    t = _module("torch.nn.parallel.parallel_apply").get_a_var(input)
-                    device = t.get_device() if t is not None else None
-                index = _gpu(device).index
-                prev = _mode.current_device()
-                _mode.tls.device = index
-                try:
-                    args = input if isinstance(input, (list, tuple)) else (input,)
-                    output = module(*args, **kwargs)
-                finally:
-                    _mode.tls.device = prev
+            # A thread started while simulating is routed (_threads); a one-replica call runs
+            # here, in the caller's routed thread.
+            if device is None:
+                t = _module("torch.nn.parallel.parallel_apply").get_a_var(input)
+                device = t.get_device() if t is not None else None
+            index = _gpu(device).index
+            prev = _session.current_device()
+            _session.tls.device = index
+            try:
+                args = input if isinstance(input, (list, tuple)) else (input,)
+                output = module(*args, **kwargs)
+            finally:
+                _session.tls.device = prev
             with lock:
                 results[i] = output
         except Exception:
@@ -189,7 +186,7 @@ def _module(name: str) -> Any:
     return sys.modules[name]
 
 
-def patch_parallel(p: Any) -> None:
+def install(p: Patcher) -> None:
     par, fn, comm, dp, pa, sg = (_module("torch.nn.parallel" + n) for n in (
         "", "._functions", ".comm", ".data_parallel", ".parallel_apply", ".scatter_gather"))
 

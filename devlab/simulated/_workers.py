@@ -1,15 +1,16 @@
-"""One worker thread per simulated GPU: asynchronous launch of heavy ops.
+"""One worker thread per simulated GPU: the GPU's queue, as a CUDA stream is.
 
-A real GPU runs kernels asynchronously: `x.mm(x)` returns at once and the host only waits at
-a sync point (`.item()`, printing, `.cpu()`, `torch.cuda.synchronize()`). Here the heavy
-no-autograd ops (matrix products) go to the worker of their simulated GPU, which runs them
-with its own share of the CPU cores; their output is allocated (and accounted) up front, and
-every later op that touches that GPU's tensors waits for its queue first. So work on two
-simulated GPUs overlaps, as in d2l's two-GPU scaling exercise.
+A real GPU runs kernels asynchronously: `x.mm(x)` returns at once and the host only waits at a
+sync point (`.item()`, printing, `.cpu()`, `torch.cuda.synchronize()`). `_launch` queues heavy
+ops here; each worker runs its GPU's queue in order with its own share of the CPU cores, so
+work on two simulated GPUs overlaps. An error in queued work surfaces at the next sync, as a
+CUDA error does. At interpreter exit the queues drain and the threads end (a thread left
+inside torch at exit aborts the process); a forked child starts with no workers.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
@@ -17,14 +18,17 @@ from collections.abc import Callable
 
 import torch
 
-from . import _state
+from . import _session
 
-# Launched-but-unfinished ops over all workers, and whether a worker holds an error: the
-# fast path of wait() reads just these two.
+# Launched-but-unfinished ops over all workers, and whether a worker holds an error: busy()
+# reads just these two on every op.
 _pending_total = 0
 _has_error = False
 _lock = threading.Lock()
 _workers: dict[int, _Worker] = {}
+
+# Threads the simulation starts for itself, which must not route work (see _threads).
+UNROUTED = "_devlab_unrouted"
 
 
 def cpu_cores() -> int:
@@ -44,13 +48,14 @@ class _Worker:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"devlab-simulated-gpu{index}",
                                        daemon=True)
+        setattr(self.thread, UNROUTED, True)
         self.thread.start()
 
     def _run(self) -> None:
         global _pending_total, _has_error
         # Per-thread: the main thread keeps all cores for its own (synchronous) work.
         torch.set_num_threads(self.threads)
-        _state.tls.index = self.index
+        _session.tls.index = self.index
         while True:
             fn = self.queue.get()
             if fn is None:
@@ -90,11 +95,16 @@ class _Worker:
             raise err
 
 
+def busy() -> bool:
+    """True while any GPU has queued work or an error not yet reported."""
+    return bool(_pending_total or _has_error)
+
+
 def submit(index: int, fn: Callable[[], None]) -> None:
     """Queue fn on simulated GPU `index`'s worker (started on first use)."""
     w = _workers.get(index)
     if w is None:
-        sess = _state.session
+        sess = _session.session
         count = sess.count if sess is not None else 1
         w = _workers[index] = _Worker(index, max(1, cpu_cores() // count))
     w.submit(fn)
@@ -129,7 +139,7 @@ def wait_all() -> None:
 
 
 def shutdown() -> None:
-    """Finish all queued work and end the worker threads (stop())."""
+    """Finish all queued work and end the worker threads (stop(), and interpreter exit)."""
     errors = []
     for w in list(_workers.values()):
         try:
@@ -141,3 +151,24 @@ def shutdown() -> None:
     _workers.clear()
     if errors:
         raise errors[0]
+
+
+def _at_exit() -> None:
+    # An error queued work left behind has nobody to report to any more.
+    try:
+        shutdown()
+    except BaseException:  # noqa: S110 - exit must stay clean
+        pass
+
+
+def _forget_in_child() -> None:
+    """A forked child has none of the parent's threads: start over with no workers."""
+    global _pending_total, _has_error, _lock
+    _lock = threading.Lock()
+    _workers.clear()
+    _pending_total = 0
+    _has_error = False
+
+
+atexit.register(_at_exit)
+os.register_at_fork(after_in_child=_forget_in_child)

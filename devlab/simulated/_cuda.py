@@ -1,155 +1,28 @@
-"""Everything the simulation changes in torch, recorded so that stop() puts back the very
-same objects: Tensor attributes, torch.cuda / torch.accelerator functions, the default-device
-mode, and a storage tagger for torch.save/torch.load.
-"""
+"""`torch.cuda` and `torch.accelerator` for simulated GPUs: the functions and classes a
+program asks about its GPUs, their memory, streams, events and random state."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
-import torch.serialization as _ser
-import torch.utils._device as _torch_device
 
-from . import _mode, _state, _workers
-from ._state import MARK, tls
-
-_MISSING = object()
+from . import _devices, _errors, _session, _workers
+from ._errors import entry
+from ._patcher import Patcher
+from ._session import DeviceState
 
 
-class Patcher:
-    """setattr with a record; restore() undoes every change in reverse order, exactly."""
-
-    def __init__(self) -> None:
-        self._undo: list[tuple[object, str, object]] = []
-
-    def set(self, obj: object, name: str, value: object) -> None:
-        # Only the object's own attribute is saved: an inherited one is "restored" by deleting
-        # ours, so e.g. torch.Tensor.device is again looked up on torch._C.TensorBase.
-        own = vars(obj).get(name, _MISSING)
-        self._undo.append((obj, name, own))
-        setattr(obj, name, value)
-
-    def restore(self) -> None:
-        errors: list[BaseException] = []
-        while self._undo:
-            obj, name, own = self._undo.pop()
-            try:
-                if own is _MISSING:
-                    delattr(obj, name)
-                else:
-                    setattr(obj, name, own)
-            except Exception as e:  # keep restoring the rest
-                errors.append(e)
-        if errors:
-            raise errors[0]
-
-
-# --- Tensor attributes ---------------------------------------------------------------------
-
-_TB = torch._C.TensorBase
-_orig_device = _TB.device
-_orig_is_cuda = _TB.is_cuda
-_orig_is_cpu = _TB.is_cpu
-_orig_get_device = _TB.get_device
-_DisableTF = torch._C.DisableTorchFunction
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def _mark_of(t: torch.Tensor) -> Any:
-    """The live mark of t's storage, read without entering any torch function mode."""
-    s = _state.storage_of(t)
-    m = getattr(s, MARK, None)
-    if m is not None and m.session is _state.session:
-        return m
-    return None
-
-
-def _device(self: torch.Tensor) -> torch.device:
-    m = _mark_of(self)
-    if m is not None:
-        return m.session.devices[m.index].torch_device
-    if type(self) in _PLAIN:
-        with _DisableTF():
-            return _orig_device.__get__(self)
-    return _orig_device.__get__(self)
-
-
-def _is_cuda(self: torch.Tensor) -> bool:
-    return True if _mark_of(self) is not None else _orig_is_cuda.__get__(self)
-
-
-def _is_cpu(self: torch.Tensor) -> bool:
-    return False if _mark_of(self) is not None else _orig_is_cpu.__get__(self)
-
-
-def _get_device(self: torch.Tensor) -> int:
-    m = _mark_of(self)
-    return m.index if m is not None else _orig_get_device(self)
-
-
-_get_device.__doc__ = _orig_get_device.__doc__
-
-
-def patch_tensor(p: Patcher) -> None:
-    p.set(torch.Tensor, "device", property(_device, doc=_orig_device.__doc__))
-    p.set(torch.Tensor, "is_cuda", property(_is_cuda, doc=_orig_is_cuda.__doc__))
-    p.set(torch.Tensor, "is_cpu", property(_is_cpu, doc=_orig_is_cpu.__doc__))
-    p.set(torch.Tensor, "get_device", _get_device)
-
-
-# --- torch.cuda ----------------------------------------------------------------------------
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _entry(fn: _F) -> _F:
-    """A user's call enters the simulation here (torch.cuda.set_device(7), ...): an error
-    raised in torch's name leaves without the simulation's frames (_state.drop_own_frames)."""
-
-    @functools.wraps(fn)
-    def entry(*args: Any, **kwargs: Any) -> Any:
-        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            _state.drop_own_frames(e)
-            raise
-
-    return entry  # type: ignore[return-value]
-
-
-def _session() -> _state.Session:
-    sess = _state.session
-    if sess is None:  # a stale reference to a patched function after stop()
-        raise _state.user_error(RuntimeError("devlab GPU simulation is not running"))
-    return sess
-
-
-def _index(device: Any = None) -> int:
-    """torch.cuda's device argument (None, int, str, torch.device) -> checked index."""
-    if device is None:
-        return _mode.checked_index(_mode.current_device())
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != "cuda":
-            raise _state.user_error(ValueError(f"Expected a cuda device, but got: {device}"))
-        i = _mode.current_device() if device.index is None else device.index
-    else:
-        i = int(device)
-    if i < 0:
-        i = _mode.current_device()
-    sess = _session()
-    if not 0 <= i < sess.count:
-        raise _state.user_error(AssertionError("Invalid device id"))
-    return i
+def _gpu(device: Any = None) -> DeviceState:
+    """The simulated GPU a torch.cuda device argument names (torch.cuda's errors)."""
+    index = _devices.cuda_index(device)
+    return _session.session.devices[index]  # type: ignore[union-attr]  # cuda_index checked
 
 
 def device_name(index: int) -> str:
@@ -158,7 +31,7 @@ def device_name(index: int) -> str:
 
 def total_memory(index: int) -> int:
     """A simulated GPU's capacity: its limit, or the host's memory when unlimited."""
-    lim = _session().devices[index].limit
+    lim = _gpu(index).limit
     if lim is not None:
         return lim
     try:
@@ -188,51 +61,58 @@ class SimulatedDeviceProperties:
                 f"multi_processor_count={self.multi_processor_count}, simulated=True)")
 
 
-@_entry
+@entry
 def is_available() -> bool:
-    return _state.session is not None
+    return _session.session is not None
 
 
-@_entry
+@entry
 def device_count() -> int:
-    sess = _state.session
+    sess = _session.session
     return sess.count if sess is not None else 0
 
 
-@_entry
+@entry
 def current_device() -> int:
-    return _mode.current_device()
+    return _session.current_device()
 
 
-@_entry
-def set_device(device: Any) -> None:
+def _ordinal(device: Any) -> int:
+    """The index torch.cuda.set_device/torch.cuda.device take (-1: none, keep the current)."""
     if device is None:
-        return
-    i = device if isinstance(device, int) else _index(device)
-    if i < 0:  # torch: a negative index is a no-op
-        return
-    tls.device = _mode.checked_index(i)
+        return -1
+    kind, index = _devices.parse(device)
+    if kind != "cuda":
+        raise _errors.not_a_cuda_device(device)
+    return _session.current_device() if index is None else index
 
 
-@_entry
+@entry
+def set_device(device: Any) -> None:
+    i = _ordinal(device)
+    if i >= 0:  # torch: a negative index is a no-op
+        _session.tls.device = _devices.checked_ordinal(i)
+
+
+@entry
 def get_device_name(device: Any = None) -> str:
-    return device_name(_index(device))
+    return device_name(_devices.cuda_index(device))
 
 
-@_entry
+@entry
 def get_device_properties(device: Any = None) -> SimulatedDeviceProperties:
-    i = _index(device)
+    i = _devices.cuda_index(device)
     return SimulatedDeviceProperties(name=device_name(i), total_memory=total_memory(i),
                                      multi_processor_count=_workers.cpu_cores())
 
 
-@_entry
+@entry
 def get_device_capability(device: Any = None) -> tuple[int, int]:
-    _index(device)
+    _devices.cuda_index(device)
     return (0, 0)  # no real compute capability: code gated on one takes its plain path
 
 
-@_entry
+@entry
 def synchronize(device: Any = None) -> None:
     """Wait for the device's queued work; with no device, for every simulated GPU's.
 
@@ -240,43 +120,43 @@ def synchronize(device: Any = None) -> None:
     call it meaning "wait for the GPUs", and waiting for all keeps such timings honest here.
     """
     if device is None:
-        _index(None)
+        _devices.cuda_index(None)
         _workers.wait_all()
     else:
-        _workers.wait(_index(device))
+        _workers.wait(_devices.cuda_index(device))
 
 
-@_entry
+@entry
 def memory_allocated(device: Any = None) -> int:
-    return _session().devices[_index(device)].allocated
+    return _gpu(device).allocated
 
 
-@_entry
+@entry
 def max_memory_allocated(device: Any = None) -> int:
-    return _session().devices[_index(device)].peak
+    return _gpu(device).peak
 
 
-@_entry
+@entry
 def memory_reserved(device: Any = None) -> int:
     """Allocated bytes, or the whole limit of a GPU that reserves it up front (growth off)."""
-    return _session().devices[_index(device)].reserved
+    return _gpu(device).reserved
 
 
-@_entry
+@entry
 def max_memory_reserved(device: Any = None) -> int:
-    return _session().devices[_index(device)].peak_reserved
+    return _gpu(device).peak_reserved
 
 
-@_entry
+@entry
 def reset_peak_memory_stats(device: Any = None) -> None:
-    dev = _session().devices[_index(device)]
-    with _state.lock:
+    dev = _gpu(device)
+    with _session.lock:
         dev.peak = dev.allocated
 
 
-@_entry
+@entry
 def memory_stats(device: Any = None) -> dict[str, int]:
-    dev = _session().devices[_index(device)]
+    dev = _gpu(device)
     return {
         "allocated_bytes.all.current": dev.allocated,
         "allocated_bytes.all.peak": dev.peak,
@@ -285,68 +165,68 @@ def memory_stats(device: Any = None) -> dict[str, int]:
     }
 
 
-@_entry
+@entry
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     """(free, total) bytes: as cudaMemGetInfo, what is reserved is not free."""
-    i = _index(device)
+    i = _devices.cuda_index(device)
     total = total_memory(i)
-    return (max(0, total - _session().devices[i].reserved), total)
+    return (max(0, total - _gpu(i).reserved), total)
 
 
-@_entry
+@entry
 def empty_cache() -> None:
     """Nothing is cached: a simulated GPU frees a storage's bytes when the storage dies."""
 
 
-@_entry
+@entry
 def is_initialized() -> bool:
-    sess = _state.session
+    sess = _session.session
     return bool(sess is not None and sess.used)
 
 
-@_entry
+@entry
 def is_current_stream_capturing() -> bool:
     return False
 
 
-@_entry
+@entry
 def init() -> None:
     """Nothing to initialize for simulated GPUs."""
 
 
 # Simulated GPUs compute on the CPU, so they draw from the CPU generator: seeding "the GPUs"
 # seeds it, and the same seed gives the same values as the same code on the CPU.
-@_entry
+@entry
 def manual_seed(seed: int) -> None:
     torch.default_generator.manual_seed(int(seed))
 
 
-@_entry
+@entry
 def seed() -> None:
     torch.default_generator.seed()
 
 
-@_entry
+@entry
 def initial_seed() -> int:
     return torch.default_generator.initial_seed()
 
 
-@_entry
+@entry
 def get_rng_state(device: Any = "cuda") -> torch.Tensor:
     return torch.get_rng_state()
 
 
-@_entry
+@entry
 def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
     torch.set_rng_state(new_state)
 
 
-@_entry
+@entry
 def get_rng_state_all() -> list[torch.Tensor]:
     return [torch.get_rng_state() for _ in range(device_count())]
 
 
-@_entry
+@entry
 def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
     if new_states:
         torch.set_rng_state(new_states[0])
@@ -355,48 +235,80 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 class device:  # noqa: N801 - stands in for torch.cuda.device
     """`with torch.cuda.device(i):` for simulated GPUs: the thread's current device."""
 
-    @_entry
+    @entry
     def __init__(self, device: Any) -> None:
-        self.idx = -1 if device is None else (device if isinstance(device, int) else
-                                              _index(device))
+        self.idx = _ordinal(device)
         self.prev_idx = -1
 
-    @_entry
+    @entry
     def __enter__(self) -> None:
-        self.prev_idx = _mode.current_device()
+        self.prev_idx = _session.current_device()
         if self.idx >= 0:
-            tls.device = _mode.checked_index(self.idx)
+            _session.tls.device = _devices.checked_ordinal(self.idx)
 
     def __exit__(self, *exc: object) -> None:
         if self.idx >= 0:
-            tls.device = self.prev_idx
+            _session.tls.device = self.prev_idx
 
 
-def _cudnn_is_acceptable(tensor: torch.Tensor) -> bool:
-    return False  # no cuDNN behind a simulated GPU: modules take their plain paths
+class device_of(device):  # noqa: N801
+    """`with torch.cuda.device_of(tensor):` the tensor's device, if it is a simulated GPU."""
+
+    def __init__(self, obj: torch.Tensor) -> None:
+        super().__init__(obj.get_device() if obj.is_cuda else -1)
 
 
-@_entry
+@entry
+def can_device_access_peer(device: Any, peer_device: Any) -> bool:
+    """Simulated GPUs share the host's memory, so each reaches every other."""
+    _devices.cuda_index(device)
+    _devices.cuda_index(peer_device)
+    return True
+
+
+def _lazy_init() -> None:
+    """torch.cuda._lazy_init: torch asks for the CUDA runtime, which no simulated GPU has.
+
+    Torch calls it before it would create a tensor on a CUDA device itself, which happens only
+    where the simulation does not route the call: in a thread that is not routed, or in a call
+    the simulation does not cover. Either way, say so in one line, naming the caller.
+    """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if not _session.is_routed():
+        name = threading.current_thread().name
+        raise _errors.user_error(RuntimeError(
+            f"devlab: thread {name!r} places work on a simulated GPU, but it was started "
+            "before the simulation, so its work is not routed to the simulated GPUs. Start "
+            "the thread after devlab.config.simulate_gpus(), or run its work inside "
+            "`with devlab.simulated.thread_routing():`."))
+    caller = sys._getframe(1)
+    raise _errors.user_error(RuntimeError(
+        f"devlab: {caller.f_code.co_name} (at {caller.f_code.co_filename}:{caller.f_lineno}) "
+        "needs the CUDA runtime, which simulated GPUs do not have (they are the CPU). Run it "
+        "on the CPU, or on a machine with a real GPU."))
+
+
+@entry
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-    i = _index(device)
-    dev = _session().devices[i]
-    lim = "unlimited" if dev.limit is None else _state.format_size(dev.limit)
+    i = _devices.cuda_index(device)
+    dev = _gpu(i)
+    lim = "unlimited" if dev.limit is None else _errors.format_size(dev.limit)
     reserved = ("" if dev.reserved == dev.allocated
-                else f", reserved {_state.format_size(dev.reserved)}")
-    return (f"Simulated GPU {i} (CPU-backed) memory: allocated {_state.format_size(dev.allocated)}"
-            f"{reserved}, peak {_state.format_size(dev.peak)}, limit {lim}\n")
+                else f", reserved {_errors.format_size(dev.reserved)}")
+    return (f"Simulated GPU {i} (CPU-backed) memory: allocated {_errors.format_size(dev.allocated)}"
+            f"{reserved}, peak {_errors.format_size(dev.peak)}, limit {lim}\n")
 
 
 class Stream:
     """A simulated GPU's one stream: its worker's queue (no capture, no priorities)."""
 
-    @_entry
+    @entry
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.device_index = _index(device)
+        self.device_index = _devices.cuda_index(device)
         self.device = torch.device("cuda", self.device_index)
         self.priority = priority
 
-    @_entry
+    @entry
     def synchronize(self) -> None:
         _workers.wait(self.device_index)
 
@@ -409,7 +321,7 @@ class Stream:
     def wait_event(self, event: Any) -> None:
         """As wait_stream."""
 
-    @_entry
+    @entry
     def record_event(self, event: Any = None) -> Event:
         event = event or Event()
         event.record(self)
@@ -443,9 +355,9 @@ class Event:
         self.time: float | None = None
         self.device_index: int | None = None
 
-    @_entry
+    @entry
     def record(self, stream: Any = None) -> None:
-        i = stream.device_index if isinstance(stream, Stream) else _index(None)
+        i = stream.device_index if isinstance(stream, Stream) else _devices.cuda_index(None)
         self.device_index = i
         self.time = None
         _workers.at_queue_end(i, self._stamp)
@@ -456,7 +368,7 @@ class Event:
     def query(self) -> bool:
         return self.time is not None
 
-    @_entry
+    @entry
     def synchronize(self) -> None:
         if self.device_index is not None:
             _workers.wait(self.device_index)
@@ -464,15 +376,15 @@ class Event:
     def wait(self, stream: Any = None) -> None:
         """See Stream.wait_stream."""
 
-    @_entry
+    @entry
     def elapsed_time(self, end_event: Event) -> float:
         if not (self.enable_timing and end_event.enable_timing):
-            raise _state.user_error(RuntimeError(
+            raise _errors.user_error(RuntimeError(
                 "Both events must be created with argument 'enable_timing=True'."))
         self.synchronize()
         end_event.synchronize()
         if self.time is None or end_event.time is None:
-            raise _state.user_error(RuntimeError(
+            raise _errors.user_error(RuntimeError(
                 "Both events must be recorded before calculating elapsed time."))
         return (end_event.time - self.time) * 1000.0
 
@@ -486,7 +398,7 @@ _orig_stream = getattr(torch, "Stream", None)
 
 
 def _cuda_or_none(device: Any) -> bool:
-    return device is None or isinstance(device, int) or torch.device(device).type == "cuda"
+    return device is None or _devices.parse(device)[0] == "cuda"
 
 
 class AcceleratorEvent(Event):
@@ -497,12 +409,12 @@ class AcceleratorEvent(Event):
             return _orig_event(device, **kwargs)
         return super().__new__(cls)
 
-    @_entry
+    @entry
     def __init__(self, device: Any = None, *, enable_timing: bool = False,
                  blocking: bool = False, interprocess: bool = False) -> None:
         super().__init__(enable_timing, blocking, interprocess)
         if device is not None:
-            _index(device)  # a missing GPU fails here, as torch's own check does
+            _devices.cuda_index(device)  # a missing GPU fails here, as torch's own check does
 
     def __repr__(self) -> str:
         where = "" if self.device_index is None else f" device=cuda:{self.device_index}"
@@ -517,12 +429,12 @@ class AcceleratorStream(Stream):
             return _orig_stream(device, **kwargs)
         return super().__new__(cls)
 
-    @_entry
+    @entry
     def __init__(self, device: Any = None, *, priority: int = 0) -> None:
         super().__init__(device, priority)
 
 
-@_entry
+@entry
 def current_stream(device: Any = None) -> Stream:
     return Stream(device)
 
@@ -531,25 +443,25 @@ class _NoStream(contextlib.nullcontext):
     """torch.cuda.stream(s): every simulated GPU has one stream, so nothing to switch."""
 
 
-@_entry
+@entry
 def stream(stream: Any) -> contextlib.AbstractContextManager:
     return _NoStream()
 
 
-@_entry
+@entry
 def set_stream(stream: Stream) -> None:
     """Make `stream` current: with one stream per GPU, that makes its device current."""
     if not isinstance(stream, Stream):
-        raise _state.user_error(TypeError(
+        raise _errors.user_error(TypeError(
             "expected the stream of a simulated GPU (torch.cuda.current_stream()), "
             f"got {type(stream).__name__}"))
-    tls.device = _mode.checked_index(stream.device_index)
+    _session.tls.device = _devices.checked_ordinal(stream.device_index)
 
 
-@_entry
+@entry
 def reset_accumulated_memory_stats(device: Any = None) -> None:
     """A simulated GPU keeps no accumulated (historical) counters: nothing to reset."""
-    _index(device)
+    _devices.cuda_index(device)
 
 
 _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
@@ -591,6 +503,9 @@ _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "stream": stream,
     "set_stream": set_stream,
     "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+    "device_of": device_of,
+    "can_device_access_peer": can_device_access_peer,
+    "_lazy_init": _lazy_init,
 }
 
 
@@ -600,12 +515,12 @@ class device_index(device):  # noqa: N801
     """`with torch.accelerator.device_index(i):`."""
 
 
-@_entry
+@entry
 def current_accelerator(check_available: bool = False) -> torch.device:
     return torch.device("cuda")
 
 
-@_entry
+@entry
 def get_memory_info(device_index: Any = None) -> tuple[int, int]:
     return mem_get_info(device_index)
 
@@ -620,14 +535,14 @@ _SUPPORTED_DTYPES = frozenset(
     if isinstance(d, torch.dtype))
 
 
-@_entry
+@entry
 def accelerator_capability(device: Any = None) -> dict[str, Any]:
     """torch.accelerator.get_device_capability: a simulated GPU holds what the CPU holds."""
-    _index(device)
+    _devices.cuda_index(device)
     return {"supported_dtypes": set(_SUPPORTED_DTYPES)}
 
 
-@_entry
+@entry
 def empty_host_cache() -> None:
     """No pinned-memory cache: pinning for a simulated GPU is a plain copy."""
 
@@ -658,8 +573,7 @@ _ACCEL_FUNCS: dict[str, Callable[..., Any] | type] = {
 }
 
 
-def patch_cuda(p: Patcher) -> None:
-    p.set(torch.backends.cudnn, "is_acceptable", _cudnn_is_acceptable)
+def install(p: Patcher) -> None:
     if _orig_event is not None and _orig_stream is not None:
         p.set(torch, "Event", AcceleratorEvent)
         p.set(torch, "Stream", AcceleratorStream)
@@ -684,105 +598,3 @@ def _defined_in(mod: Any, name: str) -> bool:
     return obj is not None and getattr(obj, "__module__", None) == mod.__name__
 
 
-# --- default device (`with torch.device("cuda:0")`, torch.set_default_device) -------------
-
-_orig_device_context_tf = _torch_device.DeviceContext.__torch_function__
-
-
-def _device_context_tf(self: Any, func: Callable, types: Any, args: tuple = (),
-                       kwargs: dict | None = None) -> Any:
-    """DeviceContext, when it names a simulated GPU: route instead of asking for CUDA.
-
-    The simulation mode already routes the calls it sees; this catches the factories that
-    torch's own Python code calls while that mode is busy with an outer call.
-    """
-    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    kwargs = kwargs or {}
-    if (_state.session is not None and self.device.type == "cuda"
-            and func in _mode._CONSTRUCTORS and kwargs.get("device") is None):
-        try:
-            return _mode._routed(func, args, kwargs, self.device)
-        except Exception as e:  # a user's call may enter the simulation here too
-            _state.drop_own_frames(e)
-            raise
-    return _orig_device_context_tf(self, func, types, args, kwargs)
-
-
-def patch_device_context(p: Patcher) -> None:
-    p.set(_torch_device.DeviceContext, "__torch_function__", _device_context_tf)
-
-
-# --- threads torch starts itself ----------------------------------------------------------
-
-def _wrap_in_routing(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def routed(*args: Any, **kwargs: Any) -> Any:
-        with _mode.SimulationMode():
-            return fn(*args, **kwargs)
-
-    routed.__wrapped__ = fn  # type: ignore[attr-defined]
-    return routed
-
-
-def patch_threads(p: Patcher) -> None:
-    # DataLoader(pin_memory=True, num_workers>0) pins batches in a thread of its own, where
-    # the routing mode of the starting thread is absent.
-    pm = sys.modules.get("torch.utils.data._utils.pin_memory")
-    if pm is not None and hasattr(pm, "_pin_memory_loop"):
-        p.set(pm, "_pin_memory_loop", _wrap_in_routing(pm._pin_memory_loop))
-
-
-# --- torch.save / torch.load ---------------------------------------------------------------
-
-def _untyped(obj: Any) -> Any:
-    return obj._untyped_storage if isinstance(obj, torch.storage.TypedStorage) else obj
-
-
-def _tag(obj: Any) -> str | None:
-    m = _state.storage_mark(_untyped(obj))
-    return f"cuda:{m.index}" if m is not None else None
-
-
-def _restore(obj: Any, location: str) -> Any:
-    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    if _state.session is None or not (location == "cuda" or location.startswith("cuda:")):
-        return None
-    try:
-        return _restore_on(obj, location)
-    except Exception as e:  # torch.load entered the simulation here
-        _state.drop_own_frames(e)
-        raise
-
-
-def _restore_on(obj: Any, location: str) -> Any:
-    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    i = _mode.current_device() if location == "cuda" else int(location.split(":", 1)[1])
-    count = device_count()
-    if i >= count:
-        raise _state.user_error(RuntimeError(
-            f"Attempting to deserialize object on CUDA device {i} but "
-            f"torch.cuda.device_count() is {count}. Please use torch.load with map_location "
-            "to map your storages to an existing device."
-        ))
-    s = _untyped(obj)
-    if _state.storage_mark(s) is None:  # fresh from the file: it now lives on GPU i
-        _state.mark_storages([s], i)
-    return obj
-
-
-# Before torch's own taggers (cpu is priority 10): a marked storage is really a CPU one.
-_SER_PRIORITY = 1
-_registered: tuple | None = None
-
-
-def register_serialization() -> None:
-    global _registered
-    _ser.register_package(_SER_PRIORITY, _tag, _restore)
-    _registered = next(e for e in _ser._package_registry if e[1] is _tag)
-
-
-def unregister_serialization() -> None:
-    global _registered
-    if _registered is not None:
-        with contextlib.suppress(ValueError):
-            _ser._package_registry.remove(_registered)
-        _registered = None

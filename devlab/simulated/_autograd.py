@@ -1,0 +1,164 @@
+"""Backward passes on simulated GPUs.
+
+Torch pops a mode while the mode handles a call, so a backward pass started from the handler
+would run its Python code (autograd.Function.backward, hooks, checkpoint recomputation)
+unrouted: a `torch.zeros(..., device=grad.device)` there would ask a CPU build of torch for
+CUDA. So `backward` and `grad` do what torch.autograd.backward/grad do after their override
+check, with the simulation's mode pushed again. The C++ engine makes gradients unmarked; they
+are marked with their tensors' devices, where CUDA would have made them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import _pop_mode, _push_mode
+
+from . import _errors, _ops, _session, _workers
+from ._marks import index_of
+from ._session import tls
+
+Tensor = torch.Tensor
+_ag = torch.autograd
+
+_BACKWARD_KW = {"gradient", "retain_graph", "create_graph", "inputs"}
+_AUTOGRAD_BACKWARD_KW = {"grad_tensors", "retain_graph", "create_graph", "inputs",
+                         "grad_variables"}
+_GRAD_KW = {"grad_outputs", "retain_graph", "create_graph", "only_inputs", "allow_unused",
+            "is_grads_batched", "materialize_grads"}
+
+
+def _as_tuple(ts: Any) -> tuple | None:
+    """A tensor or a sequence of tensors as a tuple (None: something else)."""
+    if isinstance(ts, Tensor):
+        return (ts,)
+    if isinstance(ts, (list, tuple)) and all(isinstance(t, Tensor) for t in ts):
+        return tuple(ts)
+    return None
+
+
+def _engine(roots: tuple, grad_roots: Any, retain_graph: bool | None, create_graph: bool,
+            inputs: tuple, allow_unused: bool, accumulate_grad: bool) -> tuple:
+    """Run the autograd engine with a simulation mode on this thread's stack."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    from ._routing import SimulationMode  # the mode module dispatches to this one
+
+    if retain_graph is None:
+        retain_graph = create_graph
+    _push_mode(SimulationMode())
+    try:
+        grads = _ag._make_grads(roots, _ag._tensor_or_tensors_to_tuple(grad_roots, len(roots)),
+                                is_grads_batched=False)
+        return _ag.graph._engine_run_backward(
+            roots, grads, retain_graph, create_graph, inputs, allow_unused,
+            accumulate_grad=accumulate_grad)
+    except Exception as e:  # torch's own (a non-scalar loss...)
+        _errors.torch_error(e)
+        raise
+    finally:
+        _pop_mode()
+
+
+def backward(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """Tensor.backward and torch.autograd.backward."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    first = next((i for i in map(index_of, _ops.tensors_of(args, kwargs)) if i is not None),
+                 None)
+    if first is None:
+        return _ops.call(None, func, args, kwargs)
+    known = _BACKWARD_KW if func is Tensor.backward else _AUTOGRAD_BACKWARD_KW
+    roots = _as_tuple(args[0]) if len(args) == 1 else None
+    inputs = kwargs.get("inputs")
+    inputs_tuple = () if inputs is None else _as_tuple(inputs)
+    if roots is None or inputs_tuple is None or not set(kwargs) <= known:
+        # Not a form torch.autograd.backward takes: let torch say what is wrong.
+        return _ops.call(first, func, args, kwargs)
+    _workers.wait_all()
+    grad_roots = (kwargs.get("gradient") if func is Tensor.backward
+                  else kwargs.get("grad_tensors", kwargs.get("grad_variables")))
+    prev = getattr(tls, "index", None)
+    tls.index = first
+    try:
+        _engine(roots, grad_roots, kwargs.get("retain_graph"),
+                bool(kwargs.get("create_graph", False)), inputs_tuple, allow_unused=True,
+                accumulate_grad=True)
+    finally:
+        tls.index = prev
+    for leaf in _leaves(roots):
+        index = index_of(leaf)
+        if index is not None and leaf.grad is not None:
+            _ops.mark_outputs(leaf.grad, index)
+    return None
+
+
+def grad(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """torch.autograd.grad: gradients on their inputs' devices."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
+    outputs = _as_tuple(args[0]) if args else None
+    inputs_tuple = _as_tuple(inputs)
+    if (len(args) != 2 or outputs is None or not inputs_tuple or not set(kwargs) <= _GRAD_KW
+            or kwargs.get("is_grads_batched")):
+        out = _ops.call(None, func, args, kwargs)
+    else:
+        materialize = bool(kwargs.get("materialize_grads", False))
+        allow_unused = kwargs.get("allow_unused")
+        create_graph = bool(kwargs.get("create_graph", False))
+        out = _engine(outputs, kwargs.get("grad_outputs"), kwargs.get("retain_graph"),
+                      create_graph, inputs_tuple,
+                      allow_unused=materialize if allow_unused is None else allow_unused,
+                      accumulate_grad=False)
+        if materialize:
+            out = tuple(torch.zeros_like(i, requires_grad=create_graph) if r is None else r
+                        for r, i in zip(out, inputs_tuple, strict=True))
+    for inp, g in zip(inputs_tuple or (), out, strict=False):
+        i = index_of(inp)
+        if isinstance(g, Tensor) and i is not None:
+            _ops.mark_outputs(g, i)
+    return out
+
+
+def _leaves(roots: tuple) -> list[Tensor]:
+    """The leaf tensors a backward pass from `roots` accumulates gradients into."""
+    leaves = []
+    seen = set()
+    stack = [t.grad_fn for t in roots]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)  # an AccumulateGrad node
+        if var is not None:
+            leaves.append(var)
+        else:
+            stack.extend(nxt for nxt, _ in fn.next_functions)
+    return leaves
+
+
+def register_hook(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """A tensor hook receives a gradient straight from the C++ engine, unmarked: mark it as
+    living where the tensor lives before user code computes with it."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    self, hook = args[0], args[1] if len(args) > 1 else kwargs["hook"]
+    index = index_of(self)
+    if index is None:
+        return _ops.call(None, func, args, kwargs)
+
+    def marked_hook(grad: Tensor) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+        if isinstance(grad, Tensor) and _session.session is not None:
+            _ops.mark_outputs(grad, index)
+        return hook(grad)
+
+    return _ops.call(None, func, (self, marked_hook), {})
+
+
+HANDLERS: dict[Callable, Callable] = {
+    Tensor.backward: backward,
+    torch.autograd.backward: backward,
+    torch.autograd.grad: grad,
+    Tensor.register_hook: register_hook,
+}

@@ -1,0 +1,86 @@
+"""Ops given a device: `torch.ones(3, device="cuda:1")`, and factories under a default device
+(`with torch.device("cuda:1")`, `torch.set_default_device`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._device as _torch_device
+
+from . import _devices, _errors, _marks, _ops, _session, _workers
+from ._patcher import Patcher
+
+CONSTRUCTORS = frozenset(_torch_device._device_constructors())
+
+_SIZED = {torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn, torch.full}
+
+
+def _nbytes(func: Callable, args: tuple, kwargs: dict) -> int:
+    """Bytes a size-taking factory will allocate (0 if unknown), to refuse before allocating."""
+    if func not in _SIZED:
+        return 0
+    try:
+        size = args[0] if (func is torch.full or (len(args) == 1 and not isinstance(args[0], int))) \
+            else args
+        if "size" in kwargs:
+            size = kwargs["size"]
+        n = 1
+        for d in size:
+            n *= int(d)
+        dtype = kwargs.get("dtype") or torch.get_default_dtype()
+        return n * dtype.itemsize
+    except (TypeError, ValueError, IndexError, AttributeError):
+        return 0
+
+
+def place(func: Callable, args: tuple, kwargs: dict, device: Any) -> Any:
+    """Run an op given a device: on the CPU, its outputs marked with that device."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    target = _devices.target(device)
+    if target is _devices.OTHER:
+        return _ops.call(None, func, args, kwargs)
+    if target is _devices.HOST:
+        for i in {_marks.index_of(t) for t in _ops.tensors_of(args, {})} - {None}:
+            _workers.wait(i)
+        return _ops.call(None, func, args, dict(kwargs, device="cpu"))
+    size = _nbytes(func, args, kwargs)
+    if size:
+        _marks.check_fits(target, size)
+    _workers.wait(target)
+    out = _ops.call(target, func, args, dict(kwargs, device="cpu"))
+    _ops.mark_outputs(out, target)
+    return out
+
+
+def default_device() -> torch.device | None:
+    """The default device if it names a simulated GPU (`torch.set_default_device("cuda")`)."""
+    cur = _torch_device.CURRENT_DEVICE
+    return cur if cur is not None and cur.type == "cuda" else None
+
+
+_orig_context_tf = _torch_device.DeviceContext.__torch_function__
+
+
+def _device_context_tf(self: Any, func: Callable, types: Any, args: tuple = (),
+                       kwargs: dict | None = None) -> Any:
+    """DeviceContext, when it names a simulated GPU: route instead of asking for CUDA.
+
+    The simulation mode already routes the calls it sees; this catches the factories that
+    torch's own Python code calls while that mode is busy with an outer call.
+    """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    kwargs = kwargs or {}
+    if (_session.session is not None and self.device.type == "cuda"
+            and func in CONSTRUCTORS and kwargs.get("device") is None):
+        try:
+            return place(func, args, kwargs, self.device)
+        except Exception as e:  # a user's call may enter the simulation here too
+            _errors.drop_own_frames(e)
+            raise
+    return _orig_context_tf(self, func, types, args, kwargs)
+
+
+def install(p: Patcher) -> None:
+    p.set(_torch_device.DeviceContext, "__torch_function__", _device_context_tf)

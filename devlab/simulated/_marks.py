@@ -1,0 +1,153 @@
+"""Which simulated GPU a tensor lives on, and how many bytes each GPU holds.
+
+A simulated GPU's tensor is an ordinary CPU tensor whose *storage* carries a `Mark`. Every
+view of a storage shares one Python storage object while the C++ storage lives (PyObject
+preservation), so a mark set once is seen by views, `.data`, `.detach()` and `Parameter(t)`;
+the mark is also a weak reference to the storage, whose callback returns the bytes to the GPU
+when the C++ storage dies. Bytes are counted in CUDA's 512-byte blocks, so
+`torch.cuda.memory_allocated` reads as on a real GPU.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from . import _errors, _session
+from ._session import DeviceState, Session
+
+MARK = "_devlab_sim"
+BLOCK = 512
+
+_DisableTF = torch._C.DisableTorchFunction
+# Tensor types whose untyped_storage() is torch's own (no __torch_function__ of their own).
+PLAIN = (torch.Tensor, torch.nn.Parameter)
+STORAGE_ERRORS = (RuntimeError, NotImplementedError, TypeError, ValueError)
+
+
+def _release(m: Mark) -> None:
+    """The storage died (weakref callback): its bytes leave the device."""
+    sess = m.session
+    if sess is _session.session:
+        with _session.lock:
+            sess.devices[m.index].allocated -= m.nbytes
+
+
+class Mark(weakref.ref):
+    """What a storage carries: its simulated device, its session and the bytes accounted.
+
+    It is also the weak reference to that storage whose callback gives the bytes back (one
+    object per storage instead of two; CPython drops the callback once it has run, so the
+    storage -> mark -> storage loop does not outlive the storage).
+    """
+
+    __slots__ = ("index", "nbytes", "session")
+
+    def __new__(cls, storage: torch.UntypedStorage, index: int, session: Session,
+                nbytes: int) -> Mark:
+        self = super().__new__(cls, storage, _release)
+        self.index = index
+        self.session = session
+        self.nbytes = nbytes
+        return self
+
+    def __init__(self, storage: torch.UntypedStorage, index: int, session: Session,
+                 nbytes: int) -> None:
+        super().__init__(storage, _release)
+
+
+def live_mark(storage: torch.UntypedStorage | None) -> Mark | None:
+    """The storage's mark if this simulation made it (None: a host storage, or one marked by an
+    earlier simulation)."""
+    m = getattr(storage, MARK, None)
+    if m is not None and m.session is _session.session:
+        return m
+    return None
+
+
+def storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
+    """t's storage, read past every torch function mode and subclass override.
+
+    None for sparse, nested or storage-less tensors, which are never simulated.
+    """
+    try:
+        if type(t) in PLAIN and not torch._C._len_torch_function_stack():
+            return t.untyped_storage()
+        with _DisableTF():
+            return t.untyped_storage()
+    except STORAGE_ERRORS:
+        return None
+
+
+def index_of(t: torch.Tensor) -> int | None:
+    """Simulated GPU index of a tensor; None for a real CPU tensor (or no simulation)."""
+    if _session.session is None:
+        return None
+    m = live_mark(storage_of(t))
+    return m.index if m is not None else None
+
+
+def rounded(nbytes: int) -> int:
+    """Bytes as CUDA's caching allocator hands them out: whole 512-byte blocks."""
+    return (nbytes + BLOCK - 1) & -BLOCK
+
+
+def _charge(dev: DeviceState, nbytes: int) -> None:
+    """Add `nbytes` (may be negative) to a device's count, or raise CUDA's out-of-memory error
+    and change nothing. The caller holds the lock."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    alloc = dev.allocated + nbytes
+    if nbytes > 0 and dev.limit is not None and alloc > dev.limit:
+        raise _errors.out_of_memory(dev, nbytes)
+    dev.allocated = alloc
+    if alloc > dev.peak:
+        dev.peak = alloc
+
+
+def check_fits(index: int, nbytes: int) -> None:
+    """Raise CUDA's out-of-memory error if `nbytes` more would exceed the device's limit
+    (before a factory allocates them)."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    sess = _session.session
+    if sess is None:
+        return
+    dev = sess.devices[index]
+    if dev.limit is not None:
+        nb = rounded(nbytes)
+        with _session.lock:
+            if dev.allocated + nb > dev.limit:
+                raise _errors.out_of_memory(dev, nb)
+
+
+def mark(storages: list[torch.UntypedStorage], index: int) -> None:
+    """Mark fresh storages as living on simulated GPU `index`, all or none: if they do not fit
+    under its limit, raise CUDA's out-of-memory error and mark nothing."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    sess = _session.session
+    if sess is None:
+        return
+    sizes = [rounded(s.nbytes()) for s in storages]
+    with _session.lock:
+        _charge(sess.devices[index], sum(sizes))
+    for s, nb in zip(storages, sizes, strict=True):
+        setattr(s, MARK, Mark(s, index, sess, nb))
+    if not sess.used:
+        _first_use(sess)
+
+
+def recount(storage: torch.UntypedStorage, m: Mark) -> None:
+    """Re-account a marked storage whose size may have changed (resize_, set_, out= ops)."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    nb = rounded(storage.nbytes())
+    if nb != m.nbytes:
+        with _session.lock:
+            _charge(m.session.devices[m.index], nb - m.nbytes)
+            m.nbytes = nb
+
+
+def _first_use(sess: Session) -> None:
+    sess.used = True
+    from devlab import runtime
+
+    runtime.mark_initialized()

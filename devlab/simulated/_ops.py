@@ -1,0 +1,176 @@
+"""How an op runs on a simulated GPU: the device rule, the call, and the marks on its outputs.
+
+The device rule is FakeTensor's `_find_common_device` for simulated GPUs: an op runs where its
+tensors are; tensors of two GPUs, or a GPU tensor with a host tensor that is not a 0-dim
+scalar, are PyTorch's "Expected all tensors to be on the same device" error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import _errors, _session, _workers
+from ._marks import MARK, PLAIN, STORAGE_ERRORS, live_mark, mark, recount, storage_of
+from ._session import tls
+
+Tensor = torch.Tensor
+_DisableTF = torch._C.DisableTorchFunction
+_tf_stack_len = torch._C._len_torch_function_stack
+
+# Ops allowed to mix devices, as on real CUDA: copies, indexing with host indices, and
+# attribute setters such as `p.data = t` (what Module._apply does across devices). Queries that
+# only compare metadata (`_has_compatible_shallow_copy_type` in Module._apply) may look at
+# tensors of two devices too.
+_MIXED_OK_NAMES = frozenset({
+    "__set__", "__get__", "__setitem__", "__getitem__", "index_put_", "index_put", "set_",
+    "_make_subclass", "backward", "copy_", "_has_compatible_shallow_copy_type", "is_same_size",
+    "is_set_to", "swap_tensors", "_version", "register_hook"})
+
+
+def tensors_of(args: tuple, kwargs: dict) -> list[Tensor]:
+    """The tensors among an op's arguments (one level into lists and tuples)."""
+    ts: list[Tensor] = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, Tensor):
+            ts.append(a)
+        elif isinstance(a, (list, tuple)):
+            ts.extend(x for x in a if isinstance(x, Tensor))
+    return ts
+
+
+def _nonscalar(t: Tensor) -> bool:
+    if type(t) in PLAIN:
+        return t.dim() != 0
+    with _DisableTF():
+        return t.dim() != 0
+
+
+def common_device(func: Callable, args: tuple, kwargs: dict) -> tuple[int | None, list | None]:
+    """(the simulated GPU the op runs on, or None for the host; the storages of its host
+    inputs, which an output may alias). Raises PyTorch's mixed-device error."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    sess = _session.session
+    common = None
+    bad = False
+    host: list | None = None
+    plain_lookup = not _tf_stack_len()
+    for t in tensors_of(args, kwargs):
+        try:
+            if plain_lookup and type(t) in PLAIN:
+                s = t.untyped_storage()
+            else:  # past every mode and the subclass's own __torch_function__
+                with _DisableTF():
+                    s = t.untyped_storage()
+        except STORAGE_ERRORS:
+            continue
+        m = getattr(s, MARK, None)
+        if m is not None and m.session is sess:
+            if common is None:
+                common = m.index
+            elif m.index != common:
+                bad = True
+        else:
+            if host is None:
+                host = [s]
+            else:
+                host.append(s)
+            if not bad and _nonscalar(t):
+                bad = True
+    if common is None:
+        return None, None
+    if bad and getattr(func, "__name__", "") not in _MIXED_OK_NAMES:
+        _raise_mixed(tensors_of(args, kwargs))
+    return common, host
+
+
+def _raise_mixed(ts: list[Tensor]) -> None:
+    """PyTorch's TensorIterator message: the first GPU, then the first misfit."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    devs = []
+    for t in ts:
+        m = live_mark(storage_of(t))
+        devs.append((m.index if m is not None else None, t))
+    common = next(i for i, _ in devs if i is not None)
+    for i, t in devs:
+        if i is None:
+            if _nonscalar(t):
+                raise _errors.mixed_devices(common, str(t.device))
+        elif i != common:
+            raise _errors.mixed_devices(common, f"cuda:{i}")
+
+
+def call(index: int | None, func: Callable, args: tuple, kwargs: dict) -> Any:
+    """func(*args, **kwargs) executing on simulated GPU `index` (None: the host), so
+    `current_index()` names it; torch's own errors are marked to end at the user's line."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    prev = getattr(tls, "index", None)
+    tls.index = index
+    try:
+        return func(*args, **kwargs)
+    except Exception as e:
+        _errors.torch_error(e)
+        raise
+    finally:
+        tls.index = prev
+
+
+def reads_values(func: Callable) -> bool:
+    """False for attribute getters (`.shape`, `.dtype`, `.grad`, ...): metadata of a queued
+    op's output is known at launch, so reading it need not wait for the device."""
+    return getattr(func, "__name__", None) != "__get__"
+
+
+def run(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """Run an op where the device rule puts it, and mark its fresh outputs there."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if _tf_stack_len():
+        # Another mode (a DeviceContext) lies below: storage lookups would enter it.
+        with _DisableTF():
+            index, host = common_device(func, args, kwargs)
+    else:
+        index, host = common_device(func, args, kwargs)
+    if index is None:
+        return call(None, func, args, kwargs)
+    if _workers.busy() and reads_values(func):
+        _workers.wait(index)
+    out = call(index, func, args, kwargs)
+    mark_outputs(out, index, host)
+    return out
+
+
+def mark_outputs(out: Any, index: int, host: list | None = None) -> None:
+    """Mark the fresh storages among an op's outputs as living on simulated GPU `index`.
+
+    Storages already marked are views or in-place results (re-counted if resized); `host`
+    holds the storages of host inputs, which an output may alias (a broadcast CPU scalar).
+    """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    outs = (out,) if isinstance(out, Tensor) else out if isinstance(out, (tuple, list)) else ()
+    fresh: list[torch.UntypedStorage] = []
+    for o in outs:
+        if not isinstance(o, Tensor):
+            continue
+        s = storage_of(o)
+        if s is None:
+            _refuse_storageless(o)
+            continue
+        m = live_mark(s)
+        if m is not None:
+            recount(s, m)
+        elif not (host and any(s is h for h in host)) and not any(s is f for f in fresh):
+            fresh.append(s)
+    if fresh:
+        mark(fresh, index)
+
+
+def _refuse_storageless(t: Tensor) -> None:
+    """A sparse or nested result cannot carry a mark: refuse rather than let it quietly land on
+    the host."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if t.layout is not torch.strided or t.is_nested:
+        raise _errors.not_simulated(
+            f"a {t.layout} tensor", "they hold dense (strided) tensors only: keep this tensor "
+            "on the CPU (or stop the simulation)")

@@ -1,0 +1,168 @@
+"""Where torch asks C++ about devices, answered for simulated GPUs.
+
+C++ sees only the CPU: every simulated tensor is a CPU tensor there, and a CPU build of torch
+has no accelerator. So the questions torch's Python code puts to C++ about devices get the
+simulated machine's answers while the simulation runs:
+
+- `torch._C._group_tensors_by_device_and_dtype`, which optimizers (their default foreach and
+  fused paths), `clip_grad_norm_`, GradScaler and SWA use to batch tensors per device, groups
+  by simulated GPU; C++ would put tensors of two GPUs in one group, and the foreach kernel
+  would then mix devices.
+- `torch.device(1)`: C++ reads a bare int as an index on the accelerator, and finds none. The
+  simulation stands a thin wrapper in for `torch.device` that reads it as `cuda:1`; it makes
+  torch's own device objects, so `isinstance`, pickling and `with torch.device(...)` are as
+  before. (`Module.to(1)`, `.to(1)`, `device=1` are read in `_moves` and `_devices`.)
+- `torch.Generator(device="cuda")`: C++ has no CUDA generator. The stand-in makes a CPU
+  generator (a subclass of torch's own, so every op takes it) whose `device` is the simulated
+  GPU; random ops on simulated GPUs draw from the CPU's generators, as they always do here.
+- `torch.backends.cudnn.is_acceptable` says no, so modules take their plain (CPU) paths.
+
+`torch.device` and `torch.Generator` are C types that cannot be changed, so the simulation
+replaces the names with stand-ins whose `isinstance` checks and pickling are the real types'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import torch
+
+from . import _devices
+from ._devices import DEVICE_TYPE
+from ._errors import entry
+from ._marks import index_of
+from ._patcher import Patcher
+
+_orig_group = torch._C._group_tensors_by_device_and_dtype
+
+
+def _device_of(t: torch.Tensor) -> torch.device:
+    i = index_of(t)
+    return t.device if i is None else torch.device("cuda", i)
+
+
+def group_tensors_by_device_and_dtype(
+        tensorlistlist: list[list[torch.Tensor | None]], with_indices: bool = False,
+) -> dict[tuple[torch.device, torch.dtype], tuple[list[list[Any]], list[int]]]:
+    """torch._C._group_tensors_by_device_and_dtype, by simulated device.
+
+    As the C++ original (aten/src/ATen/native/ForeachUtils.h): the key of index i is the
+    device and dtype of tensorlistlist[0][i]; every non-empty list adds its i-th entry (None
+    stays None) to that group; the i-th entries must share the key's device and dtype, except
+    float `step` tensors, which may also live on the host.
+    """
+    result: dict[tuple[torch.device, torch.dtype], tuple[list[list[Any]], list[int]]] = {}
+    if not tensorlistlist or not tensorlistlist[0]:
+        return result
+    n = len(tensorlistlist[0])
+    if any(len(tl) not in (0, n) for tl in tensorlistlist):
+        raise RuntimeError("Expected all tensor lists to have the same length (or none)")
+    lists_in = [tl for tl in tensorlistlist if len(tl)]
+    for i, first in enumerate(tensorlistlist[0]):
+        if first is None:
+            raise RuntimeError(
+                "Tensors of the first list of nested Tensor lists are supposed to be defined "
+                f"but the {i}-th Tensor is not.")
+        key = (_device_of(first), first.dtype)
+        for tl in lists_in:
+            t = tl[i]
+            if t is not None and not _fits(t, key):
+                raise RuntimeError(
+                    "Tensors of the same index must be on the same device and the same dtype "
+                    "except `step` tensors that can be CPU and float32/64 notwithstanding")
+        group = result.get(key)
+        if group is None:
+            group = result[key] = ([[] for _ in tensorlistlist], [])
+        lists, indices = group
+        for j, tl in enumerate(tensorlistlist):
+            if len(tl):
+                lists[j].append(tl[i])
+        if with_indices:
+            indices.append(i)
+    return result
+
+
+_STEP_DTYPES = (torch.float32, torch.float64)
+
+
+def _fits(t: torch.Tensor, key: tuple[torch.device, torch.dtype]) -> bool:
+    d = _device_of(t)
+    if d == key[0]:
+        return t.dtype == key[1] or t.dtype in _STEP_DTYPES
+    return d.type == "cpu" and t.dtype in _STEP_DTYPES
+
+
+class _StandIn(type):
+    """The metaclass of a stand-in for a C type: calling it calls `make`, and `isinstance` and
+    `issubclass` answer for the real type."""
+
+    real: type
+    make: Callable[..., Any]
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls.make(*args, **kwargs)
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, cls.real)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, cls.real)
+
+
+def stand_in(real: type, make: Callable[..., Any]) -> type:
+    """A class to put where `real`'s name was: pickled, printed and documented as `real`."""
+    return _StandIn(real.__name__, (), {
+        "real": real, "make": staticmethod(make), "__doc__": real.__doc__,
+        "__module__": real.__module__, "__qualname__": real.__qualname__})
+
+
+def _make_device(*args: Any, **kwargs: Any) -> torch.device:
+    if len(args) == 1 and not kwargs and isinstance(args[0], int) and not isinstance(args[0],
+                                                                                       bool):
+        return DEVICE_TYPE("cuda", args[0])
+    return DEVICE_TYPE(*args, **kwargs)
+
+
+GENERATOR_TYPE: Final = torch.Generator
+
+
+class SimulatedGenerator(GENERATOR_TYPE):  # type: ignore[misc, valid-type]
+    """A random generator of a simulated GPU: a CPU generator whose device is the GPU."""
+
+    def __new__(cls, index: int) -> SimulatedGenerator:
+        self = super().__new__(cls)  # torch's CPU generator
+        self._devlab_index = index
+        return self
+
+    def __init__(self, index: int) -> None:
+        pass
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return torch.device("cuda", self._devlab_index)
+
+    def __repr__(self) -> str:
+        return f"<simulated Generator device=cuda:{self._devlab_index}>"
+
+
+def _make_generator(device: Any = "cpu") -> torch.Generator:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    target = _devices.target(device)
+    if isinstance(target, int):
+        return SimulatedGenerator(target)
+    return GENERATOR_TYPE(device)
+
+
+def _cudnn_is_acceptable(tensor: torch.Tensor) -> bool:
+    return False  # no cuDNN behind a simulated GPU: modules take their plain paths
+
+
+def install(p: Patcher) -> None:
+    p.set(torch._C, "_group_tensors_by_device_and_dtype", group_tensors_by_device_and_dtype)
+    p.set(torch.backends.cudnn, "is_acceptable", _cudnn_is_acceptable)
+    p.set(torch, "Generator", stand_in(GENERATOR_TYPE, entry(_make_generator)))
+    try:
+        DEVICE_TYPE(0)
+    except RuntimeError:  # no accelerator in this build: `torch.device(0)` needs the stand-in
+        p.set(torch, "device", stand_in(DEVICE_TYPE, _make_device))

@@ -1,0 +1,95 @@
+"""The TorchFunctionMode that makes CPU tensors behave as tensors on simulated GPUs.
+
+It sees every torch call made in a routed thread *before* torch runs it, which is where a
+`device="cuda:1"` can still become a CPU call. Calls that need more than the device rule go to
+their handler (moves, autograd, asynchronous launch); factories given a device, or under a
+default device naming a GPU, are placed there (`_factories`); every other op runs where its
+tensors are (`_ops.run`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import _autograd, _errors, _factories, _launch, _moves, _ops, _session
+from ._marks import live_mark, storage_of
+
+Tensor = torch.Tensor
+_MethodWrapper = type(Tensor.grad.__get__)  # what torch passes for an attribute getter
+
+
+def _passthrough(func: Callable, args: tuple, kwargs: dict) -> Any:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    return _ops.call(None, func, args, kwargs)
+
+
+HANDLERS: dict[Callable, Callable] = {
+    **_moves.HANDLERS,
+    **_autograd.HANDLERS,
+    **dict.fromkeys(_launch.OPS, _launch.launch),
+    # Calls without tensors that every training step makes: straight through.
+    torch._C._set_grad_enabled: _passthrough,
+}
+for _name in ("_record_function_enter_new", "_record_function_exit"):  # profiler ranges
+    _op = getattr(torch.ops.profiler, _name, None)
+    for _f in (_op, getattr(_op, "_RecordFunction", None), getattr(_op, "default", None)):
+        if _f is not None:
+            HANDLERS[_f] = _passthrough
+
+
+def _attribute(func: Callable, args: tuple) -> Any:
+    """An attribute read (`.shape`, `.requires_grad`, `.grad`, ...): metadata, known even
+    while the tensor's op is queued. Only a tensor result may need a mark (a gradient the C++
+    engine made)."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    out = _ops.call(None, func, args, {})
+    if isinstance(out, Tensor) and live_mark(storage_of(out)) is None:
+        owner = live_mark(storage_of(args[0]))
+        if owner is not None:
+            _ops.mark_outputs(out, owner.index)
+    return out
+
+
+class SimulationMode(TorchFunctionMode):
+    """Routes simulated-GPU work to the CPU. Each routed thread has one on its stack; it passes
+    every call through once the simulation it was made for has stopped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session = _session.session
+
+    @property
+    def inert(self) -> bool:
+        return self.session is None or self.session is not _session.session
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+        if kwargs is None:
+            kwargs = {}
+        if self.session is not _session.session or self.session is None:
+            return func(*args, **kwargs)
+        try:
+            if type(func) is _MethodWrapper and func.__name__ == "__get__":
+                return _attribute(func, args)
+            h = HANDLERS.get(func)
+            if h is not None:
+                return h(func, args, kwargs)
+            if kwargs:
+                d = kwargs.get("device")
+                if d is not None:
+                    return _factories.place(func, args, kwargs, d)
+            if func in _factories.CONSTRUCTORS:
+                d = _factories.default_device()
+                if d is not None:
+                    return _factories.place(func, args, kwargs, d)
+            return _ops.run(func, args, kwargs)
+        except Exception as e:
+            # The user's call entered the simulation here: an error raised in torch's name
+            # leaves without the simulation's frames.
+            _errors.drop_own_frames(e)
+            raise

@@ -1,0 +1,95 @@
+"""The running simulation: its GPUs with their byte counts, and each thread's device state."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class DeviceState:
+    """Byte accounting of one simulated GPU (bytes; limit None = unlimited).
+
+    `reserve_up_front` is memory growth off: the GPU holds its whole limit from the start, as
+    TensorFlow maps a GPU's memory by default, so its reserved bytes are the limit. Without a
+    limit there is no capacity of its own to hold (its memory is the host's), and reserved
+    stays what is allocated.
+    """
+
+    index: int
+    limit: int | None
+    reserve_up_front: bool = False
+    allocated: int = 0
+    peak: int = 0
+    torch_device: torch.device = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.torch_device = torch.device("cuda", self.index)
+
+    @property
+    def reserved(self) -> int:
+        """Bytes held for this GPU: allocated, or its whole limit when reserved up front."""
+        if self.reserve_up_front and self.limit is not None:
+            return self.limit
+        return self.allocated
+
+    @property
+    def peak_reserved(self) -> int:
+        if self.reserve_up_front and self.limit is not None:
+            return self.limit
+        return self.peak
+
+
+class Session:
+    """One start()..stop() run; marks and modes from an earlier run are ignored by a later one."""
+
+    __slots__ = ("__weakref__", "count", "devices", "used")
+
+    def __init__(self, limits: list[int | None], growth: list[bool] | None = None) -> None:
+        self.used = False
+        self.configure(limits, growth)
+
+    def configure(self, limits: list[int | None], growth: list[bool] | None = None) -> None:
+        """Set the GPUs: one limit (bytes or None) and memory-growth flag (default on) each."""
+        self.count = len(limits)
+        growth = [True] * self.count if growth is None else growth
+        self.devices = [DeviceState(i, lim, not grows)
+                        for i, (lim, grows) in enumerate(zip(limits, growth, strict=True))]
+
+
+# The running session (None when not simulating). Read on every op, so a plain global.
+session: Session | None = None
+
+# Reentrant: a weakref callback (storage freed) can run inside a locked section of the same
+# thread when garbage collection triggers there.
+lock = threading.RLock()
+
+# Per thread, as CUDA's: `device` is torch.cuda.current_device(), `index` the simulated GPU the
+# op running right now executes on (None on the host), `routed` the session whose mode the
+# thread carries (see _threads).
+tls = threading.local()
+
+
+def current_index() -> int | None:
+    """The simulated GPU an op is executing on right now in this thread, or None."""
+    return getattr(tls, "index", None)
+
+
+def current_device() -> int:
+    """This thread's current simulated GPU (`torch.cuda.current_device()`); 0 in a new thread."""
+    return getattr(tls, "device", 0)
+
+
+def is_routed() -> bool:
+    """True when this thread's torch calls go through the running simulation's mode."""
+    sess = session
+    return sess is not None and getattr(tls, "routed", None) is sess
+
+
+def forget_thread_state() -> None:
+    """Drop this thread's device state (stop(), and a fresh start)."""
+    tls.__dict__.pop("device", None)
+    tls.__dict__.pop("index", None)
+    tls.__dict__.pop("routed", None)
