@@ -25,6 +25,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from devlab import simulated  # noqa: E402
+from devlab.host import cpu_cores  # noqa: E402
 
 
 def _best_us(fn: Callable[[], object], number: int, repeats: int) -> float:
@@ -145,7 +146,7 @@ def main() -> None:
     number, repeats = (200, 3) if opts.quick else (2000, 7)
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{simulated._workers.cpu_cores()} cores, load average {_load()}")
+          f"{cpu_cores()} cores, load average {_load()}")
     print("\nmicroseconds per op (best of interleaved repeats)")
     print(f"{'op':28s} {'cpu':>9s} {'simulated':>10s} {'ratio':>7s}")
     for name, c, s in per_op(number, repeats):

@@ -1,8 +1,8 @@
 """TensorFlow's `tf.debugging.set_log_device_placement`, for PyTorch.
 
-Unlike TensorFlow, switching it takes effect at once, not only at start-up. In a notebook
-with `%load_ext devlab`, each cell's log is shown under that cell when it ends; elsewhere
-lines are written to standard output as ops run.
+Unlike TensorFlow, switching it takes effect at once, not only at start-up: lines are
+written to standard output as ops run. In a notebook with `%load_ext devlab`, each cell after
+the switch has its own log (`start_log(per_cell=True)`), shown under the cell when it ends.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from devlab.placement_log import PlacementLog
 
 _enabled = False
 _running: PlacementLog | None = None
-_finished: list[PlacementLog] = []
-# Set by the notebook extension: buffer each cell's log and show it when the cell ends.
-per_cell = False
+_finished: list[PlacementLog] = []  # per-cell logs not yet shown
 
 
 def set_log_device_placement(enabled: bool) -> None:
@@ -37,8 +35,12 @@ def get_log_device_placement() -> bool:
     return _enabled
 
 
-def start_log(stream: IO[str] | None = None) -> PlacementLog:
-    """Start the switch's log now, if it is not running (buffered per cell in a notebook)."""
+def start_log(stream: IO[str] | None = None, *, per_cell: bool = False) -> PlacementLog:
+    """Start the switch's log now, if it is not running.
+
+    Its lines go to `stream` (standard output by default) as ops run; with `per_cell` (the
+    notebook extension, at a cell's start) they are kept, to be shown when the cell ends.
+    """
     global _running
     if _running is None:
         if stream is None and not per_cell:
@@ -48,17 +50,18 @@ def start_log(stream: IO[str] | None = None) -> PlacementLog:
 
 
 def finish_log() -> PlacementLog | None:
-    """Stop the running log and keep it to be shown; returns it."""
+    """Stop the running log and return it; a per-cell log is kept for `take_finished`."""
     global _running
     log, _running = _running, None
     if log is not None:
         placement_log.stop(log)
-        _finished.append(log)
+        if log.stream is None:  # a streamed log has been shown line by line already
+            _finished.append(log)
     return log
 
 
 def take_finished() -> list[PlacementLog]:
-    """The logs finished since the last call (the notebook extension shows them)."""
+    """The per-cell logs finished since the last call (the notebook extension shows them)."""
     logs = list(_finished)
     _finished.clear()
     return logs
@@ -66,8 +69,7 @@ def take_finished() -> list[PlacementLog]:
 
 def reset() -> None:
     """Switch off and forget every log (used by `%unload_ext devlab`)."""
-    global _enabled, per_cell
+    global _enabled
     _enabled = False
     finish_log()
     _finished.clear()
-    per_cell = False

@@ -9,6 +9,7 @@ import psutil
 import torch
 
 from devlab import config, nvml, simulated
+from devlab.sizes import format_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,16 +103,13 @@ def _reading(dev: config.LogicalDevice) -> tuple[int | None, int | None, int | N
 def _memory(row: DeviceRow) -> str:
     if row.used is None and row.total is None:
         return "-"
-    used = "?" if row.used is None else _mib(row.used)
-    total = "unlimited" if row.total is None else _mib(row.total)
+    used = "?" if row.used is None else format_bytes(row.used)
+    total = "unlimited" if row.total is None else format_bytes(row.total)
     if row.reserved is not None and row.reserved != row.used:
-        used += f" ({_mib(row.reserved)} reserved)"
+        used += f" ({format_bytes(row.reserved)} reserved)"
     return f"{used} / {total}"
 
 
 def _util(row: DeviceRow) -> str:
     return "-" if row.utilization is None else f"{row.utilization}%"
 
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:,.0f} MiB"

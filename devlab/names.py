@@ -1,7 +1,8 @@
 """Device names: TensorFlow device strings and torch names as one `DeviceSpec`.
 
 Parsing follows `tf.DeviceSpec.from_string` field for field, including its canonical
-`to_string()` and its error texts. Nothing here touches CUDA.
+`to_string()` (with TensorFlow's upper-casing of `cpu` and `gpu`) and its error texts, which
+echo an over-long input only in part. Nothing here touches CUDA.
 """
 
 from __future__ import annotations
@@ -21,12 +22,21 @@ _TORCH_TYPES = {v: k for k, v in TORCH_ALIASES.items()}
 
 LOCAL_JOB = "localhost"
 
+# TensorFlow upper-cases exactly these two spellings, for backwards compatibility
+# (`_as_device_str_or_none`); any other type, such as `tpu` or `Gpu`, stays as written.
+_UPPER_CASED = {"cpu": "CPU", "gpu": "GPU"}
+
+# Error messages quote user input up to this many characters, then only its ends.
+_ECHO_LIMIT = 60
+
 
 @dataclasses.dataclass(frozen=True)
 class DeviceSpec:
     """A device name as TensorFlow parses it: `/job:J/replica:R/task:T/device:TYPE:IDX`.
 
-    Every field is optional; `device_index=None` means "any" (`*`).
+    Every field is optional; `device_index=None` means "any" (`*`). As in TensorFlow, the
+    device types `cpu` and `gpu` become `CPU` and `GPU` however the spec is made
+    (`/device:gpu:0` -> `/device:GPU:0`).
     """
 
     job: str | None = None
@@ -34,6 +44,11 @@ class DeviceSpec:
     task: int | None = None
     device_type: str | None = None
     device_index: int | None = None
+
+    def __post_init__(self) -> None:
+        canonical = _UPPER_CASED.get(self.device_type or "")
+        if canonical is not None:
+            object.__setattr__(self, "device_type", canonical)
 
     @classmethod
     def from_string(cls, spec: str) -> DeviceSpec:
@@ -86,24 +101,36 @@ class DeviceSpec:
         """
         if self.device_type is None:
             raise ValueError(
-                f"The device name '{self.to_string()}' names no device type; "
-                "use a name such as '/GPU:0' or '/CPU:0'."
+                f"The device name {echo(self.to_string())} names no device type; "
+                "use a name such as '/GPU:0', '/CPU:0' or 'cuda:0'."
             )
         if self.job not in (None, LOCAL_JOB) or self.replica not in (None, 0) or self.task not in (None, 0):
             raise ValueError(
-                f"'{self.to_string()}' names a remote device; devlab runs in one process, "
+                f"{echo(self.to_string())} names a remote device; devlab runs in one process, "
                 f"so only /job:{LOCAL_JOB}/replica:0/task:0 exists."
             )
         torch_type = _TORCH_TYPES.get(self.device_type.upper())
         if torch_type is None:
             raise ValueError(
-                f"Device type '{self.device_type}' has no PyTorch device; "
+                f"Device type {echo(self.device_type)} has no PyTorch device; "
                 f"devlab maps {', '.join(sorted(_TORCH_TYPES))}."
             )
         if torch_type == "cpu":
             # Logical CPUs all run on torch's one CPU device.
             return torch.device("cpu")
-        return torch.device(torch_type, self.device_index or 0)
+        index = self.device_index or 0
+        try:
+            device = torch.device(torch_type, index)
+        except (OverflowError, RuntimeError, ValueError):
+            device = None
+        # torch keeps a device index in a small integer and wraps a larger one round
+        # (cuda:128 becomes cuda:-128, cuda:2**32 becomes cuda:0): that names another device.
+        if device is None or device.index != index:
+            raise ValueError(
+                f"{echo(self.to_string())} has a device index no torch device can have; "
+                "use the index of an existing device, such as 0 or 1."
+            )
+        return device
 
     def full(self) -> DeviceSpec:
         """This spec with the local job, replica and task filled in and index `*` as 0."""
@@ -146,6 +173,14 @@ def as_spec(x: str | DeviceSpec | torch.device | torch.Tensor) -> DeviceSpec:
     return DeviceSpec.from_string(x)
 
 
+def echo(text: str, quote: str = "'") -> str:
+    """`text` quoted for an error message: whole up to a readable length, else its two ends
+    and its length, e.g. `'/GPU:11111111…11111111' (5,005 characters)`."""
+    if len(text) <= _ECHO_LIMIT:
+        return f"{quote}{text}{quote}"
+    return f"{quote}{text[:_ECHO_LIMIT - 20]}…{text[-20:]}{quote} ({len(text):,} characters)"
+
+
 def _parse_torch_alias(spec: str) -> DeviceSpec | None:
     # `cpu` and `cpu:0` are TensorFlow names already; only torch's other types need this.
     name, _, index = spec.partition(":")
@@ -153,10 +188,13 @@ def _parse_torch_alias(spec: str) -> DeviceSpec | None:
         return None
     if index and not index.isdigit():
         raise ValueError(
-            f"Invalid device index '{index}' in the torch device name '{spec}'; "
+            f"Invalid device index {echo(index)} in the torch device name {echo(spec)}; "
             f"write '{name}' or '{name}:N' with N a whole number."
         )
-    return DeviceSpec(device_type=TORCH_ALIASES[name.lower()], device_index=int(index) if index else None)
+    return DeviceSpec(
+        device_type=TORCH_ALIASES[name.lower()],
+        device_index=_parse_int(index, "device index", spec) if index else None,
+    )
 
 
 def _string_to_components(spec: str) -> tuple[str | None, int | None, int | None, str | None, int | None]:
@@ -179,7 +217,7 @@ def _string_to_components(spec: str) -> tuple[str | None, int | None, int | None
         elif ly in (1, 2) and y[0].upper() in VALID_DEVICE_TYPES:
             if device_type is not None:
                 raise ValueError(
-                    f"Multiple device types are not allowed while parsing the device spec: {spec}."
+                    f"Multiple device types are not allowed while parsing the device spec: {echo(spec, '')}."
                 )
             device_type = y[0].upper()
             if ly == 2 and y[1] != "*":
@@ -187,14 +225,14 @@ def _string_to_components(spec: str) -> tuple[str | None, int | None, int | None
         elif ly == 3 and y[0] == "device":
             if device_type is not None:
                 raise ValueError(
-                    f"Multiple device types are not allowed while parsing the device spec: {spec}."
+                    f"Multiple device types are not allowed while parsing the device spec: {echo(spec, '')}."
                 )
             device_type = y[1]
             if y[2] != "*":
                 device_index = _parse_int(y[2], "device index", spec)
         elif ly and y[0] != "":
             raise ValueError(
-                f"Unknown attribute '{y[0]}' is encountered while parsing the device spec: '{spec}'."
+                f"Unknown attribute {echo(y[0])} is encountered while parsing the device spec: {echo(spec)}."
             )
     return job, replica, task, device_type, device_index
 
@@ -204,8 +242,10 @@ def _parse_int(text: str, field: str, spec: str) -> int:
         return int(text)
     except ValueError:
         # TensorFlow lets int()'s own message through; naming the field is kinder.
+        if text.isdigit():  # digits int() refuses: more than Python converts (4,300 by default)
+            problem = "it is too long for a number; use a small whole number such as 0 or 1."
+        else:
+            problem = "it must be a whole number" + (" or '*'." if field == "device index" else ".")
         raise ValueError(
-            f"Invalid {field} '{text}' while parsing the device spec: '{spec}'; "
-            "it must be a whole number"
-            + (" or '*'." if field == "device index" else ".")
+            f"Invalid {field} {echo(text)} while parsing the device spec: {echo(spec)}; {problem}"
         ) from None

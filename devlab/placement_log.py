@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from devlab import simulated
 from devlab.names import DeviceSpec
+from devlab.sizes import format_bytes
 
 aten = torch.ops.aten
 
@@ -60,7 +61,7 @@ class Event:
             return f"Executing op {self.op} in device {_full(self.device)}"
         if self.kind == COPY:
             return (
-                f"Copy {_bytes(self.nbytes)} from {_full(self.source)} to {_full(self.device)} "
+                f"Copy {format_bytes(self.nbytes)} from {_full(self.source)} to {_full(self.device)} "
                 f"({self.op})"
             )
         if self.kind == SYNC:
@@ -83,7 +84,7 @@ class Summary:
         ops = sum(self.ops_per_device.values())
         return (
             f"Placement summary: {ops:,} op{_s(ops)} ({per_device}) · "
-            f"{self.copies:,} cop{'y' if self.copies == 1 else 'ies'} between devices ({_bytes(self.copied_bytes)}) · "
+            f"{self.copies:,} cop{'y' if self.copies == 1 else 'ies'} between devices ({format_bytes(self.copied_bytes)}) · "
             f"{self.syncs:,} host sync{_s(self.syncs)}"
         )
 
@@ -376,17 +377,6 @@ def _event(raw: tuple[Any, ...]) -> Event:
 def _op_name(func: Any) -> str:
     # aten.add.Tensor -> "aten::add": the overload says nothing about placement.
     return func._schema.name
-
-
-def _bytes(n: int) -> str:
-    if n < 1024:
-        return f"{n:,} B"
-    value = n / 1024
-    for unit in ("KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _s(n: int) -> str:

@@ -1,4 +1,5 @@
-"""The placement scope: `with devlab.device("/GPU:1"):` and how a name becomes a device."""
+"""The placement scope: `with devlab.device("/GPU:1"):`, how a name becomes a device
+(`resolve`, `resolve_device`) and the short label a device goes by (`device_label`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from devlab import config, runtime
-from devlab.names import DeviceSpec, as_spec
+from devlab import config, runtime, simulated
+from devlab.names import DeviceSpec, as_spec, echo
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,7 +38,7 @@ class Placement:
         if not self.fell_back:
             return None
         return (
-            f"Soft placement: {self.requested.full().to_string()} does not exist; "
+            f"Soft placement: {echo(self.requested.full().to_string(), '')} does not exist; "
             f"placed on {self.full_name} instead."
         )
 
@@ -51,11 +52,9 @@ def resolve(name: str | DeviceSpec | torch.device, soft: bool | None = None) -> 
     device if there is one, else the CPU, and says so in `Placement.note`.
     """
     spec = as_spec(name)
-    if spec.device_type is None:
-        raise ValueError(
-            f"The device name {str(name)!r} names no device type; use a name such as '/GPU:0', '/CPU:0' or 'cuda:0'."
-        )
-    spec.to_torch()  # rejects remote jobs and types torch has no device for, with their own words
+    # Rejects a missing type, remote jobs and types torch has no device for, in to_torch's
+    # words. The index is looked up below instead: one that does not exist may fall back.
+    spec.replace(device_index=None).to_torch()
     wanted = spec.full()
     available = config.logical_devices()
     for dev in available:
@@ -65,14 +64,35 @@ def resolve(name: str | DeviceSpec | torch.device, soft: bool | None = None) -> 
     if not soft:
         names = ", ".join(d.full_name for d in available)
         raise RuntimeError(
-            f"{wanted.to_string()} unknown device. Could not satisfy device specification "
-            f"'{wanted.to_string()}'. All available devices: [{names}]. "
+            f"{echo(wanted.to_string(), '')} unknown device. Could not satisfy device specification "
+            f"{echo(wanted.to_string())}. All available devices: [{names}]. "
             "Turn on soft placement (devlab.config.set_soft_device_placement(True), or "
             "%%device --soft) to fall back instead."
         )
     same_kind = [d for d in available if d.device_type == wanted.device_type.upper()]
     fallback = same_kind[0] if same_kind else next(d for d in available if d.device_type == "CPU")
     return Placement(spec, fallback, fell_back=True)
+
+
+def resolve_device(device: str | DeviceSpec | torch.device) -> torch.device:
+    """The `torch.device` work named `device` runs on.
+
+    Names (TensorFlow's `/GPU:0`, torch's `cuda:0`) go through `resolve`, which knows the
+    logical devices and soft placement; a `torch.device` is used as it is.
+    """
+    if isinstance(device, torch.device):
+        return device
+    return resolve(device).device
+
+
+def device_label(device: torch.device) -> str:
+    """A short TensorFlow-style label for charts and tables: `CPU:0`, `GPU:1`, `GPU:0 (simulated)`."""
+    if device.type == "cpu":
+        return "CPU:0"
+    if device.type == "cuda":
+        index = 0 if device.index is None else device.index
+        return f"GPU:{index}" + (" (simulated)" if simulated.is_active() else "")
+    return str(device).upper()
 
 
 class device(contextlib.ContextDecorator):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -31,7 +32,7 @@ import torch
 
 from devlab import scope, simulated
 from devlab.figures import ensure_figure_formatter, figure_png
-from devlab.memory import device_label, resolve_device
+from devlab.scope import device_label, resolve_device
 
 __all__ = [
     "TimingResult",
@@ -39,6 +40,7 @@ __all__ = [
     "time_on_device",
     "compare",
     "synchronizer",
+    "check_options",
     "format_seconds",
 ]
 
@@ -62,6 +64,46 @@ def _unit_for(t: float) -> tuple[str, float]:
         if t >= scale:
             return unit, scale
     return "ns", 1e-9
+
+
+def check_options(
+    *,
+    warmup: int | None = None,
+    repeats: int | None = None,
+    min_time: float | None = None,
+    max_repeats: int | None = None,
+    number: int | None = None,
+    flags: bool = False,
+) -> None:
+    """Raise a `ValueError` for the first timing option `time_on_device` cannot honour.
+
+    Options left out (None) are not checked. The message names the option as the caller
+    wrote it: `min_time`, or `--min-time` with `flags=True` (a magic's arguments).
+    """
+    def name(option: str) -> str:
+        return "--" + option.replace("_", "-") if flags else option
+
+    def whole(value: object) -> bool:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+    wanted = (
+        ("warmup", warmup, 0, "untimed calls before measuring"),
+        ("repeats", repeats, 1, "blocks of calls to measure at least"),
+        ("max_repeats", max_repeats, repeats or 1, "blocks of calls to measure at most, no fewer than repeats"),
+        ("number", number, 1, "calls per block"),
+    )
+    for option, value, least, meaning in wanted:
+        if value is not None and not (whole(value) and value >= least):
+            raise ValueError(
+                f"{name(option)} is the number of {meaning}, a whole number of at least {least}; "
+                f"got {value!r}."
+            )
+    if min_time is not None and not (
+        isinstance(min_time, numbers.Real) and not isinstance(min_time, bool) and min_time >= 0
+    ):
+        raise ValueError(
+            f"{name('min_time')} is the least time in seconds to measure for, 0 or more; got {min_time!r}."
+        )
 
 
 def synchronizer(device: torch.device) -> tuple[Callable[[], None], str]:
@@ -248,10 +290,8 @@ def time_on_device(
     docstring), so GPU times are the device's real times.
     """
     __tracebackhide__ = True  # noqa: F841 - an error in fn shows fn's frames, not these
-    if warmup < 0 or repeats < 1 or max_repeats < repeats or not min_time >= 0:
-        raise ValueError("need warmup >= 0, repeats >= 1, max_repeats >= repeats, min_time >= 0")
-    if number is not None and number < 1:
-        raise ValueError("number must be >= 1")
+    check_options(warmup=warmup, repeats=repeats, min_time=min_time, max_repeats=max_repeats,
+                  number=number)
     dev = resolve_device(device)
     sync, how = synchronizer(dev)
     clock = time.perf_counter

@@ -239,7 +239,8 @@ def test_every_result_plots_a_figure() -> None:
 
 
 def test_a_busy_machine_is_called_out() -> None:
-    from devlab.exercises._common import busy_note, cpu_cores
+    from devlab.exercises._common import busy_note
+    from devlab.host import cpu_cores
 
     assert busy_note(None) is None
     assert busy_note(cpu_cores() * 0.5) is None

@@ -364,6 +364,8 @@ def test_format_bytes():
     assert format_bytes(3 * MiB) == "3.0 MiB"
     assert format_bytes(-2 * 1024**3) == "-2.0 GiB"
     assert format_bytes(None) == "—"
+    assert format_bytes(5 * 1024**4) == "5.0 TiB"
+    assert format_bytes(1023) == "1023 B"
 
 
 # -- with the real simulation --------------------------------------------------------------------

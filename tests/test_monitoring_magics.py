@@ -94,8 +94,9 @@ def test_compare_devices_error_in_the_cell_restores_the_device(ip):
 
 @pytest.mark.parametrize("line, message", [
     ("/GPU:5", "unknown device"),
-    ("cpu --min-time -1", "--min-time >= 0"),
-    ("cpu --repeats 0", "--repeats >= 1"),
+    ("cpu --min-time -1", "^--min-time is the least time in seconds to measure for, 0 or more; got -1.0."),
+    ("cpu --repeats 0", "^--repeats is the number of blocks of calls to measure at least"),
+    ("cpu --warmup -2", "^--warmup is the number of untimed calls"),
     ("", "the following arguments are required"),
 ])
 def test_compare_devices_bad_input(ip, line, message):

@@ -28,6 +28,14 @@ from devlab.names import VALID_DEVICE_TYPES
         ("cuda:1", "/device:GPU:1"),
         ("cpu", "/device:CPU:*"),
         ("mps", "/device:MPS:*"),
+        # TensorFlow upper-cases the lowercase types cpu and gpu, and only those.
+        ("/device:gpu:0", "/device:GPU:0"),
+        ("/device:cpu:0", "/device:CPU:0"),
+        ("/device:gpu:*", "/device:GPU:*"),
+        ("/job:localhost/replica:0/task:0/device:cpu:0", "/job:localhost/replica:0/task:0/device:CPU:0"),
+        ("/job:localhost/replica:0/task:0/device:gpu:1", "/job:localhost/replica:0/task:0/device:GPU:1"),
+        ("/device:tpu:0", "/device:tpu:0"),
+        ("/device:Gpu:0", "/device:Gpu:0"),
     ],
 )
 def test_parses_tensorflow_and_torch_names_to_canonical_form(text: str, canonical: str) -> None:
@@ -58,6 +66,58 @@ def test_rejects_what_tensorflow_rejects_with_its_words(text: str, message: str)
     with pytest.raises(ValueError) as err:
         DeviceSpec.from_string(text)
     assert message in str(err.value)
+
+
+def test_lowercase_cpu_and_gpu_are_the_uppercase_devices_however_the_spec_is_made() -> None:
+    assert DeviceSpec.from_string("/device:gpu:1") == DeviceSpec.from_string("/GPU:1")
+    assert DeviceSpec(device_type="gpu", device_index=1).to_string() == "/device:GPU:1"
+    assert DeviceSpec.from_string("/TPU:0").replace(device_type="cpu").device_type == "CPU"
+    assert full_name("/device:gpu:1") == "/job:localhost/replica:0/task:0/device:GPU:1"
+    assert DeviceSpec.from_string("/device:cpu:0").to_torch() == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "/GPU:" + "1" * 5000,  # more digits than int() converts
+        "/device:GPU:" + "1" * 5000,
+        "cuda:" + "1" * 5000,
+        "/replica:" + "9" * 5000,
+        "/foo" + "x" * 5000,
+        "/GPU:0/CPU:" + "0" * 5000,
+    ],
+)
+def test_errors_about_over_long_input_quote_only_its_ends(text: str) -> None:
+    with pytest.raises(ValueError) as err:
+        DeviceSpec.from_string(text)
+    message = str(err.value)
+    assert len(message) < 400
+    assert f"({len(text):,} characters)" in message
+    assert "…" + text[-20:] in message
+
+
+def test_an_index_of_too_many_digits_says_so() -> None:
+    with pytest.raises(ValueError) as err:
+        DeviceSpec.from_string("/GPU:" + "1" * 5000)
+    assert "Invalid device index '" in str(err.value)
+    assert "it is too long for a number; use a small whole number such as 0 or 1." in str(err.value)
+    assert "must be a whole number" not in str(err.value)
+
+
+@pytest.mark.parametrize("index", ["128", "4294967296", "1" * 4000])
+def test_to_torch_rejects_an_index_torch_would_wrap_into_another_device(index: str) -> None:
+    # torch.device("cuda", 128) is cuda:-128 and torch.device("cuda", 2**32) is cuda:0.
+    with pytest.raises(ValueError, match="has a device index no torch device can have") as err:
+        DeviceSpec.from_string(f"/GPU:{index}").to_torch()
+    assert len(str(err.value)) < 300
+    assert DeviceSpec.from_string("/GPU:127").to_torch() == torch.device("cuda", 127)
+
+
+def test_short_input_is_echoed_whole() -> None:
+    text = "/job:localhost/replica:0/task:0/device:GPU:1/foo:2"
+    with pytest.raises(ValueError) as err:
+        DeviceSpec.from_string(text)
+    assert str(err.value) == f"Unknown attribute 'foo' is encountered while parsing the device spec: '{text}'."
 
 
 def test_non_string_is_a_type_error_naming_what_is_expected() -> None:

@@ -92,6 +92,22 @@ def test_switch_streams_lines_outside_a_notebook(monkeypatch) -> None:
     ]
 
 
+def test_a_per_cell_log_is_kept_to_be_shown_and_a_streamed_one_is_not(monkeypatch) -> None:
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    debugging.start_log(per_cell=True)  # what the notebook extension does at a cell's start
+    torch.zeros(1)
+    finished = debugging.finish_log()
+    assert out.getvalue() == "", "a per-cell log waits for the cell's end"
+    assert debugging.take_finished() == [finished]
+    assert finished is not None and finished.lines() == [f"Executing op aten::zeros in device {CPU0}"]
+    debugging.start_log()
+    torch.zeros(1)
+    debugging.finish_log()
+    assert out.getvalue() == f"Executing op aten::zeros in device {CPU0}\n"
+    assert debugging.take_finished() == [], "streamed lines are shown already; the log is not kept"
+
+
 def test_logging_leaves_no_mode_or_patch_behind_after_an_error() -> None:
     original = torch._tensor_str._str
     with pytest.raises(ZeroDivisionError):

@@ -91,3 +91,30 @@ def test_session_default_and_reset() -> None:
     assert torch.get_default_device() == torch.device("cpu")
     devlab.scope.reset_default()
     assert torch._C._len_torch_function_stack() == 0
+
+
+def test_resolve_device_gives_the_torch_device_a_name_runs_on() -> None:
+    assert devlab.scope.resolve_device("/CPU:0") == torch.device("cpu")
+    assert devlab.scope.resolve_device("/device:cpu:0") == torch.device("cpu")
+    # A torch.device is taken as it is, existing or not: the caller chose it.
+    assert devlab.scope.resolve_device(torch.device("cuda", 3)) == torch.device("cuda", 3)
+    with pytest.raises(RuntimeError, match="unknown device"):
+        devlab.scope.resolve_device("/GPU:0")
+
+
+def test_device_label_names_simulated_gpus_as_such() -> None:
+    assert devlab.scope.device_label(torch.device("cpu")) == "CPU:0"
+    assert devlab.scope.device_label(torch.device("cuda", 1)) == "GPU:1"
+    config.simulate_gpus(1)
+    assert devlab.scope.device_label(torch.device("cuda")) == "GPU:0 (simulated)"
+
+
+@pytest.mark.parametrize("index", ["128", "1" * 4000])
+def test_an_index_no_torch_device_has_is_an_unknown_device_quoted_in_part(index: str) -> None:
+    with pytest.raises(RuntimeError, match="unknown device") as err:
+        devlab.resolve(f"/GPU:{index}")
+    assert len(str(err.value)) < 500
+    # With soft placement it falls back like any device that does not exist.
+    placement = devlab.resolve(f"/GPU:{index}", soft=True)
+    assert placement.fell_back and placement.device == torch.device("cpu")
+    assert len(placement.note) < 300

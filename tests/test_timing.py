@@ -83,11 +83,31 @@ def test_an_error_in_fn_propagates_and_restores_the_default_device():
     assert torch.get_default_device() == before
 
 
-def test_argument_errors():
-    with pytest.raises(ValueError):
-        time_on_device(lambda: None, "cpu", repeats=0)
-    with pytest.raises(ValueError):
-        time_on_device(lambda: None, "cpu", number=0)
+@pytest.mark.parametrize("options, message", [
+    ({"repeats": 0}, "repeats is the number of blocks of calls to measure at least, a whole number of at least 1; got 0."),
+    ({"number": 0}, "number is the number of calls per block, a whole number of at least 1; got 0."),
+    ({"warmup": -1}, "warmup is the number of untimed calls before measuring, a whole number of at least 0; got -1."),
+    ({"warmup": 1.5}, "warmup is the number of untimed calls before measuring, a whole number of at least 0; got 1.5."),
+    ({"repeats": 5, "max_repeats": 3}, "max_repeats is the number of blocks of calls to measure at most, no fewer "
+                                       "than repeats, a whole number of at least 5; got 3."),
+    ({"min_time": -0.5}, "min_time is the least time in seconds to measure for, 0 or more; got -0.5."),
+    ({"min_time": float("nan")}, "min_time is the least time in seconds to measure for, 0 or more; got nan."),
+])
+def test_argument_errors_name_the_option_and_what_it_takes(options, message):
+    calls = []
+    with pytest.raises(ValueError) as err:
+        time_on_device(lambda: calls.append(1), "cpu", **options)
+    assert str(err.value) == message
+    assert not calls, "nothing runs before the options are checked"
+
+
+def test_check_options_names_a_magic_s_flags_and_skips_what_is_left_out():
+    with pytest.raises(ValueError, match="^--min-time is the least time"):
+        timing.check_options(min_time=-1, flags=True)
+    with pytest.raises(ValueError, match="^--warmup is the number"):
+        timing.check_options(warmup=-1, repeats=1, flags=True)
+    timing.check_options(repeats=1)
+    timing.check_options()
 
 
 class AsyncDevice:

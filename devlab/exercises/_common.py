@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from devlab import config, d2l, scope
+from devlab.host import cpu_cores
 
 SIMULATED_WARNING = (
     "Simulated GPUs are CPU-backed: their tensors live in host memory and every value is "
@@ -63,14 +64,6 @@ def device_info(device: str | torch.device) -> DeviceInfo:
 def default_gpu() -> torch.device:
     """d2l's `try_gpu()`: the first GPU (real or simulated), else the CPU."""
     return d2l.try_gpu()
-
-
-def cpu_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def load_average() -> float | None:
@@ -180,18 +173,6 @@ class ExerciseResult:
         raise NotImplementedError
 
 
-def format_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB'."""
-    if n < 1024:
-        return f"{n:,} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")
-
-
 def format_seconds(t: float | None) -> str:
     from devlab.timing import format_seconds as fmt
 
@@ -259,14 +240,6 @@ def check_positive(**values: int | float) -> None:
     for name, value in values.items():
         if not value > 0:
             raise ValueError(f"{name} must be greater than 0, got {value!r}.")
-
-
-def check_timing(min_time: float, repeats: int, warmup: int) -> None:
-    if not (min_time >= 0 and repeats >= 1 and warmup >= 0):
-        raise ValueError(
-            f"need min_time >= 0, repeats >= 1 and warmup >= 0; got min_time={min_time!r}, "
-            f"repeats={repeats!r}, warmup={warmup!r}."
-        )
 
 
 def check_sizes(sizes: Sequence[int]) -> list[int]:

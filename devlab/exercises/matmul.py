@@ -12,14 +12,13 @@ from devlab.exercises._common import (
     Progress,
     busy_note,
     check_sizes,
-    check_timing,
     default_gpu,
     device_info,
     format_seconds,
     load_average,
     no_gpu_note,
 )
-from devlab.timing import time_on_device
+from devlab.timing import check_options, time_on_device
 
 DEFAULT_SIZES = (16, 32, 64, 128, 256, 512, 1024)
 
@@ -82,7 +81,7 @@ def matmul_cpu_vs_gpu(
     Without a GPU only the CPU is timed and the result says so.
     """
     sizes = check_sizes(sizes)
-    check_timing(min_time=min_time, repeats=repeats, warmup=warmup)
+    check_options(min_time=min_time, repeats=repeats, warmup=warmup)
     cpu_info = device_info("cpu")
     gpu_info = device_info(device if device is not None else default_gpu())
     has_gpu = gpu_info.torch_device.type != "cpu"

@@ -17,14 +17,13 @@ from devlab.exercises._common import (
     Progress,
     busy_note,
     check_positive,
-    check_timing,
     default_gpu,
     device_info,
-    format_bytes,
     format_seconds,
     load_average,
 )
-from devlab.timing import time_on_device
+from devlab.sizes import format_bytes
+from devlab.timing import check_options, time_on_device
 
 PER_STEP = "per step: .item() each step"
 ON_DEVICE = "on device: one transfer at the end"
@@ -69,7 +68,7 @@ def norm_logging(
     and warms it up), then `warmup` more times untimed, then `repeats` timed runs.
     """
     check_positive(n=n, size=size)
-    check_timing(min_time=0.0, repeats=repeats, warmup=warmup)
+    check_options(repeats=repeats, warmup=warmup)
     info = device_info(device if device is not None else default_gpu())
     dev = info.torch_device
     gen = torch.Generator().manual_seed(0)

@@ -19,8 +19,8 @@ from devlab.exercises._common import (
     check_positive,
     default_gpu,
     device_info,
-    format_bytes,
 )
+from devlab.sizes import format_bytes
 
 
 class ParametersResult(ExerciseResult):

@@ -20,13 +20,12 @@ from devlab.exercises._common import (
     Progress,
     busy_note,
     check_positive,
-    check_timing,
-    cpu_cores,
     device_info,
     format_seconds,
     load_average,
 )
-from devlab.timing import synchronizer, time_on_device
+from devlab.host import cpu_cores
+from devlab.timing import check_options, synchronizer, time_on_device
 
 IDEAL = 2.0
 
@@ -118,7 +117,7 @@ def two_gpu_scaling(
     raises `NeedsTwoGPUs` saying so.
     """
     check_positive(size=size)
-    check_timing(min_time=min_time, repeats=repeats, warmup=warmup)
+    check_options(min_time=min_time, repeats=repeats, warmup=warmup)
     have = d2l.num_gpus()
     if have < 2:
         raise NeedsTwoGPUs(

@@ -21,7 +21,6 @@ def load_ipython_extension(ip: Any) -> None:
         ip.register_magics(m)
     ip.events.register("pre_run_cell", placement.pre_run_cell)
     ip.events.register("post_run_cell", placement.post_run_cell)
-    debugging.per_cell = True
     _state.update(shell=ip, magics=magics, placement=placement)
     print(f"devlab loaded: {_device_line()}")
 

@@ -15,6 +15,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.display import display
 
 from devlab.magics.cell import compile_cell, run_body
+from devlab.magics.usage import usage_errors
 
 __all__ = ["MonitoringMagics"]
 
@@ -25,10 +26,6 @@ def _unquote(text: str) -> str:
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]
     return text
-
-
-def _one_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 @magics_class
@@ -67,11 +64,9 @@ class MonitoringMagics(Magics):
         args = magic_arguments.parse_argstring(self.memwatch, line)
         if not args.interval > 0:
             raise UsageError(f"--interval must be more than 0 ms, got {args.interval:g}")
-        try:
+        with usage_errors():
             monitor = MemoryMonitor(args.device, interval=args.interval / 1000,
                                     show_summary=False)
-        except Exception as e:  # a bad device name: one line, no internal traceback
-            raise UsageError(f"%%memwatch: {_one_line(e)}") from None
         display(monitor)
         monitor.start()
         try:
@@ -117,19 +112,17 @@ class MonitoringMagics(Magics):
             %%compare_devices /CPU:0 /GPU:0 --setup "x = torch.rand(1000, 1000)"
             y = x @ x
         """
-        from devlab.memory import resolve_device
-        from devlab.timing import time_on_device
+        from devlab.scope import resolve_device
+        from devlab.timing import check_options, time_on_device
         from devlab.widgets import TimingChart
 
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
         args = magic_arguments.parse_argstring(self.compare_devices, line)
-        if args.warmup < 0 or args.repeats < 1 or not args.min_time >= 0:
-            raise UsageError("need --warmup >= 0, --repeats >= 1 and --min-time >= 0")
-        for name in args.devices:
-            try:
+        with usage_errors():
+            check_options(warmup=args.warmup, repeats=args.repeats, min_time=args.min_time,
+                          flags=True)
+            for name in args.devices:
                 resolve_device(name)
-            except Exception as e:
-                raise UsageError(f"%%compare_devices: {_one_line(e)}") from None
         body, _ = compile_cell(self.shell, cell, "timed", f"%%compare_devices {line}")
         setup_code = _unquote(args.setup)
         setup = compile_cell(self.shell, setup_code, "setup")[0] if setup_code.strip() else None

@@ -13,6 +13,7 @@ from IPython.display import display
 
 from devlab import config, debugging, inventory, placement_log, scope
 from devlab.magics.cell import run_body
+from devlab.magics.usage import usage_errors
 from devlab.names import full_name
 from devlab.placement_log import DEFAULT_LIMIT, PlacementLog
 
@@ -41,7 +42,6 @@ class PlacementMagics(Magics):
         self.file: Path | None = None
         self._pending: list[PlacementLog] = []
         self._cell_limit: int | None = None  # a cell magic's own --limit
-        self._depth = 0
 
     # -- %device / %%device ------------------------------------------------------------------
 
@@ -65,21 +65,23 @@ class PlacementMagics(Magics):
         devlab.config.set_soft_device_placement(True)) is given.
         """
         __tracebackhide__ = True  # noqa: F841
-        args = self._parse(self.device, line)
+        args = parse_argstring(self.device, line)
         soft = True if args.soft else None
         if cell is None:
             if args.reset:
                 scope.reset_default()
                 print(f"Default device: {full_name(scope.current_default())}")
             elif args.name:
-                placement = self._guard(scope.set_default, args.name, soft=soft)
+                with usage_errors():
+                    placement = scope.set_default(args.name, soft=soft)
                 print(placement.note or f"Default device: {placement.full_name} (torch {placement.device})")
             else:
                 print(f"Default device: {full_name(scope.current_default())} (torch {scope.current_default()})")
             return None
         if not args.name:
             raise UsageError("%%device needs a device name, e.g. %%device /GPU:0 or %%device /CPU:0.")
-        self._guard(scope.resolve, args.name, soft=soft)  # a bad name is a one-line error
+        with usage_errors():
+            scope.resolve(args.name, soft=soft)
         if args.log:
             # The log starts first so that it also shows a soft-placement fallback.
             return self._run_logged(cell, args.limit, scope=scope.device(args.name, soft=soft), header=f"%%device {line}")
@@ -106,7 +108,7 @@ class PlacementMagics(Magics):
         a summary ends the log. Long logs are collapsed; --file keeps every line.
         """
         __tracebackhide__ = True  # noqa: F841
-        args = self._parse(self.placement_log, line)
+        args = parse_argstring(self.placement_log, line)
         if args.limit is not None and args.limit < 0:
             raise UsageError(f"--limit is the number of lines to show, 0 or more; got {args.limit}.")
         if cell is not None:
@@ -139,30 +141,15 @@ class PlacementMagics(Magics):
         %devices
         %devices --simulate-gpus 2 [--memory-limit 1024]
         """
-        args = self._parse(self.devices, line)
+        args = parse_argstring(self.devices, line)
         if args.memory_limit is not None and args.simulate_gpus is None:
             raise UsageError("--memory-limit goes with --simulate-gpus N.")
         if args.simulate_gpus is not None:
-            self._guard(config.simulate_gpus, args.simulate_gpus, memory_limit=args.memory_limit)
+            with usage_errors():
+                config.simulate_gpus(args.simulate_gpus, memory_limit=args.memory_limit)
         return inventory.device_table()
 
     # -- helpers -----------------------------------------------------------------------------------
-
-    def _parse(self, magic: Any, line: str) -> Any:
-        try:
-            return parse_argstring(magic, line)
-        except UsageError:
-            raise
-        except SystemExit as exc:  # argparse exits on --help and bad choices
-            raise UsageError(f"{magic.__name__}: invalid arguments '{line}'. See %{magic.__name__}?") from exc
-
-    @staticmethod
-    def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        # Mistakes in a magic's arguments are one clear line, not a traceback into devlab.
-        try:
-            return fn(*args, **kwargs)
-        except (ValueError, RuntimeError, TypeError) as exc:
-            raise UsageError(str(exc)) from None
 
     def _run_logged(
         self,
@@ -187,7 +174,7 @@ class PlacementMagics(Magics):
     def pre_run_cell(self, info: Any = None) -> None:
         self._cell_limit = None
         if debugging.get_log_device_placement():
-            debugging.start_log()
+            debugging.start_log(per_cell=True)
 
     def post_run_cell(self, result: Any = None) -> None:
         debugging.finish_log()

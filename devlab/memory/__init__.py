@@ -5,7 +5,8 @@
   process RSS); `reader_for(device)` picks one.
 - `devlab.memory.sampler`: `Sampler` reads its readers from one background thread at a
   fixed rate into a time series.
-- `devlab.memory.summary`: start/peak/end per device (`MemorySummary`), `format_bytes`.
+- `devlab.memory.summary`: start/peak/end per device (`MemorySummary`), shown with
+  `devlab.sizes.format_bytes` (also importable from here).
 - `devlab.memory.chart`: `MemoryChart`, the matplotlib chart `Sampler.plot` and the
   `MemoryMonitor` widget draw.
 
@@ -24,9 +25,7 @@ from devlab.memory.readers import (
     SimulatedReader,
     TorchCudaReader,
     default_devices,
-    device_label,
     reader_for,
-    resolve_device,
 )
 from devlab.memory.sampler import Sampler
 from devlab.memory.summary import DeviceSummary, MemorySummary, format_bytes
@@ -39,8 +38,6 @@ __all__ = [
     "SimulatedReader",
     "NvmlReader",
     "reader_for",
-    "resolve_device",
-    "device_label",
     "default_devices",
     "Sampler",
     "DeviceSummary",

@@ -19,7 +19,8 @@ from typing import Protocol
 
 import torch
 
-from devlab import nvml, scope, simulated
+from devlab import nvml, simulated
+from devlab.scope import device_label, resolve_device
 
 __all__ = [
     "MemoryReading",
@@ -29,8 +30,6 @@ __all__ = [
     "SimulatedReader",
     "NvmlReader",
     "reader_for",
-    "resolve_device",
-    "device_label",
     "default_devices",
 ]
 
@@ -64,19 +63,7 @@ class MemoryReader(Protocol):
 
 
 # --------------------------------------------------------------------------------------------
-# Device names
-
-
-def resolve_device(device: torch.device | str) -> torch.device:
-    """Turn a device name into the `torch.device` work runs on.
-
-    Names (TensorFlow's `/GPU:0`, torch's `cuda:0`) go through `devlab.scope.resolve`, the
-    one place that knows the logical devices (and soft placement); `torch.device` objects are
-    used as is.
-    """
-    if isinstance(device, torch.device):
-        return device
-    return scope.resolve(str(device)).device
+# Devices
 
 
 def _simulated():
@@ -86,16 +73,6 @@ def _simulated():
 
 def _nvml():
     return nvml if nvml.available() else None
-
-
-def device_label(device: torch.device) -> str:
-    """A short TensorFlow-style label for charts: `CPU:0`, `GPU:1`, `GPU:0 (simulated)`."""
-    if device.type == "cpu":
-        return "CPU:0"
-    if device.type == "cuda":
-        index = 0 if device.index is None else device.index
-        return f"GPU:{index}" + (" (simulated)" if _simulated() is not None else "")
-    return str(device).upper()
 
 
 def default_devices() -> list[torch.device]:

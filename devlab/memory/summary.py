@@ -1,24 +1,13 @@
 """What a watch of memory amounts to: per-device start, peak and end (`DeviceSummary`,
-`MemorySummary`), and `format_bytes` for showing byte counts."""
+`MemorySummary`). `format_bytes` (from `devlab.sizes`) shows their byte counts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from devlab.sizes import format_bytes
+
 __all__ = ["DeviceSummary", "MemorySummary", "format_bytes"]
-
-
-def format_bytes(n: float | None) -> str:
-    """1536 -> '1.5 KiB' (binary units, as nvidia-smi and torch report)."""
-    if n is None:
-        return "—"
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _signed(n: int) -> str:
