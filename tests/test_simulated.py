@@ -796,6 +796,14 @@ def _snapshot() -> dict[str, object]:
         if n in sys.modules]
     snap: dict[str, object] = {f"{m.__name__}.{k}": v for m in mods for k, v in vars(m).items()}
     snap["torch.Event"], snap["torch.Stream"] = torch.Event, torch.Stream
+    snap["torch.device"], snap["torch.Generator"] = torch.device, torch.Generator
+    snap["torch._C._group_tensors_by_device_and_dtype"] = torch._C._group_tensors_by_device_and_dtype
+    snap["threading.Thread._bootstrap_inner"] = vars(threading.Thread)["_bootstrap_inner"]
+    autocast = torch.amp.autocast_mode.autocast
+    snap["autocast.__enter__"], snap["autocast.__exit__"] = autocast.__enter__, autocast.__exit__
+    snap["AutocastCPU kernels"] = tuple(
+        torch._C._dispatch_has_kernel_for_dispatch_key(op, "AutocastCPU")
+        for op in ("aten::softmax.int", "aten::einsum", "aten::exp", "aten::mm"))
     snap["registry"] = list(torch.serialization._package_registry)
     return snap
 
@@ -803,7 +811,8 @@ def _snapshot() -> dict[str, object]:
 def _assert_torch_is_normal(before: dict[str, object]) -> None:
     after = _snapshot()
     assert after.keys() == before.keys()
-    changed = [k for k in before if after[k] is not before[k] and k != "registry"]
+    changed = [k for k in before if after[k] is not before[k] and after[k] != before[k]
+               and k != "registry"]
     assert changed == []
     assert all(a is b for a, b in zip(after["registry"], before["registry"], strict=True))
     assert torch._C._len_torch_function_stack() == 0
@@ -828,6 +837,10 @@ _MUST_PATCH = {
     "torch.cuda.synchronize", "torch.cuda.set_stream", "torch.cuda.memory_reserved",
     "torch.cuda.reset_accumulated_memory_stats", "torch.cuda.memory.memory_reserved",
     "torch.cuda.memory.reset_accumulated_memory_stats", "torch.Event", "torch.Stream",
+    # where torch asks C++ about devices, threads, autocast
+    "torch.device", "torch.Generator", "torch._C._group_tensors_by_device_and_dtype",
+    "torch.cuda._lazy_init", "threading.Thread._bootstrap_inner", "autocast.__enter__",
+    "AutocastCPU kernels",
 }
 
 
@@ -835,7 +848,8 @@ def test_stop_returns_torch_to_exactly_its_normal_behaviour() -> None:
     before = _snapshot()
     simulated.start(2, [None, 10])
     during = _snapshot()
-    patched = {k for k in before if k != "registry" and during[k] is not before[k]}
+    patched = {k for k in before if k != "registry" and during[k] is not before[k]
+               and during[k] != before[k]}
     assert _MUST_PATCH <= patched, sorted(_MUST_PATCH - patched)
     x = torch.ones(3, device="cuda:1")
     y = x.cuda(0) @ torch.ones(3, device="cuda:0")

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from devlab.sizes import check_memory_limit
+
 from . import _launch, _requirements, _session, _workers
 from ._marks import index_of
 from ._session import current_index
@@ -48,7 +50,7 @@ __all__ = [
 ]
 
 _control_lock = threading.RLock()
-_patcher: Any = None  # the running simulation's _patcher.Patcher
+_undo: Any = None  # the running simulation's _patcher.Patcher
 _start_mode: Any = None  # the mode start() put on its thread's stack
 _start_thread: int | None = None
 _MB = 1024 * 1024
@@ -60,12 +62,8 @@ def _limits_bytes(count: int, memory_limits_mb: list[int | None] | None) -> list
     limits = list(memory_limits_mb)
     if len(limits) != count:
         raise ValueError(f"memory_limits_mb has {len(limits)} entries for {count} simulated GPUs")
-    out: list[int | None] = []
-    for lim in limits:
-        if lim is not None and lim <= 0:
-            raise ValueError(f"memory limit must be a positive number of MB, got {lim}")
-        out.append(None if lim is None else int(lim * _MB))
-    return out
+    return [None if lim is None else lim * _MB
+            for lim in (check_memory_limit(mb, "each memory limit") for mb in limits)]
 
 
 def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
@@ -76,7 +74,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
     `asynchronous=False` runs every op synchronously on the calling thread. Refuses on a
     machine with real CUDA GPUs, and on a torch that lacks what the simulation relies on.
     """
-    global _patcher, _start_mode, _start_thread
+    global _undo, _start_mode, _start_thread
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"count must be a positive integer, got {count!r}")
     limits = _limits_bytes(count, memory_limits_mb)
@@ -120,7 +118,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             _session.session = None
             patcher.restore()
             raise
-        _patcher, _start_mode, _start_thread = patcher, mode, threading.get_ident()
+        _undo, _start_mode, _start_thread = patcher, mode, threading.get_ident()
         _launch.enabled = asynchronous
 
 
@@ -161,7 +159,7 @@ def stop() -> None:
     off that thread's stack, so it only disarms it (the mode passes every call through, and
     the next start() there removes it). Modes of other threads are disarmed the same way.
     """
-    global _patcher, _start_mode, _start_thread
+    global _undo, _start_mode, _start_thread
     with _control_lock:
         errors: list[BaseException] = []
         try:
@@ -181,12 +179,12 @@ def stop() -> None:
                 torch.set_default_device(None)
             except BaseException as e:
                 errors.append(e)
-        if _patcher is not None:
+        if _undo is not None:
             try:
-                _patcher.restore()
+                _undo.restore()
             except BaseException as e:
                 errors.append(e)
-            _patcher = None
+            _undo = None
         _session.session = None
         _session.forget_thread_state()
         _launch.enabled = False

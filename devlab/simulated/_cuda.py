@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from devlab.host import cpu_cores
+
 from . import _devices, _errors, _session, _workers
 from ._errors import entry
 from ._patcher import Patcher
@@ -103,7 +105,7 @@ def get_device_name(device: Any = None) -> str:
 def get_device_properties(device: Any = None) -> SimulatedDeviceProperties:
     i = _devices.cuda_index(device)
     return SimulatedDeviceProperties(name=device_name(i), total_memory=total_memory(i),
-                                     multi_processor_count=_workers.cpu_cores())
+                                     multi_processor_count=cpu_cores())
 
 
 @entry

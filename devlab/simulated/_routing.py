@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _autograd, _errors, _factories, _launch, _moves, _ops, _session
+from . import _amp, _autograd, _errors, _factories, _launch, _moves, _ops, _session
 from ._marks import live_mark, storage_of
 
 Tensor = torch.Tensor
@@ -30,6 +30,7 @@ def _passthrough(func: Callable, args: tuple, kwargs: dict) -> Any:
 HANDLERS: dict[Callable, Callable] = {
     **_moves.HANDLERS,
     **_autograd.HANDLERS,
+    **_amp.HANDLERS,
     **dict.fromkeys(_launch.OPS, _launch.launch),
     # Calls without tensors that every training step makes: straight through.
     torch._C._set_grad_enabled: _passthrough,

@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import torch
 
+from devlab.host import cpu_cores
+
 from . import _session
 
 # Launched-but-unfinished ops over all workers, and whether a worker holds an error: busy()
@@ -29,13 +31,6 @@ _workers: dict[int, _Worker] = {}
 
 # Threads the simulation starts for itself, which must not route work (see _threads).
 UNROUTED = "_devlab_unrouted"
-
-
-def cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 class _Worker:
