@@ -27,3 +27,21 @@ def clean_devlab():
     devlab.scope.reset_default()
     devlab.config.reset()
     assert _torch_state() == before, "a test left torch changed"
+
+
+@pytest.fixture
+def no_simulation():
+    """The simulation is off before and after the test, and the runtime uninitialized."""
+    devlab.simulated.stop()
+    devlab.runtime.reset()
+    yield
+    devlab.simulated.stop()
+    devlab.runtime.reset()
+    assert not devlab.simulated.is_active()
+
+
+@pytest.fixture
+def two(no_simulation):
+    """Two simulated GPUs for the test."""
+    devlab.simulated.start(2)
+    return devlab.simulated

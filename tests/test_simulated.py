@@ -21,20 +21,7 @@ from devlab.simulated import _launch, _workers
 MIB = 1024 * 1024
 
 
-@pytest.fixture(autouse=True)
-def _no_simulation_left():
-    simulated.stop()
-    runtime.reset()
-    yield
-    simulated.stop()
-    runtime.reset()
-    assert not simulated.is_active()
-
-
-@pytest.fixture
-def two():
-    simulated.start(2)
-    return simulated
+pytestmark = pytest.mark.usefixtures("no_simulation")
 
 
 # --- what torch.cuda says ----------------------------------------------------------------

@@ -17,25 +17,13 @@ import pytest
 import torch
 from torch import nn
 
-from devlab import runtime, simulated
+from devlab import simulated
 from devlab.simulated import _queries, _requirements, _workers
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _no_simulation_left():
-    simulated.stop()
-    runtime.reset()
-    yield
-    simulated.stop()
-    runtime.reset()
-
-
-@pytest.fixture
-def two():
-    simulated.start(2)
-    return simulated
+pytestmark = pytest.mark.usefixtures("no_simulation")
 
 
 def _launched(monkeypatch) -> list[int]:
