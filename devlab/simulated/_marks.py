@@ -127,6 +127,15 @@ def mark(storages: list[torch.UntypedStorage], index: int) -> None:
     sess = _session.session
     if sess is None:
         return
+    if len(storages) == 1:  # almost every op: one fresh output
+        s = storages[0]
+        nb = (s.nbytes() + BLOCK - 1) & -BLOCK
+        with _session.lock:
+            _charge(sess.devices[index], nb)
+        setattr(s, MARK, Mark(s, index, sess, nb))
+        if not sess.used:
+            _first_use(sess)
+        return
     sizes = [rounded(s.nbytes()) for s in storages]
     with _session.lock:
         _charge(sess.devices[index], sum(sizes))

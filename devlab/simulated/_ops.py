@@ -148,6 +148,15 @@ def mark_outputs(out: Any, index: int, host: list | None = None) -> None:
     holds the storages of host inputs, which an output may alias (a broadcast CPU scalar).
     """
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if type(out) in PLAIN and not host:  # almost every op: one plain tensor
+        s = storage_of(out)
+        if s is not None:
+            m = live_mark(s)
+            if m is None:
+                mark([s], index)
+            else:
+                recount(s, m)
+            return
     outs = (out,) if isinstance(out, Tensor) else out if isinstance(out, (tuple, list)) else ()
     fresh: list[torch.UntypedStorage] = []
     for o in outs:

@@ -31,15 +31,10 @@ import torch
 from . import _devices
 from ._devices import DEVICE_TYPE
 from ._errors import entry
-from ._marks import index_of
+from ._marks import live_mark, storage_of
 from ._patcher import Patcher
 
 _orig_group = torch._C._group_tensors_by_device_and_dtype
-
-
-def _device_of(t: torch.Tensor) -> torch.device:
-    i = index_of(t)
-    return t.device if i is None else torch.device("cuda", i)
 
 
 def group_tensors_by_device_and_dtype(
@@ -50,47 +45,47 @@ def group_tensors_by_device_and_dtype(
     As the C++ original (aten/src/ATen/native/ForeachUtils.h): the key of index i is the
     device and dtype of tensorlistlist[0][i]; every non-empty list adds its i-th entry (None
     stays None) to that group; the i-th entries must share the key's device and dtype, except
-    float `step` tensors, which may also live on the host.
+    float `step` tensors, which may also live on the host. C++ checks the dtypes and groups;
+    the devices, which C++ cannot see, are checked here and put in the keys.
     """
-    result: dict[tuple[torch.device, torch.dtype], tuple[list[list[Any]], list[int]]] = {}
     if not tensorlistlist or not tensorlistlist[0]:
-        return result
-    n = len(tensorlistlist[0])
-    if any(len(tl) not in (0, n) for tl in tensorlistlist):
-        raise RuntimeError("Expected all tensor lists to have the same length (or none)")
-    lists_in = [tl for tl in tensorlistlist if len(tl)]
-    for i, first in enumerate(tensorlistlist[0]):
-        if first is None:
-            raise RuntimeError(
-                "Tensors of the first list of nested Tensor lists are supposed to be defined "
-                f"but the {i}-th Tensor is not.")
-        key = (_device_of(first), first.dtype)
-        for tl in lists_in:
-            t = tl[i]
-            if t is not None and not _fits(t, key):
+        return _orig_group(tensorlistlist, with_indices)
+    places = [_index(t) for t in tensorlistlist[0]]
+    for tl in tensorlistlist[1:]:
+        for place, first, t in zip(places, tensorlistlist[0], tl, strict=False):
+            if t is None or t is first:
+                continue
+            other = _index(t)
+            if other != place and not (other is None and t.dtype in _STEP_DTYPES):
                 raise RuntimeError(
                     "Tensors of the same index must be on the same device and the same dtype "
                     "except `step` tensors that can be CPU and float32/64 notwithstanding")
-        group = result.get(key)
-        if group is None:
-            group = result[key] = ([[] for _ in tensorlistlist], [])
-        lists, indices = group
-        for j, tl in enumerate(tensorlistlist):
-            if len(tl):
-                lists[j].append(tl[i])
-        if with_indices:
-            indices.append(i)
+    if len(set(places)) == 1:  # one device: C++ groups by dtype, the keys get the device
+        grouped = _orig_group(tensorlistlist, with_indices)
+        if places[0] is None:
+            return grouped
+        device = torch.device("cuda", places[0])
+        return {(device, dtype): group for (_, dtype), group in grouped.items()}
+    # Several devices: group each device's indices in C++, then put them back in order.
+    result: dict[tuple[torch.device, torch.dtype], tuple[list[list[Any]], list[int]]] = {}
+    for place in dict.fromkeys(places):
+        picked = [i for i, p in enumerate(places) if p == place]
+        sub = [[tl[i] for i in picked] if len(tl) else [] for tl in tensorlistlist]
+        device = torch.device("cpu") if place is None else torch.device("cuda", place)
+        for (_, dtype), (lists, indices) in _orig_group(sub, True).items():
+            result[(device, dtype)] = (lists, [picked[i] for i in indices] if with_indices
+                                       else [])
     return result
 
 
+def _index(t: torch.Tensor | None) -> int | None:
+    if t is None:
+        return None
+    m = live_mark(storage_of(t))
+    return None if m is None else m.index
+
+
 _STEP_DTYPES = (torch.float32, torch.float64)
-
-
-def _fits(t: torch.Tensor, key: tuple[torch.device, torch.dtype]) -> bool:
-    d = _device_of(t)
-    if d == key[0]:
-        return t.dtype == key[1] or t.dtype in _STEP_DTYPES
-    return d.type == "cpu" and t.dtype in _STEP_DTYPES
 
 
 class _StandIn(type):

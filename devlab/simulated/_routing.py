@@ -47,7 +47,11 @@ def _attribute(func: Callable, args: tuple) -> Any:
     while the tensor's op is queued. Only a tensor result may need a mark (a gradient the C++
     engine made)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    out = _ops.call(None, func, args, {})
+    try:
+        out = func(*args)
+    except Exception as e:
+        _errors.torch_error(e)
+        raise
     if isinstance(out, Tensor) and live_mark(storage_of(out)) is None:
         owner = live_mark(storage_of(args[0]))
         if owner is not None:
