@@ -153,6 +153,13 @@ def test_04_mixing_devices_fails_with_pytorchs_words(nb04) -> None:
            "cuda:0 and cuda:1!" in out
 
 
+def test_04_model_parallel_trains_across_two_gpus_as_on_the_host(nb04) -> None:
+    out = text(cell_with(nb04, "def train_split("))
+    assert "(same as on the host: True)" in out
+    assert ("layer 1: weights on cuda:0, gradients on cuda:0, Adam state on cuda:0" in out)
+    assert ("layer 2: weights on cuda:1, gradients on cuda:1, Adam state on cuda:1" in out)
+
+
 def test_04_model_replicas_agree_with_the_host_model(nb04) -> None:
     out = text(cell_with(nb04, "replicas = ["))
     assert "same as the model on the host: True" in out
