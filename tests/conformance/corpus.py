@@ -1,0 +1,365 @@
+"""The conformance corpus: real third-party PyTorch programs, kept byte for byte.
+
+Each `Program` names where its files come from (repository, path, commit of the stored copy,
+its length and our copy's SHA-256), its licence, how to run it (entry file and argv, run from a
+temporary copy of its folder), what it exercises, the data stand-in it needs (or none), and how
+its simulated run is judged: numbers taken from stdout and compared with the same program on the
+CPU (`compare`), or why no comparison is possible (`compare_note`), lines the simulated run must
+print (`expect_stdout`), an error the program itself raises on a real GPU too (`expect_error`),
+how many simulated GPUs must have held its tensors (`gpus_used`), and for a notebook the code
+cells whose outputs must equal those the notebook stores from its author's GPU run.
+
+`programs/<name>/` holds the files; `standins/` the torchvision stand-in; `datagen.py` the data
+files a program reads; `run_program.py` runs one program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROGRAMS = HERE / "programs"
+STANDINS = HERE / "standins"
+
+BSD3_TUTORIALS = "BSD-3-Clause (pytorch/tutorials LICENSE, © 2017-2022 PyTorch contributors)"
+BSD3_EXAMPLES = "BSD-3-Clause (pytorch/examples LICENSE, © 2017 PyTorch contributors)"
+MIT_NANOGPT = "MIT (karpathy/nanoGPT LICENSE, © 2022 Andrej Karpathy)"
+MIT_LLMS = "MIT (rasbt/LLMs-from-scratch LICENSE.txt, © 2023-2024 Sebastian Raschka)"
+
+TORCHVISION_MNIST = (
+    "torchvision stand-in (tests/conformance/standins/torchvision): datasets.MNIST gives synthetic "
+    "28x28 uint8 grey PIL images with int labels 0-9, 1280 train / 400 test samples (the real set: "
+    "60000 / 10000); transforms.ToTensor/Normalize/Compose as torchvision's"
+)
+TORCHVISION_FASHION = TORCHVISION_MNIST.replace("datasets.MNIST", "datasets.FashionMNIST")
+TORCHVISION_IMPORT_ONLY = (
+    "torchvision stand-in (tests/conformance/standins/torchvision): imported, no dataset used"
+)
+
+FLOAT = r"-?\d+\.\d+(?:e[-+]?\d+)?"
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One stored file: its repository path and commit, our copy's name, length and digest."""
+
+    path: str
+    commit: str
+    local: str
+    chars: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Compare:
+    """Numbers a run prints: every group of every match of `pattern` (multiline) in stdout,
+    taken from the first line matching `after` (if given) up to the first line matching
+    `until` (if given). Two runs agree when both lists have the same length (> 0) and each pair
+    is within `rtol`/`atol`."""
+
+    pattern: str
+    rtol: float = 0.0
+    atol: float = 0.0
+    after: str | None = None
+    until: str | None = None
+
+
+@dataclass(frozen=True)
+class Program:
+    """One corpus entry (see the module docstring)."""
+
+    name: str
+    title: str
+    repo: str
+    files: tuple[SourceFile, ...]
+    licence: str
+    entry: str
+    exercises: str
+    argv: tuple[str, ...] = ()
+    cpu_argv: tuple[str, ...] | None = None
+    standin: str = "none"
+    data: str | None = None
+    compare: Compare | None = None
+    compare_note: str = ""
+    expect_stdout: tuple[str, ...] = ()
+    expect_error: str | None = None
+    expect_error_at: str | None = None
+    gpus_used: int = 1
+    notebook_cells: tuple[int, ...] = ()
+    timeout: float = 240.0
+    notes: str = ""
+
+    @property
+    def folder(self) -> Path:
+        return PROGRAMS / self.name
+
+    @property
+    def is_notebook(self) -> bool:
+        return self.entry.endswith(".ipynb")
+
+    def source_line(self) -> str:
+        """'repo: path@commit, ...' for tables."""
+        return f"{self.repo}: " + ", ".join(f"{f.path}@{f.commit[:10]}" for f in self.files)
+
+
+TUTORIALS = "pytorch/tutorials"
+EXAMPLES = "pytorch/examples"
+
+CORPUS: tuple[Program, ...] = (
+    Program(
+        name="quickstart_tutorial",
+        title="PyTorch Quickstart (Learn the Basics)",
+        repo=TUTORIALS,
+        files=(SourceFile("beginner_source/basics/quickstart_tutorial.py",
+                          "afcd669d56554c2ef46f2da92edbfaf8c54043ec", "quickstart_tutorial.py",
+                          8550, "73d1ca9b46151693395a01537bc088b89036057d6a04405f76ebeb4816f2f2f9"),),
+        licence=BSD3_TUTORIALS,
+        entry="quickstart_tutorial.py",
+        exercises="device selection (`'cuda' if torch.cuda.is_available()`), `Module.to`, moving "
+                  "batches, SGD training loop, `.item()`, `torch.save(state_dict)` of GPU tensors "
+                  "and `torch.load(weights_only=True)` back onto the GPU",
+        standin=TORCHVISION_FASHION,
+        compare=Compare(rf"(?:loss: |Accuracy: |Avg loss: )\s*({FLOAT})", rtol=1e-4, atol=2e-6),
+        expect_stdout=(r"^Using cuda device$", r"^Predicted: \"",),
+    ),
+    Program(
+        name="tensorqs_tutorial",
+        title="Tensors (Learn the Basics)",
+        repo=TUTORIALS,
+        files=(SourceFile("beginner_source/basics/tensorqs_tutorial.py",
+                          "7a5420a2093171a4560d25d4a19d95aa0ae6d8c7", "tensorqs_tutorial.py",
+                          7668, "5e0150f9ff6beb8d4c9a7b9686d53773cd0d416d75fa35e4a9c31373827880b3"),),
+        licence=BSD3_TUTORIALS,
+        entry="tensorqs_tutorial.py",
+        exercises="`tensor.to(\"cuda\")` after `torch.cuda.is_available()`, tensor creation, "
+                  "indexing, matmul with `out=`, NumPy bridge of CPU tensors",
+        compare=Compare(FLOAT),
+    ),
+    Program(
+        name="buildmodel_tutorial",
+        title="Build the Neural Network (Learn the Basics)",
+        repo=TUTORIALS,
+        files=(SourceFile("beginner_source/basics/buildmodel_tutorial.py",
+                          "c53e7d4efc0e39e455c531d21ec7db28ba220214", "buildmodel_tutorial.py",
+                          7453, "3848002404239acb7555f3ae26959c680c39be463803eaa6c2dc43b92983e2f4"),),
+        licence=BSD3_TUTORIALS,
+        entry="buildmodel_tutorial.py",
+        exercises="`torch.rand(..., device=device)`, model on the GPU, printing GPU parameters "
+                  "and predictions (host syncs), CPU layers beside GPU ones",
+        standin=TORCHVISION_IMPORT_ONLY,
+        compare=Compare(FLOAT, rtol=1e-5, atol=1e-6, after=r"^Model structure:"),
+        compare_note="only the parameters printed at the end (drawn on the CPU before any GPU "
+                     "random number): on a GPU, `torch.rand(..., device='cuda')` draws from the "
+                     "CUDA generator, so the CPU randoms printed after it legitimately differ "
+                     "from a CPU run",
+        expect_stdout=(r"^Using cuda device$", r"Predicted class: tensor\(\[\d\], device='cuda:0'\)",
+                       r"Values : tensor\(.*device='cuda:0'"),
+    ),
+    Program(
+        name="blitz_tensor_tutorial",
+        title="What is PyTorch? (60 Minute Blitz, tensors)",
+        repo=TUTORIALS,
+        files=(SourceFile("beginner_source/blitz/tensor_tutorial.py",
+                          "1dc0de7f777e3aac6c073db3f710f6f735923762", "tensor_tutorial.py",
+                          5154, "ec63fa8d76d973360cef476ad7cc574927d71836b6af55720edaf0532782cdee"),),
+        licence=BSD3_TUTORIALS,
+        entry="tensor_tutorial.py",
+        exercises="\"CUDA Tensors\": `torch.ones_like(x, device=device)`, `x.to(device)`, "
+                  "GPU add, `z.to(\"cpu\", torch.double)`",
+        compare=Compare(FLOAT, after=r"^tensor\(\[\[0, 0, 0\],", until=r"device='cuda"),
+        compare_note="the first print shows `torch.empty` (uninitialized memory) and is skipped; "
+                     "the CUDA section prints only on the GPU run",
+        expect_stdout=(rf"^tensor\(\[{FLOAT}\], device='cuda:0'\)$",
+                       rf"^tensor\(\[{FLOAT}\], dtype=torch.float64\)$"),
+    ),
+    Program(
+        name="save_load_across_devices",
+        title="Saving and loading models across devices (recipe)",
+        repo=TUTORIALS,
+        files=(SourceFile("recipes_source/recipes/save_load_across_devices.py",
+                          "1faab41b059aa60b24164a042ffde043fe8316db", "save_load_across_devices.py",
+                          5305, "cb38e2c93b441998e3de6819ed23f9d1873bc8ddba481f535d78c7342f542da2"),),
+        licence=BSD3_TUTORIALS,
+        entry="save_load_across_devices.py",
+        exercises="`torch.save`/`torch.load` with `map_location=torch.device('cpu')` and "
+                  "`map_location=\"cuda:0\"`, `load_state_dict` then `model.to(torch.device('cuda'))`",
+        compare_note="no CPU run: the recipe hard-codes `torch.device(\"cuda\")`",
+        expect_error=r"^AttributeError: 'Net' object has no attribute 'module'$",
+        expect_error_at="save_load_across_devices.py:173",
+        notes="The recipe's own last step saves `net.module.state_dict()` of a model never wrapped "
+              "in DataParallel, so it ends with this AttributeError on a real GPU too, after every "
+              "device step above it ran.",
+    ),
+    Program(
+        name="changing_default_device",
+        title="Changing default device (recipe)",
+        repo=TUTORIALS,
+        files=(SourceFile("recipes_source/recipes/changing_default_device.py",
+                          "0a659232c0d83868b55cdd02c4d9363f8a4b862e", "changing_default_device.py",
+                          1409, "41dd11186329835ce6544f38b905c055fa74955c31f0c88e4a0ef117c6820f1b"),),
+        licence=BSD3_TUTORIALS,
+        entry="changing_default_device.py",
+        exercises="`with torch.device('cuda'):` and `torch.set_default_device('cuda')` for module "
+                  "construction and factories",
+        compare_note="no CPU run: the recipe uses `torch.device('cuda')` unconditionally; its "
+                     "whole output is checked instead",
+        expect_stdout=(r"\Acpu\ncuda:0\ncuda:0\ncuda:0\ncuda:0\n\Z",),
+    ),
+    Program(
+        name="data_parallel_tutorial",
+        title="Optional: Data Parallelism (60 Minute Blitz)",
+        repo=TUTORIALS,
+        files=(SourceFile("beginner_source/blitz/data_parallel_tutorial.py",
+                          "0ad33d606682537466f3430fc6d6ac7d47460f1a", "data_parallel_tutorial.py",
+                          9897, "92a476607180be29f201ada645a59e6e0e0446caaf81cc81d7faa2ada0566a78"),),
+        licence=BSD3_TUTORIALS,
+        entry="data_parallel_tutorial.py",
+        exercises="`torch.cuda.device_count() > 1`, `nn.DataParallel` over 2 GPUs (scatter, "
+                  "replicate, parallel_apply, gather), `model.to(\"cuda:0\")`",
+        compare=Compare(r"^Outside: input size torch.Size\(\[(\d+), 5\]\) "
+                        r"output_size torch.Size\(\[(\d+), 2\]\)"),
+        expect_stdout=(r"^Let's use 2 GPUs!$",
+                       r"\tIn Model: input size torch.Size\(\[15, 5\]\) output size torch.Size\(\[15, 2\]\)",
+                       r"\tIn Model: input size torch.Size\(\[5, 5\]\) output size torch.Size\(\[5, 2\]\)"),
+        gpus_used=2,
+    ),
+    Program(
+        name="model_parallel_tutorial",
+        title="Single-Machine Model Parallel Best Practices",
+        repo=TUTORIALS,
+        files=(SourceFile("intermediate_source/model_parallel_tutorial.py",
+                          "03b277366b12fc14f56a387cc5ec4cdf1ede744a", "model_parallel_tutorial.py",
+                          14021, "b1054a66624099ded7a982c058a6c8678c59fbd3188758e740bf8ba3c86710c8"),),
+        licence=BSD3_TUTORIALS,
+        entry="model_parallel_tutorial.py",
+        exercises="model parallel on two GPUs: `Linear(...).to('cuda:0')` and `.to('cuda:1')`, "
+                  "activations copied `cuda:0 -> cuda:1`, backward across both GPUs, SGD step over "
+                  "parameters on two devices",
+        standin="torchvision stand-in without `torchvision.models` (see notes)",
+        compare_note="no CPU run: the tutorial hard-codes `cuda:0` and `cuda:1`",
+        expect_error=r"^ModuleNotFoundError: No module named 'torchvision.models'$",
+        expect_error_at="model_parallel_tutorial.py:88",
+        gpus_used=2,
+        notes="Only its first part (the two-GPU ToyModel training step) runs: the rest needs "
+              "`torchvision.models.resnet` (not installable beside this torch, and not stood in) "
+              "and would time 12x10 ResNet-50 trainings on 120x128x128 batches, hours on 2 cores.",
+    ),
+    Program(
+        name="examples_mnist",
+        title="pytorch/examples MNIST",
+        repo=EXAMPLES,
+        files=(SourceFile("mnist/main.py", "cd01f93000a6679e768700dd29e417a1e5fd10e5", "main.py",
+                          5129, "161a14ef575e9f8853bd463d2748ff803096b3bf0d8ccddf3aa7b359d9962632"),),
+        licence=BSD3_EXAMPLES,
+        entry="main.py",
+        argv=("--epochs", "1", "--log-interval", "5"),
+        exercises="CNN training with `use_cuda`, DataLoader `num_workers=1, pin_memory=True` "
+                  "on the GPU run, Adadelta + StepLR, dropout on the GPU, evaluation with "
+                  "`argmax`/`eq`/`.item()`",
+        standin=TORCHVISION_MNIST,
+        compare=Compare(rf"(?:\[0/\d+ \(0%\)\]\tLoss: ({FLOAT})|Accuracy: (\d+)/)", rtol=2e-2),
+        compare_note="dropout runs on the GPU, where it draws from the CUDA generator, so later "
+                     "losses legitimately differ from a CPU run; compared: the first loss "
+                     "(before any step, ~ln 10) and the test accuracy count, within 2%",
+    ),
+    Program(
+        name="ddp_series_single_gpu",
+        title="DDP tutorial series: single_gpu.py",
+        repo=EXAMPLES,
+        files=(
+            SourceFile("distributed/ddp-tutorial-series/single_gpu.py",
+                       "11902294ca8f334cc12f94b367d7b1ee2cab1283", "single_gpu.py",
+                       2784, "f30eeeb5b713c8f290d78f78bc8ebfbd22f518fa239aea111e9b32e32e99be03"),
+            SourceFile("distributed/ddp-tutorial-series/datautils.py",
+                       "a7e31a5df144e014866521dc97c0c1fb259b24ec", "datautils.py",
+                       693, "21681fe4c9bc6e844e9624da832cfd896b812772553957cf9bd6cc150fa4fce3"),
+        ),
+        licence=BSD3_EXAMPLES,
+        entry="single_gpu.py",
+        argv=("2", "1"),
+        exercises="an integer device (`model.to(0)`, `tensor.to(0)`: \"shorthand for cuda:0\"), "
+                  "DataLoader `pin_memory=True` with shuffling, SGD, checkpoint `torch.save` "
+                  "of a GPU state_dict",
+        compare_note="no CPU run: `device = 0` means cuda:0; the program prints no numbers",
+        expect_stdout=(r"^\[GPU0\] Epoch 0 \| Batch size: 32 \| Steps: 64$",
+                       r"^\[GPU0\] Epoch 1 \| Batch size: 32 \| Steps: 64$",
+                       r"^Epoch 1 \| Training checkpoint saved at checkpoint.pt$"),
+    ),
+    Program(
+        name="nanogpt",
+        title="nanoGPT train.py (GPT training loop)",
+        repo="karpathy/nanoGPT",
+        files=(
+            SourceFile("train.py", "e2221318e607eb5ee0669d6b7641af25a2111545", "train.py",
+                       14860, "c0350c90f5d3f4aa5d4e468f608759691c87979deef4ebda0db65a937088b988"),
+            SourceFile("model.py", "04a1d697ddc57aadb2edbe95816bf86c6b8918b0", "model.py",
+                       18537, "a1526372b028f93f45a72645b98b47b1a517d8b32cccc296ad7c7d72b420f5c1"),
+            SourceFile("configurator.py", "1e016ae069026ccf6e27c09d172f0b8cfd7482b4",
+                       "configurator.py", 1758,
+                       "00f94af7a91796c93064e6e4f82dd5c119db17dc061d8a0371d0d40d6dc71290"),
+        ),
+        licence=MIT_NANOGPT,
+        entry="train.py",
+        argv=("--device=cuda", "--compile=False", "--wandb_log=False", "--dataset=synthetic_char",
+              "--dtype=float16", "--batch_size=8", "--block_size=64", "--n_layer=2", "--n_head=4",
+              "--n_embd=64", "--dropout=0.0", "--gradient_accumulation_steps=2",
+              "--max_iters=20", "--eval_interval=10", "--eval_iters=4", "--log_interval=1",
+              "--learning_rate=0.001", "--warmup_iters=5", "--lr_decay_iters=20",
+              "--min_lr=0.0001", "--always_save_checkpoint=False"),
+        cpu_argv=("--device=cpu", "--compile=False", "--wandb_log=False",
+                  "--dataset=synthetic_char", "--dtype=float16", "--batch_size=8",
+                  "--block_size=64", "--n_layer=2", "--n_head=4", "--n_embd=64", "--dropout=0.0",
+                  "--gradient_accumulation_steps=2", "--max_iters=20", "--eval_interval=10",
+                  "--eval_iters=4", "--log_interval=1", "--learning_rate=0.001",
+                  "--warmup_iters=5", "--lr_decay_iters=20", "--min_lr=0.0001",
+                  "--always_save_checkpoint=False"),
+        exercises="AMP: `torch.amp.autocast(device_type='cuda', dtype=float16)` + "
+                  "`torch.cuda.amp.GradScaler` (scale, unscale_, step, update), "
+                  "`clip_grad_norm_`, fused AdamW (`fused=True` on cuda), gradient accumulation, "
+                  "`pin_memory().to(device, non_blocking=True)`, `torch.cuda.is_bf16_supported()`, "
+                  "checkpoint `torch.save` of model + optimizer state",
+        standin="none for code; data files generated by the runner (datagen.nanogpt_char): "
+                "data/synthetic_char/train.bin (20000 uint16 tokens), val.bin (4000), meta.pkl "
+                "(vocab_size 65), shaped like nanoGPT's shakespeare_char",
+        data="nanogpt_char",
+        compare=Compare(rf"(?:iter \d+: loss |train loss |val loss )({FLOAT})", rtol=2e-2,
+                        atol=1e-3),
+        compare_note="CPU run with `--device=cpu` (nanoGPT then skips autocast); tolerance 2% "
+                     "because float16 autocast on a real GPU moves these losses by up to ~1%",
+        expect_stdout=(r"^using fused AdamW: True$", r"^saving checkpoint to out$"),
+        notes="The stored train.py sets `wandb_log = True` by default (upstream: False); the "
+              "run passes `--wandb_log=False`, as anyone without wandb must. The stored "
+              "model.py carries an optional SVD-of-V path that is off by default "
+              "(`use_svd=False`); both are versions from the nanoGPT repository network, kept "
+              "byte for byte.",
+    ),
+    Program(
+        name="llms_from_scratch_appendix_a",
+        title="Build a Large Language Model (From Scratch), Appendix A part 2 (GPU training)",
+        repo="rasbt/LLMs-from-scratch",
+        files=(SourceFile("appendix-A/01_main-chapter-code/code-part2.ipynb",
+                          "08040f024c35ceb4f7a0ad7c5df4747ef632d349", "code-part2.ipynb",
+                          12613, "a294469cc9df0abfa95990e42b532951e273842728ffde8eefee4918bee9a9e8"),),
+        licence=MIT_LLMS,
+        entry="code-part2.ipynb",
+        exercises="textbook chapter (A.9 'Optimizing training performance with GPUs'): "
+                  "`tensor.to(\"cuda\")`, the mixed-device RuntimeError the book shows on purpose, "
+                  "single-GPU training with DataLoader `num_workers=1`, accuracy on the GPU",
+        compare_note="the notebook's code cells run in order in an IPython shell (errors "
+                     "recorded, execution goes on, as nbclient --allow-errors); each cell's "
+                     "output is compared with the output the notebook stores from the author's "
+                     "T4 GPU run (all code cells but the first, which prints the torch version)",
+        notebook_cells=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+    ),
+)
+
+BY_NAME: dict[str, Program] = {p.name: p for p in CORPUS}
+
+
+def get(name: str) -> Program:
+    """The corpus entry called `name` (KeyError naming the known ones otherwise)."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"no program {name!r} in the corpus; known: {sorted(BY_NAME)}") from None

@@ -1,0 +1,415 @@
+"""Run one corpus program, unmodified, in a fresh process: on the CPU or on simulated GPUs.
+
+    python tests/conformance/run_program.py NAME [--simulate-gpus N]   # run it here, now
+    python tests/conformance/run_program.py --report [NAME ...]         # CPU + 2 GPUs, judged
+
+Run mode copies `programs/NAME/` into a temporary folder, writes the data files the program
+reads (`datagen`), makes that folder the working directory and the first import path, sets
+`sys.argv` to the manifest's arguments, seeds `random`, `numpy` and `torch` with 0, and runs the
+entry with `runpy.run_path(..., run_name="__main__")`; a notebook's code cells run in order in
+one namespace, an error recorded and execution going on (as nbclient's --allow-errors). With
+`--simulate-gpus N` it sets `DEVLAB_SIMULATE_GPUS=N` and imports devlab first; without it
+devlab is not imported at all. At the end, failure included, the last stdout line is
+`CONFORMANCE-RESULT {json}`: whether the simulation was used, each simulated GPU's peak bytes,
+the error and the program line that raised it, and a notebook's per-cell outputs. The exit
+status is the program's: 0, 1 for an uncaught exception, or its SystemExit code.
+
+`run()` is the API the tests use: it starts run mode in a subprocess with PYTHONPATH set to the
+folder holding the devlab that `import devlab` resolves to here (plus the stand-ins), never
+passes on the caller's DEVLAB_SIMULATE_GPUS, applies the program's time limit, and returns the
+exit status, stdout, stderr and parsed result. The helpers below judge a run against the
+manifest; `--report` uses them to print what passes and fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import importlib.util
+import io
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import corpus  # noqa: E402
+import datagen  # noqa: E402
+
+MARKER = "CONFORMANCE-RESULT "
+
+
+# --------------------------------------------------------------------------- run mode (child)
+
+class _Tee(io.TextIOBase):
+    """Writes to the real stream and keeps a copy (a notebook cell's stdout)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.buffer_text = io.StringIO()
+
+    def write(self, s: str) -> int:
+        self.buffer_text.write(s)
+        return self.real.write(s)
+
+    def flush(self) -> None:
+        self.real.flush()
+
+
+def _run_notebook(path: Path) -> list[dict[str, Any]]:
+    """Run the code cells of notebook `path` in order in one namespace; per cell: its stdout,
+    the repr of its last expression's value (as the notebook shows it) and its error."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    cells: list[dict[str, Any]] = []
+    code_cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    for i, cell in enumerate(code_cells):
+        src = "".join(cell["source"])
+        tee = _Tee(sys.stdout)
+        result: str | None = None
+        error: str | None = None
+        filename = f"<cell {i}>"
+        with contextlib.redirect_stdout(tee):
+            try:
+                tree = ast.parse(src, filename)
+                last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+                exec(compile(tree, filename, "exec"), namespace)
+                if last is not None:
+                    value = eval(compile(ast.Expression(last.value), filename, "eval"), namespace)
+                    if value is not None:
+                        result = repr(value)
+            except Exception as exc:
+                error = _error_line(exc)
+                traceback.print_exc(file=sys.stderr)
+        sys.stdout.flush()
+        if result is not None:
+            print(f"Out[{i}]: {result}", flush=True)
+        cells.append({"index": i, "stdout": tee.buffer_text.getvalue(), "result": result,
+                      "error": error})
+    return cells
+
+
+def _error_line(exc: BaseException) -> str:
+    """'Type: first line of the message', as Python's last traceback line shows it."""
+    msg = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def _frames(exc: BaseException, workdir: Path) -> tuple[str | None, list[str]]:
+    """The deepest frame inside the program's folder ('file:line') and the last frames."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    at = None
+    for fr in tb:
+        p = Path(fr.filename)
+        if p.is_absolute() and workdir in p.parents:
+            at = f"{p.relative_to(workdir)}:{fr.lineno}"
+    tail = [f"{fr.filename}:{fr.lineno} in {fr.name}: {(fr.line or '').strip()}" for fr in tb[-8:]]
+    return at, tail
+
+
+def _simulation_report(simulate: int) -> dict[str, Any]:
+    if not simulate:
+        return {"simulated": False, "is_used": False, "peak": []}
+    import devlab
+
+    sim = devlab.simulated
+    out: dict[str, Any] = {"simulated": True, "is_active": sim.is_active(),
+                           "is_used": bool(sim.is_used()), "peak": []}
+    with contextlib.suppress(Exception):
+        out["peak"] = [int(sim.memory_stats(i)["peak"]) for i in range(sim.device_count())]
+    return out
+
+
+def run_here(name: str, simulate: int) -> int:
+    """Run mode: run program `name` in this process (see the module docstring)."""
+    program = corpus.get(name)
+    if simulate:
+        os.environ["DEVLAB_SIMULATE_GPUS"] = str(simulate)
+    else:
+        os.environ.pop("DEVLAB_SIMULATE_GPUS", None)
+    workdir = Path(tempfile.mkdtemp(prefix=f"conformance-{name}-")).resolve()
+    report: dict[str, Any] = {"program": name, "error": None, "error_at": None, "frames": []}
+    code = 0
+    start = time.perf_counter()
+    try:
+        shutil.copytree(program.folder, workdir, dirs_exist_ok=True)
+        if program.data:
+            datagen.GENERATORS[program.data](workdir)
+        if simulate:
+            import devlab  # noqa: F401  (reads DEVLAB_SIMULATE_GPUS and starts the simulation)
+        import random
+
+        import numpy as np
+        import torch
+
+        random.seed(0)
+        np.random.seed(0)
+        torch.manual_seed(0)
+        os.chdir(workdir)
+        sys.path.insert(0, str(workdir))
+        entry = workdir / program.entry
+        argv = program.argv if simulate or program.cpu_argv is None else program.cpu_argv
+        sys.argv = [str(entry), *argv]
+        if program.is_notebook:
+            report["cells"] = _run_notebook(entry)
+        else:
+            import runpy
+
+            runpy.run_path(str(entry), run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+        if code:
+            report["error"] = f"SystemExit: {exc.code}"
+    except BaseException as exc:
+        traceback.print_exc()
+        code = 1
+        report["error"] = _error_line(exc)
+        report["error_at"], report["frames"] = _frames(exc, workdir)
+    finally:
+        report["seconds"] = round(time.perf_counter() - start, 2)
+        try:
+            report.update(_simulation_report(simulate))
+        except Exception as exc:  # the report must still be printed
+            report["report_error"] = _error_line(exc)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        print(MARKER + json.dumps(report), flush=True)
+        os.chdir(HERE)
+        shutil.rmtree(workdir, ignore_errors=True)
+    return code
+
+
+# --------------------------------------------------------------------------- API (parent)
+
+@dataclass
+class RunResult:
+    """One run of one program: exit status, output, and the run mode's result line."""
+
+    name: str
+    simulate_gpus: int
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+    stdout: str
+    stderr: str
+    report: dict[str, Any] | None = field(default=None)
+
+    def describe(self) -> str:
+        """Status, error and the end of stderr, for assertion messages."""
+        tail = "\n".join(self.stderr.strip().splitlines()[-25:])
+        err = (self.report or {}).get("error")
+        return (f"{self.name} (simulate_gpus={self.simulate_gpus}): returncode={self.returncode}"
+                f" timed_out={self.timed_out} error={err!r}\n--- stderr tail ---\n{tail}")
+
+
+def devlab_root() -> Path:
+    """The folder holding the devlab package that `import devlab` resolves to here."""
+    spec = importlib.util.find_spec("devlab")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("devlab is not importable from this interpreter")
+    return Path(spec.origin).resolve().parent.parent
+
+
+def run(name: str, simulate_gpus: int = 0, timeout: float | None = None,
+        root: Path | None = None) -> RunResult:
+    """Run program `name` in a fresh subprocess (run mode) and collect what it did."""
+    program = corpus.get(name)
+    env = dict(os.environ)
+    env.pop("DEVLAB_SIMULATE_GPUS", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(root or devlab_root()), str(corpus.STANDINS)])
+    env["MPLBACKEND"] = "Agg"
+    env["PYTHONUNBUFFERED"] = "1"
+    cmd = [sys.executable, str(Path(__file__).resolve()), name]
+    if simulate_gpus:
+        cmd += ["--simulate-gpus", str(simulate_gpus)]
+    limit = timeout if timeout is not None else program.timeout
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=str(HERE), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    seconds = time.perf_counter() - start
+    report = None
+    lines = out.splitlines(keepends=True)
+    if lines and lines[-1].startswith(MARKER):
+        report = json.loads(lines[-1][len(MARKER):])
+        out = "".join(lines[:-1])
+    return RunResult(name, simulate_gpus, None if timed_out else proc.returncode, timed_out,
+                     seconds, out, err, report)
+
+
+# --------------------------------------------------------------------------- judging a run
+
+def numbers(text: str, spec: corpus.Compare) -> list[float]:
+    """The numbers `spec` takes from a run's stdout (see corpus.Compare)."""
+    lines = text.splitlines(keepends=True)
+    start, stop = 0, len(lines)
+    if spec.after:
+        start = next((i for i, ln in enumerate(lines) if re.search(spec.after, ln)), len(lines))
+    if spec.until:
+        stop = next((i for i, ln in enumerate(lines) if i >= start and re.search(spec.until, ln)),
+                    len(lines))
+    region = "".join(lines[start:stop])
+    found: list[float] = []
+    for m in re.finditer(spec.pattern, region, re.M):
+        found.extend(float(g) for g in (m.groups() or (m.group(0),)) if g is not None)
+    return found
+
+
+def compare_numbers(simulated: list[float], cpu: list[float], spec: corpus.Compare) -> str | None:
+    """None when the two lists agree (see corpus.Compare), else what differs."""
+    if not cpu:
+        return "the CPU run printed no numbers to compare"
+    if len(simulated) != len(cpu):
+        return f"{len(simulated)} numbers on the simulated GPUs, {len(cpu)} on the CPU"
+    bad = [(i, s, c) for i, (s, c) in enumerate(zip(simulated, cpu, strict=True))
+           if not math.isclose(s, c, rel_tol=spec.rtol, abs_tol=spec.atol)]
+    if bad:
+        shown = ", ".join(f"#{i}: {s} vs {c}" for i, s, c in bad[:5])
+        return f"{len(bad)} of {len(cpu)} numbers differ (simulated vs CPU): {shown}"
+    return None
+
+
+def stored_outputs(program: corpus.Program) -> list[dict[str, str | None]]:
+    """Per code cell of the notebook: the stdout, result and error it stores."""
+    nb = json.loads((program.folder / program.entry).read_text(encoding="utf-8"))
+    cells = []
+    for cell in (c for c in nb["cells"] if c["cell_type"] == "code"):
+        stream = result = error = None
+        for out in cell.get("outputs", []):
+            if out["output_type"] == "stream" and out.get("name") == "stdout":
+                stream = (stream or "") + "".join(out["text"])
+            elif out["output_type"] == "execute_result":
+                result = "".join(out["data"].get("text/plain", ""))
+            elif out["output_type"] == "error":
+                error = f"{out['ename']}: {out['evalue']}"
+        cells.append({"stdout": stream or "", "result": result, "error": error})
+    return cells
+
+
+def notebook_mismatches(program: corpus.Program, report: dict[str, Any]) -> list[str]:
+    """Cells (of program.notebook_cells) whose outputs differ from the stored ones."""
+    stored = stored_outputs(program)
+    ran = report.get("cells") or []
+    problems = []
+    for i in program.notebook_cells:
+        if i >= len(ran):
+            problems.append(f"cell {i} did not run")
+            continue
+        for key in ("stdout", "result", "error"):
+            if ran[i][key] != stored[i][key]:
+                problems.append(f"cell {i} {key}: got {ran[i][key]!r}, the notebook stores "
+                                f"{stored[i][key]!r}")
+    return problems
+
+
+def problems(program: corpus.Program, sim: RunResult, cpu: RunResult | None) -> list[str]:
+    """Everything about a simulated run (and its CPU twin) that breaks the manifest."""
+    out: list[str] = []
+    rep = sim.report or {}
+    if sim.timed_out:
+        return [f"timed out after {program.timeout:.0f} s"]
+    if sim.report is None:
+        out.append("no result line (the process died before reporting)")
+    if program.expect_error:
+        if sim.returncode != 1:
+            out.append(f"exit status {sim.returncode}, expected 1 with {program.expect_error}")
+        if not re.search(program.expect_error, rep.get("error") or ""):
+            out.append(f"error {rep.get('error')!r} at {rep.get('error_at')}, expected "
+                       f"{program.expect_error} at {program.expect_error_at}")
+        elif program.expect_error_at and rep.get("error_at") != program.expect_error_at:
+            out.append(f"error raised at {rep.get('error_at')}, expected {program.expect_error_at}")
+    elif sim.returncode != 0:
+        out.append(f"exit status {sim.returncode}: {rep.get('error')} at {rep.get('error_at')}")
+    peaks = rep.get("peak") or []
+    used = sum(1 for p in peaks if p > 0)
+    if not rep.get("is_used") or used < program.gpus_used:
+        out.append(f"simulated GPUs barely used: is_used={rep.get('is_used')}, peaks={peaks}, "
+                   f"expected {program.gpus_used} GPU(s) with peak > 0")
+    for pattern in program.expect_stdout:
+        if not re.search(pattern, sim.stdout, re.M):
+            out.append(f"stdout lacks {pattern!r}")
+    if program.notebook_cells:
+        out.extend(notebook_mismatches(program, rep))
+    if program.compare is not None:
+        if cpu is None or cpu.returncode != 0:
+            out.append("the CPU run failed: " + (cpu.describe() if cpu else "not run"))
+        elif sim.returncode == 0 or program.expect_error:
+            diff = compare_numbers(numbers(sim.stdout, program.compare),
+                                   numbers(cpu.stdout, program.compare), program.compare)
+            if diff:
+                out.append(diff)
+    return out
+
+
+# --------------------------------------------------------------------------- CLI
+
+def _report(names: list[str], gpus: int, json_path: str | None) -> int:
+    rows = []
+    total = 0.0
+    for name in names or [p.name for p in corpus.CORPUS]:
+        program = corpus.get(name)
+        cpu = run(name, 0) if program.compare is not None else None
+        sim = run(name, gpus)
+        total += sim.seconds + (cpu.seconds if cpu else 0.0)
+        found = problems(program, sim, cpu)
+        rep = sim.report or {}
+        rows.append({"name": name, "ok": not found, "problems": found,
+                     "sim_seconds": round(sim.seconds, 1),
+                     "cpu_seconds": round(cpu.seconds, 1) if cpu else None,
+                     "returncode": sim.returncode, "error": rep.get("error"),
+                     "error_at": rep.get("error_at"), "frames": rep.get("frames"),
+                     "peak": rep.get("peak"), "stderr_tail": sim.stderr[-3000:]})
+        status = "PASS" if not found else "FAIL"
+        print(f"{status} {name}  sim {sim.seconds:.1f}s"
+              + (f"  cpu {cpu.seconds:.1f}s" if cpu else "") + f"  peaks={rep.get('peak')}",
+              flush=True)
+        for p in found:
+            print(f"    - {p}", flush=True)
+    print(f"total {total:.1f}s", flush=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="program name(s) from corpus.py")
+    parser.add_argument("--simulate-gpus", type=int, default=0, metavar="N")
+    parser.add_argument("--report", action="store_true",
+                        help="run each program on the CPU and on N (default 2) simulated GPUs")
+    parser.add_argument("--json", help="with --report: write the results here")
+    args = parser.parse_args(argv)
+    if args.report:
+        return _report(args.names, args.simulate_gpus or 2, args.json)
+    if len(args.names) != 1:
+        parser.error("give one program name (or --report)")
+    return run_here(args.names[0], args.simulate_gpus)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
