@@ -7,5 +7,5 @@ if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/
     echo "installing Debian's chromium for the browser test" >&2
     apt-get update -qq && apt-get install -y -qq chromium >/dev/null
 fi
-.venv/bin/ruff check devlab tests benchmarks
+.venv/bin/ruff check devlab tests benchmarks tools
 exec .venv/bin/python -m pytest "$@"

@@ -96,6 +96,16 @@ def test_simulate_gpus_rejects_bad_counts() -> None:
         config.simulate_gpus(1, memory_limit=0)
 
 
+@pytest.mark.parametrize("bad", [0, -5, 1.5, True, "64"])
+def test_memory_limits_are_whole_megabytes_above_zero_wherever_they_are_given(bad: object) -> None:
+    with pytest.raises(ValueError) as err:
+        LogicalDeviceConfiguration(memory_limit=bad)  # type: ignore[arg-type]
+    assert str(err.value) == f"memory_limit is a whole number of megabytes greater than 0, got {bad!r}."
+    with pytest.raises(ValueError, match="megabytes greater than 0"):
+        config.simulate_gpus(1, memory_limit=bad)  # type: ignore[arg-type]
+    assert not devlab.simulated.is_active()
+
+
 def test_d2l_helpers_without_a_gpu_are_drop_in() -> None:
     assert devlab.cpu() == torch.device("cpu")
     assert devlab.gpu() == torch.device("cuda", 0)
@@ -182,8 +192,8 @@ def test_device_table_shows_simulated_gpus_and_what_they_reserve() -> None:
     lines = table.splitlines()
     gpu0 = next(line for line in lines if "device:GPU:0" in line)
     gpu1 = next(line for line in lines if "device:GPU:1" in line)
-    assert "0 MiB / 64 MiB" in gpu0 and gpu0.rstrip().endswith("simulated")
-    assert "4 MiB (64 MiB reserved) / 64 MiB" in gpu1
+    assert "0 B / 64.0 MiB" in gpu0 and gpu0.rstrip().endswith("simulated")
+    assert "4.0 MiB (64.0 MiB reserved) / 64.0 MiB" in gpu1
     assert lines[-1].startswith("2 simulated GPUs (CPU-backed")
     assert "device:CPU:0" in table and "real" in table
     del x

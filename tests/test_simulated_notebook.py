@@ -20,8 +20,12 @@ def cells() -> dict[str, str]:
     return {c.source.strip().splitlines()[-1]: text(c) for c in code}
 
 
-def test_the_first_cell_turns_on_two_simulated_gpus(cells) -> None:
-    assert "devlab.config.simulate_gpus(2)" in cells
+def test_devlab_turns_on_two_simulated_gpus_before_the_chapter(cells) -> None:
+    # The Colab set-up cell (silent off Colab), then devlab's: it simulates two GPUs, and
+    # needs_gpus, with two there, says nothing. The tests below show the chapter on them.
+    setup, devlab_cell = list(cells)[:2]
+    assert cells[setup] == ""
+    assert devlab_cell.startswith("needs_gpus(2,") and cells[devlab_cell] == ""
 
 
 def test_device_helpers_see_two_gpus(cells) -> None:
@@ -91,6 +95,7 @@ def test_simulated_errors_point_at_the_users_line_only() -> None:
         assert [f for f in tb.splitlines() if f.startswith("File ")] == [], tb  # no library frame
     assert "found at least two devices, cuda:0 and cpu!" in errors(cells[3])[0].evalue
     assert "cuda:0 and cuda:1!" in errors(cells[4])[0].evalue
-    assert errors(cells[5])[0].evalue == "mat1 and mat2 shapes cannot be multiplied (2x3 and 2x3)"
+    # torch's own words, which newer releases begin with the op's name ("mm: mat1 and ...")
+    assert errors(cells[5])[0].evalue.endswith("mat1 and mat2 shapes cannot be multiplied (2x3 and 2x3)")
     assert errors(cells[6])[0].evalue == "shape '[4]' is invalid for input of size 6"
     assert errors(cells[7])[0].evalue.startswith("CUDA error: invalid device ordinal")

@@ -1,0 +1,107 @@
+"""The rendered lessons (scripts/render.sh): every notebook executed and written to site/ as a
+static page, widgets drawn as their final state, one page checked in headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+from browser_support import CHROMIUM, chromium_missing_message, launch_chromium
+
+from tools import render
+
+pytestmark = [pytest.mark.notebook, pytest.mark.browser]
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+SHOTS = ROOT / "test-artifacts" / "site"
+PNG = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=\s]+)"')
+# Cells whose output is a chart: these must show at least one image on the page.
+CHART_CELL = re.compile(r"^%%memwatch|^%%compare_devices|\.plot\(\)\s*$", re.M)
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[dict[Path, nbformat.NotebookNode]]:
+    yield render.render(NAMES, render.SITE)
+
+
+def ink(png_base64: str) -> float:
+    """Fraction of the image's pixels that are not (near) white: 0 for a blank image."""
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(base64.b64decode(png_base64))).convert("L")
+    hist = img.histogram()
+    return sum(hist[:240]) / max(1, sum(hist))
+
+
+def cell_html(cell: nbformat.NotebookNode) -> str:
+    return "".join(o.get("data", {}).get("text/html", "") + (
+        f'src="data:image/png;base64,{o["data"]["image/png"]}"' if "image/png" in o.get("data", {}) else "")
+        for o in cell.get("outputs", []))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_page_is_static_with_every_output_and_chart(site, name: str) -> None:
+    page_path = render.SITE / f"{Path(name).stem}.html"
+    nb = site[page_path]
+    page = page_path.read_text()
+    for leftover in ("Loading widget", render.WIDGET_VIEW, render.WIDGET_STATE, "<script",
+                     "Error displaying widget"):
+        assert leftover not in page, f"{page_path.name} still has {leftover!r}"
+    source = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    code = [c for c in source.cells if c.cell_type == "code"]
+    assert page.count("jp-CodeCell") >= len(code), "a code cell is missing from the page"
+    for cell in nb.cells:
+        if cell.cell_type == "code" and CHART_CELL.search(cell.source):
+            assert PNG.search(cell_html(cell)), f"{name}: no chart under\n{cell.source}"
+    blank = [i for i, data in enumerate(PNG.findall(page)) if ink(data) < 0.01]
+    assert not blank, f"{page_path.name}: images {blank} are blank"
+
+
+def test_widgets_are_drawn_as_their_final_state(site) -> None:
+    page = (render.SITE / "03-d2l-exercises.html").read_text()
+    tags = re.findall(r'<progress class="devlab-frozen-progress"[^>]*>', page)
+    bars = [(re.search(r'value="(\d+)"', t)[1], re.search(r'max="(\d+)"', t)[1]) for t in tags]
+    assert bars, "03: no progress bar on the page"
+    assert all(value == top for value, top in bars), f"03: a progress bar is not full: {bars}"
+    memory = (render.SITE / "02-memory.html").read_text()
+    assert memory.count("devlab-frozen-box") >= 2 and "memory (stopped" in memory
+
+
+def test_index_lists_every_lesson(site) -> None:
+    index = (render.SITE / "index.html").read_text()
+    assert [f"{Path(n).stem}.html" for n in NAMES] == re.findall(r'href="([^"]+)"', index)
+
+
+def test_a_page_in_headless_chromium(site) -> None:
+    """What a teacher sees: the memory lesson, read offline in a browser."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(chromium_missing_message(), pytrace=False)
+    from playwright.sync_api import sync_playwright
+
+    page_path = render.SITE / "02-memory.html"
+    shot = SHOTS / "02-memory.png"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            requests: list[str] = []
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(page_path.as_uri(), wait_until="load")
+            images = page.evaluate("() => Array.from(document.images).map(i => "
+                                   "[i.complete, i.naturalWidth, i.naturalHeight])")
+            text = page.inner_text("body")
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert len(images) >= 2 and all(ok and w >= 300 and h >= 150 for ok, w, h in images), images
+    assert "Loading widget" not in text
+    assert "still held" in text and "OutOfMemoryError" in text
+    assert [u for u in requests if not u.startswith(("file:", "data:"))] == [], "the page fetched from elsewhere"
+    assert shot.stat().st_size > 50_000, f"screenshot looks empty: {shot}"

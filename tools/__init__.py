@@ -1,0 +1,1 @@
+"""Repository tooling (not part of the devlab package): links, set-up cells, rendering, measuring."""

@@ -1,0 +1,71 @@
+"""The set-up cell every notebook opens with: on Colab it installs devlab, elsewhere it does nothing.
+
+Colab ships torch, ipywidgets 7.7 and matplotlib but not devlab. The cell installs devlab
+from its repository at the release tag with `--no-deps`, plus only those of devlab's small
+dependencies the runtime lacks, so pip never upgrades or replaces what Colab ships (a plain
+install could, for a requirement such as `ipython>=8`). `tools.links` writes it from
+pyproject.toml; `tests/test_colab_setup.py` runs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+from tools.links import Home
+
+CELL_ID = "colab-setup"
+FIRST_LINE = "# Colab set-up: installs devlab if this runtime lacks it. Anywhere else it does nothing."
+# devlab's requirements that Colab might lack, by import name; the rest (torch, numpy,
+# IPython, ipywidgets, matplotlib) Colab ships, and they are left as they are.
+SMALL_DEPENDENCIES = {"pynvml": "nvidia-ml-py", "psutil": "psutil"}
+
+
+def source(install_source: str | None) -> str:
+    """The cell's code; `install_source` is a pip requirement (`devlab @ git+URL@REF`), or
+    None while the project has no public repository."""
+    head = [
+        FIRST_LINE,
+        "# Colab's own torch, ipywidgets and matplotlib stay as they are.",
+        "import importlib, importlib.util, subprocess, sys",
+        "",
+        'if "google.colab" in sys.modules and importlib.util.find_spec("devlab") is None:',
+    ]
+    if install_source is None:
+        body = [
+            "    raise RuntimeError(\"devlab has no public repository yet, so this notebook cannot \"",
+            "                       \"install it on Colab. Run it on a machine where devlab is installed.\")",
+        ]
+    else:
+        deps = repr(SMALL_DEPENDENCIES)
+        body = [
+            f"    missing = [pkg for mod, pkg in {deps}.items() if importlib.util.find_spec(mod) is None]",
+            '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",',
+            f"                    {install_source!r}, *missing], check=True)",
+            "    importlib.invalidate_caches()",
+        ]
+    return "\n".join(head + body)
+
+
+def cell(install_source: str | None) -> nbformat.NotebookNode:
+    made = nbformat.v4.new_code_cell(source(install_source))
+    made.id = CELL_ID
+    return made
+
+
+def write(path: Path, home: Home | None) -> bool:
+    """Make the notebook's first code cell the set-up cell for `home`; True if it changed."""
+    nb = nbformat.read(path, as_version=4)
+    wanted = cell(home.install_source if home else None)
+    cells = nb.cells
+    at = next((i for i, c in enumerate(cells) if c.get("id") == CELL_ID), None)
+    if at is not None:
+        if cells[at].source == wanted.source:
+            return False
+        cells[at] = wanted
+    else:
+        first_code = next((i for i, c in enumerate(cells) if c.cell_type == "code"), len(cells))
+        cells.insert(first_code, wanted)
+    nbformat.write(nb, path)
+    return True

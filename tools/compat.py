@@ -1,0 +1,250 @@
+"""The compatibility job: devlab's unit tests and one notebook on one version of torch.
+
+    bash scripts/compat.sh TORCH_SPEC [CHECKOUT]
+    bash scripts/compat.sh 'torch==2.11.*'                  # this repository
+    bash scripts/compat.sh torch==2.15.0 /work/snapshot-base
+
+Builds a fresh virtual environment `.venv-compat-<spec>` (git-ignored; removed at the end
+unless COMPAT_KEEP=1) in this repository with that torch, then devlab's other requirements (torch held at the version installed) and the
+test tools. Where PyPI has only a CUDA build of that torch, it is installed without its
+dependencies first; if it imports so (it runs on the CPU, which is all devlab needs without
+a GPU), its other requirements follow without the several GB of nvidia-* packages, and
+otherwise with them. The tests run on a copy of CHECKOUT's files (default: this repository),
+so the checkout itself is never written to: the unit tests (`-m "not notebook and not browser
+and not binder"`, override with COMPAT_MARKERS) and one notebook, the d2l chapter on
+simulated GPUs (tests/test_simulated_notebook.py). It prints what it cost and found: install
+time and size, test counts and times, and each failure's first error line.
+
+Standard library only: it runs before any environment exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+UNIT_MARKERS = "not notebook and not browser and not binder"
+NOTEBOOK_TESTS = ["tests/test_simulated_notebook.py"]
+TEST_TOOLS = ["pytest>=7", "hypothesis>=6", "nbclient>=0.9", "nbformat>=5.9", "nbconvert>=7", "ipykernel>=6"]
+# torch's requirements that only a CUDA build has, and that torch imports without.
+CUDA_ONLY = re.compile(r"^(nvidia-|triton|cuda-)", re.I)
+
+
+@dataclass
+class Suite:
+    name: str
+    seconds: float
+    counts: dict[str, int]
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (test id, first error line)
+
+    def line(self) -> str:
+        shown = ", ".join(f"{n} {k}" for k, n in self.counts.items() if n) or "no tests"
+        return f"{self.name}: {shown} in {self.seconds:.1f} s"
+
+
+def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, text=True, capture_output=True, **kw)  # type: ignore[call-overload]
+
+
+def pip(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args])
+
+
+def folder_mib(folder: Path) -> float:
+    total = 0
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total / 2**20
+
+
+def venv_name(spec: str) -> str:
+    return ".venv-compat-" + re.sub(r"[^A-Za-z0-9.]+", "-", spec).strip("-")
+
+
+def install_torch(python: Path, spec: str) -> dict[str, object]:
+    """Install `spec`, without CUDA packages where torch imports without them."""
+    start = time.perf_counter()
+    done = pip(python, "--no-deps", spec)
+    if done.returncode != 0:
+        raise SystemExit(f"compat: pip could not install {spec!r}:\n{done.stderr.strip()[-2000:]}")
+    meta = json.loads(run([str(python), "-c", _TORCH_META]).stdout)
+    rest = [r for r in meta["requires"] if not CUDA_ONLY.match(r)]
+    skipped = len(rest) < len(meta["requires"])
+    if rest:
+        dep = pip(python, *rest, "-c", _pin_file(python.parents[1], f"torch=={meta['version']}"))
+        if dep.returncode != 0:
+            raise SystemExit(f"compat: torch's requirements failed:\n{dep.stderr[-2000:]}")
+    probe = run([str(python), "-c", "import torch; torch.ones(2).sum().item()"])
+    how = "without its CUDA packages" if skipped else "as is"
+    if probe.returncode != 0 and skipped:
+        why = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        how = f"with its CUDA packages (without them: {why})"
+        full = pip(python, spec)
+        if full.returncode != 0:
+            raise SystemExit(f"compat: {spec!r} with its dependencies failed:\n{full.stderr[-2000:]}")
+    probe = run([str(python), "-c", "import torch; print(torch.__version__, torch.version.cuda)"])
+    if probe.returncode != 0:
+        raise SystemExit(f"compat: torch does not import:\n{probe.stderr[-2000:]}")
+    version, cuda = probe.stdout.split()
+    # pip knows a CUDA build as its plain version (2.11.0), torch itself as 2.11.0+cu130.
+    return {"version": version, "dist_version": meta["version"],
+            "cuda": None if cuda == "None" else cuda, "how": how,
+            "seconds": time.perf_counter() - start}
+
+
+_TORCH_META = """
+import json
+from importlib.metadata import distribution
+d = distribution("torch")
+reqs = [r for r in (d.requires or []) if "extra ==" not in r]
+print(json.dumps({"version": d.version, "requires": reqs}))
+"""
+
+
+def _pin_file(venv: Path, line: str) -> str:
+    """A constraints file holding torch where it is (kept in the environment's folder)."""
+    path = venv / "compat-pin.txt"
+    path.write_text(line + "\n")
+    return str(path)
+
+
+def copy_checkout(checkout: Path, into: Path) -> None:
+    """The checkout's files as git sees them (tracked and new, not ignored), or all of them
+    but virtual environments where it is not a git work tree."""
+    listed = run(["git", "-C", str(checkout), "ls-files", "-z", "-co", "--exclude-standard"])
+    if listed.returncode == 0:
+        for rel in filter(None, listed.stdout.split("\0")):
+            src = checkout / rel
+            if src.is_file():
+                (into / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, into / rel)
+    else:
+        shutil.copytree(checkout, into, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(".venv*", ".git", "site", "test-artifacts"))
+
+
+def run_pytest(python: Path, cwd: Path, name: str, args: list[str]) -> Suite:
+    report = cwd / f"junit-{name}.xml"
+    start = time.perf_counter()
+    done = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                           f"--junitxml={report}", *args], cwd=cwd, text=True,
+                          capture_output=True, env=_test_env(cwd))
+    seconds = time.perf_counter() - start
+    if not report.exists():
+        tail = (done.stdout + done.stderr).strip().splitlines()[-15:]
+        return Suite(name, seconds, {"errors": 1}, [("pytest", " | ".join(tail))])
+    return _parse_junit(report, name, seconds)
+
+
+def _test_env(cwd: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "DEVLAB_SIMULATE_GPUS", "VIRTUAL_ENV")}
+    env["PYTHONPATH"] = str(cwd)
+    return env
+
+
+def _parse_junit(report: Path, name: str, seconds: float) -> Suite:
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    failures = []
+    for case in ET.parse(report).getroot().iter("testcase"):
+        test_id = f"{case.get('classname', '')}::{case.get('name', '')}"
+        problem = case.find("failure")
+        if problem is None:
+            problem = case.find("error")
+        if problem is not None:
+            counts["failed" if problem.tag == "failure" else "errors"] += 1
+            failures.append((test_id, _first_error_line(problem)))
+        elif case.find("skipped") is not None:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return Suite(name, seconds, counts, failures)
+
+
+def _first_error_line(problem: ET.Element) -> str:
+    text = (problem.text or "") + "\n" + (problem.get("message") or "")
+    for line in text.splitlines():
+        if line.startswith("E ") and line[1:].strip():
+            return line[1:].strip()[:300]
+    return (problem.get("message") or "").strip().splitlines()[0][:300] if problem.get("message") else "?"
+
+
+def build_and_test(spec: str, checkout: Path, venv: Path, work: Path,
+                   begin: float) -> list[Suite] | None:
+    """Build the environment, then run the tests on a copy of `checkout`; None if devlab
+    cannot be installed beside that torch."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    torch = install_torch(python, spec)
+    print(f"  torch {torch['version']} (CUDA {torch['cuda'] or 'none'}) installed {torch['how']} "
+          f"in {torch['seconds']:.1f} s", flush=True)
+    copy_checkout(checkout, work)
+    start = time.perf_counter()
+    rest = pip(python, "-e", str(work), *TEST_TOOLS,
+               "-c", _pin_file(venv, f"torch=={torch['dist_version']}"))
+    if rest.returncode != 0:
+        said = [ln for ln in rest.stderr.splitlines() if not ln.startswith("WARNING: Location")]
+        print(f"  devlab does not install beside torch {torch['version']}:\n" + "\n".join(said[-15:]))
+        return None
+    rest_seconds = time.perf_counter() - start
+    size = folder_mib(venv)
+    torch_size = folder_mib(next(venv.glob("lib/python*/site-packages/torch")))
+    print(f"  devlab and test tools installed in {rest_seconds:.1f} s; environment "
+          f"{size:.0f} MiB (torch {torch_size:.0f} MiB); built in "
+          f"{time.perf_counter() - begin:.1f} s", flush=True)
+    markers = os.environ.get("COMPAT_MARKERS", UNIT_MARKERS)
+    return [run_pytest(python, work, "unit tests", ["-m", markers]),
+            run_pytest(python, work, "notebook", NOTEBOOK_TESTS)]
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    spec = argv[0]
+    checkout = Path(argv[1]).resolve() if len(argv) > 1 else ROOT
+    if not (checkout / "pyproject.toml").exists():
+        raise SystemExit(f"compat: {checkout} is not a devlab checkout (no pyproject.toml)")
+    venv = ROOT / venv_name(spec)
+    shutil.rmtree(venv, ignore_errors=True)
+    # The job exists to try releases beyond what a machine's pip may cap (this workplace's
+    # /etc/xdg/pip caps torch); its own environment goes without a constraints file.
+    os.environ["PIP_CONSTRAINT"] = os.devnull
+    print(f"compat: {spec} on {checkout}, environment {venv.name}", flush=True)
+    begin = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="devlab-compat-"))
+    try:
+        suites = build_and_test(spec, checkout, venv, work, begin)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if os.environ.get("COMPAT_KEEP") != "1":
+            shutil.rmtree(venv, ignore_errors=True)  # several GB with a CUDA build
+    if suites is None:
+        return 1
+    ok = True
+    for suite in suites:
+        print("  " + suite.line(), flush=True)
+        for test_id, first in suite.failures:
+            print(f"    FAILED {test_id}: {first}")
+        ok = ok and not suite.failures and suite.counts["passed"] > 0
+    print(f"compat: {spec}: {'PASSED' if ok else 'FAILED'} "
+          f"({time.perf_counter() - begin:.0f} s in all)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
