@@ -26,21 +26,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from devlab import simulated
+from devlab.aten_ops import COPY_OPS, COPY_TO_HOST, SYNC_OPS, copy_ends
 from devlab.names import DeviceSpec
 from devlab.sizes import format_bytes
 
-aten = torch.ops.aten
-
 OP, COPY, SYNC, NOTE = "op", "copy", "sync", "note"
 
-_COPY_OPS = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten._copy_from_and_resize.default}
-_SYNC_OPS = {
-    aten._local_scalar_dense.default: "reading a Python number: .item(), float(), int(), bool() or `if tensor:`",
-    aten.nonzero.default: "nonzero: the output size depends on the values",
-    aten.masked_select.default: "masked_select: the output size depends on the values",
-    aten.equal.default: "torch.equal returns a Python bool",
-}
 _CPU = torch.device("cpu")
+_DisableTF = torch._C.DisableTorchFunction
 
 DEFAULT_LIMIT = 60
 
@@ -106,13 +99,16 @@ class PlacementLog(TorchDispatchMode):
     # -- recording (hot path) ----------------------------------------------------------------
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if func in _COPY_OPS:
+        # Straight to the kernel: calling an OpOverload from Python would enter any torch
+        # function mode again (simulated GPUs push theirs for a backward pass).
+        with _DisableTF():
+            out = func(*args, **(kwargs or {}))
+        if func in COPY_OPS:
             self._record_copy(func, args, kwargs or {}, out)
         else:
             self._raw.append((OP, func, self._device_of(args, out)))
-            if func in _SYNC_OPS:
-                self._record_sync(self._raw[-1][2], _SYNC_OPS[func])
+            if func in SYNC_OPS:
+                self._record_sync(self._raw[-1][2], SYNC_OPS[func])
         if self.stream is not None:
             self._flush_stream()
         return out
@@ -132,21 +128,14 @@ class PlacementLog(TorchDispatchMode):
         return _CPU
 
     def _record_copy(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        if func is aten.copy_.default:
-            dst, src = args[0], args[1]
-            non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
-        else:
-            src, dst = args[0], out
-            non_blocking = bool(kwargs.get("non_blocking", False))
         current = self._sim_current() if self._sim_current is not None else None
-        src_dev = src.device
-        dst_dev = torch.device("cuda", current) if current is not None else dst.device
+        src_dev, dst_dev, nbytes, blocking = copy_ends(func, args, kwargs, out, current)
         if src_dev == dst_dev:
             self._raw.append((OP, func, dst_dev))
             return
-        self._raw.append((COPY, func, dst_dev, src_dev, src.numel() * src.element_size()))
-        if dst_dev.type == "cpu" and not non_blocking:
-            self._record_sync(src_dev, "copy to the host: .cpu(), .to('cpu'), .tolist() or .numpy()")
+        self._raw.append((COPY, func, dst_dev, src_dev, nbytes))
+        if dst_dev.type == "cpu" and blocking:
+            self._record_sync(src_dev, COPY_TO_HOST)
 
     def _record_sync(self, device: torch.device, reason: str) -> None:
         if device.type != "cpu":

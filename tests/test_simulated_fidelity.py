@@ -419,3 +419,29 @@ def test_the_reproducers_in_a_notebook_kernel() -> None:
         "torch.float16 torch.float32",
         "[device(type='cuda', index=1)]",
     ]
+
+
+def test_a_model_parallel_backward_is_logged_on_each_gpu(two) -> None:
+    from devlab import placement_log
+
+    def step(watch: bool) -> tuple[list[str], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        l1, l2 = nn.Linear(4, 4).to("cuda:0"), nn.Linear(4, 1).to("cuda:1")
+        x = torch.randn(3, 4, device="cuda:0")
+        with placement_log.capture() if watch else contextlib.nullcontext() as log:
+            l2(l1(x).to("cuda:1")).sum().backward()
+        lines = [ln.replace("/job:localhost/replica:0/task:0/device:", "") for ln in log.lines()] \
+            if watch else []
+        return lines, [p.grad for p in (*l1.parameters(), *l2.parameters())]
+
+    lines, watched = step(True)
+    _, plain = step(False)
+    # The activation crosses forward, its gradient crosses back, and layer 1's weight
+    # gradient is computed on GPU 0.
+    assert "Copy 48 B from GPU:0 to GPU:1 (aten::_to_copy)" in lines
+    assert "Copy 48 B from GPU:1 to GPU:0 (aten::_to_copy)" in lines
+    back = lines.index("Copy 48 B from GPU:1 to GPU:0 (aten::_to_copy)")
+    assert "Executing op aten::mm in device GPU:0" in lines[back:]
+    for w, p in zip(watched, plain, strict=True):
+        assert w.device == p.device and torch.equal(w.cpu(), p.cpu())
+    assert [g.device.index for g in plain] == [0, 0, 1, 1]

@@ -37,6 +37,10 @@ def copy_to(t: Tensor, target: int | None, dtype: Any = None, non_blocking: bool
     out = _ops.call(target, Tensor.to, (t,), kw)
     if target is not None:
         _ops.mark_outputs(out, target)
+    if out.grad_fn is not None and src != target:
+        from ._autograd import route_copy_backward  # autograd's handlers use these moves
+
+        route_copy_backward(out, src)
     return out
 
 

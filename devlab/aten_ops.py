@@ -1,0 +1,37 @@
+"""What an aten op means for placement: copies between devices and ops that make the host wait.
+
+Shared by the placement log (which shows them) and the simulated GPUs' modeled clock (which
+charges them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+COPY_OPS = frozenset({aten._to_copy.default, aten.copy_.default, aten._copy_from.default,
+                      aten._copy_from_and_resize.default})
+SYNC_OPS = {
+    aten._local_scalar_dense.default: "reading a Python number: .item(), float(), int(), bool() or `if tensor:`",
+    aten.nonzero.default: "nonzero: the output size depends on the values",
+    aten.masked_select.default: "masked_select: the output size depends on the values",
+    aten.equal.default: "torch.equal returns a Python bool",
+}
+COPY_TO_HOST = "copy to the host: .cpu(), .to('cpu'), .tolist() or .numpy()"
+
+
+def copy_ends(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+              current: int | None) -> tuple[torch.device, torch.device, int, bool]:
+    """(source, destination, bytes, blocking) of a copy op. `current` is the simulated GPU the
+    op executes on (its destination), if one is."""
+    if func is aten.copy_.default:
+        dst, src = args[0], args[1]
+        non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
+    else:
+        src, dst = args[0], out
+        non_blocking = bool(kwargs.get("non_blocking", False))
+    dst_dev = torch.device("cuda", current) if current is not None else dst.device
+    return src.device, dst_dev, src.numel() * src.element_size(), not non_blocking
