@@ -37,6 +37,7 @@ import torch
 
 from devlab import runtime, simulated
 from devlab.names import DeviceSpec
+from devlab.sizes import check_memory_limit
 
 _MIB = 1024 * 1024
 
@@ -94,12 +95,7 @@ class LogicalDeviceConfiguration:
     experimental_device_ordinal: int | None = None
 
     def __post_init__(self) -> None:
-        if self.memory_limit is not None and (
-            not isinstance(self.memory_limit, int) or isinstance(self.memory_limit, bool) or self.memory_limit <= 0
-        ):
-            raise ValueError(
-                f"memory_limit is a whole number of megabytes greater than 0, got {self.memory_limit!r}."
-            )
+        check_memory_limit(self.memory_limit)
 
 
 # TensorFlow's older name for the same thing.
@@ -114,6 +110,7 @@ class _Settings:
     soft_placement: bool = False
     simulated_gpus: int = 0
     simulated_memory_mb: int | None = None
+    simulated_model: str | None = None
 
 
 _settings = _Settings()
@@ -144,6 +141,12 @@ def gpu_status() -> str:
     """One sentence on the GPUs of this machine, and why there are none where there are none."""
     if simulated.is_active():
         n = _settings.simulated_gpus
+        spec = simulated.model()
+        if spec is not None:
+            return (
+                f"{n} simulated GPU{'s' if n != 1 else ''} (CPU-backed: values are real; times "
+                f"on them are modeled from {spec.full_name} specifications, not measured)."
+            )
         return (
             f"{n} simulated GPU{'s' if n != 1 else ''} (CPU-backed: values are real, "
             "speeds say nothing about a real GPU)."
@@ -181,10 +184,14 @@ def get_device_details(device: PhysicalDevice) -> dict[str, Any]:
         }
     if device.simulated:
         limit = _settings.simulated_memory_mb
+        spec = simulated.model()
         details: dict[str, Any] = {
-            "device_name": f"Simulated GPU {device.index} (CPU-backed)",
+            "device_name": f"Simulated GPU {device.index} "
+                           + (f"(modeled {spec.name}, CPU-backed)" if spec else "(CPU-backed)"),
             "simulated": True,
         }
+        if spec is not None:
+            details["modeled_on"] = spec.full_name
         if limit is not None:
             details["total_memory"] = limit * _MIB
         return details
@@ -375,26 +382,42 @@ def set_soft_device_placement(enabled: bool) -> None:
 # --- simulated GPUs -------------------------------------------------------------------------
 
 
-def simulate_gpus(count: int, memory_limit: int | None = None) -> None:
+def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None = None) -> None:
     """Simulate `count` GPUs on the CPU (each with `memory_limit` MB, if given).
 
     Ordinary PyTorch code then sees `count` CUDA devices whose tensors really live in host
-    memory: values are exact, speeds say nothing about a real GPU. Choose before first use.
+    memory: values are exact, speeds say nothing about a real GPU. With `model` ("T4", "L4",
+    "A100", "H100"), the simulated GPUs keep a modeled clock of that GPU instead: timing code
+    (devlab.timing, torch.cuda.Event) reads modeled times, from the GPU's public
+    specifications, not measured; each GPU then has that GPU's memory unless `memory_limit`
+    says otherwise. Choose before first use.
     """
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ValueError(f"count is the number of GPUs to simulate, a whole number of at least 1; got {count!r}.")
-    if memory_limit is not None and (not isinstance(memory_limit, int) or isinstance(memory_limit, bool) or memory_limit <= 0):
-        raise ValueError(f"memory_limit is a whole number of megabytes greater than 0, got {memory_limit!r}.")
+    check_memory_limit(memory_limit)
+    if model is not None:
+        spec = simulated.gpu_spec(model)  # an unknown name fails here, naming the models
+        model = spec.name
+        if memory_limit is None:
+            memory_limit = int(spec.memory_gb * 1024)
     if (
         simulated.is_active()
         and _settings.simulated_gpus == count
         and _settings.simulated_memory_mb == memory_limit
+        and _settings.simulated_model == model
     ):
         return
-    if not simulated.is_active() and _real_gpu_count():
+    real = 0 if simulated.is_active() else _real_gpu_count()
+    if real:
+        # Refused rather than simulated beside the real ones: a simulated cuda:0 next to the
+        # real cuda:0 would be two devices with one name, with real and simulated speeds and
+        # memory mixed in one lesson (docs/architecture.md, "Real GPUs beside simulated ones").
         raise RuntimeError(
-            f"This machine has {_real_gpu_count()} real GPU(s); simulated GPUs are for machines without one. "
-            "To make more devices of a real GPU use set_logical_device_configuration."
+            f"This machine has {real} real GPU{'s' if real != 1 else ''}, so devlab does not "
+            "simulate GPUs: simulated ones would take the real ones' CUDA names. To simulate, "
+            "use a machine or runtime without a GPU (in Colab: Runtime > Change runtime type > "
+            "CPU). To make more devices of a real GPU, split it with "
+            "devlab.config.set_logical_device_configuration."
         )
     if runtime.is_initialized():
         raise RuntimeError(
@@ -404,8 +427,9 @@ def simulate_gpus(count: int, memory_limit: int | None = None) -> None:
     stop_simulation()  # a new set of simulated GPUs starts with none of the old one's settings
     _settings.simulated_gpus = count
     _settings.simulated_memory_mb = memory_limit
+    _settings.simulated_model = model
     _settings.visible = None
-    simulated.start(count, [memory_limit] * count)
+    simulated.start(count, [memory_limit] * count, model=model)
     _apply_simulation()
 
 
@@ -416,6 +440,7 @@ def stop_simulation() -> None:
     simulated.stop()
     _settings.simulated_gpus = 0
     _settings.simulated_memory_mb = None
+    _settings.simulated_model = None
     _settings.visible = None
     for name in [n for n in _settings.logical if "GPU" in n]:
         del _settings.logical[name]
@@ -504,24 +529,27 @@ def _order(d: PhysicalDevice) -> tuple[int, int]:
 
 def simulate_from_environment() -> bool:
     """Start simulated GPUs if `DEVLAB_SIMULATE_GPUS=N` is set (how a Binder image turns them
-    on for everyone); `DEVLAB_SIMULATE_GPU_MEMORY_MB` sets each one's memory. Returns whether
-    it started. A malformed value is reported and ignored: importing devlab must not fail."""
+    on for everyone); `DEVLAB_SIMULATE_GPU_MEMORY_MB` sets each one's memory and
+    `DEVLAB_SIMULATE_GPU_MODEL` the GPU they model ("T4"). Returns whether it started. A
+    malformed value is reported and ignored: importing devlab must not fail."""
     import warnings
 
     raw = os.environ.get("DEVLAB_SIMULATE_GPUS", "").strip()
     if not raw or simulated.is_active():
         return False
     raw_mb = os.environ.get("DEVLAB_SIMULATE_GPU_MEMORY_MB", "").strip()
+    raw_model = os.environ.get("DEVLAB_SIMULATE_GPU_MODEL", "").strip()
     try:
         count = int(raw)
         memory = int(raw_mb) if raw_mb else None
         if count == 0:
             return False
-        simulate_gpus(count, memory_limit=memory)
+        simulate_gpus(count, memory_limit=memory, model=raw_model or None)
     except (ValueError, RuntimeError) as exc:
         warnings.warn(
             f"devlab ignored DEVLAB_SIMULATE_GPUS={raw!r}"
             + (f", DEVLAB_SIMULATE_GPU_MEMORY_MB={raw_mb!r}" if raw_mb else "")
+            + (f", DEVLAB_SIMULATE_GPU_MODEL={raw_model!r}" if raw_model else "")
             + f": {exc} Set it to a whole number of GPUs, e.g. DEVLAB_SIMULATE_GPUS=2.",
             stacklevel=2,
         )

@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
+import math
 import os
+from pathlib import Path
+
+CGROUP = Path("/sys/fs/cgroup")
 
 
 def cpu_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask where the OS has one, so a
-    container limited to 2 of a host's 64 cores counts 2)."""
+    """The CPU cores this process may use: its affinity mask where the OS has one (a container
+    pinned to 2 of a host's 64 cores counts 2), and no more than its CPU quota (mybinder shows
+    every core of the host but allows about one; a quota of 1.5 CPUs counts 2)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity masks outside Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota)))
+    return cores
+
+
+def cpu_quota(cgroup: Path = CGROUP) -> float | None:
+    """The CPUs' worth of time the cgroup allows (cgroup v2 `cpu.max`, or v1's CFS quota and
+    period), or None where there is no quota or no cgroup to read."""
+    try:
+        v2 = cgroup / "cpu.max"
+        if v2.exists():
+            quota, period = v2.read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        v1 = cgroup / "cpu" / "cpu.cfs_quota_us"
+        if v1.exists():
+            quota_us = int(v1.read_text())
+            period_us = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+            return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):  # unreadable or malformed: no quota known
+        return None
+    return None

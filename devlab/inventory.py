@@ -22,7 +22,7 @@ class DeviceRow:
     used: int | None
     total: int | None
     utilization: int | None
-    kind: str  # "real", "simulated" or "hidden"
+    kind: str  # "real", "simulated", "simulated, modeled T4" or "hidden"
     reserved: int | None = None  # where an allocator holds more than is used
 
 
@@ -49,7 +49,7 @@ class DeviceTable:
         head = "".join(f"<th>{h}</th>" for h in ("type", "name", "torch", "memory", "util", "kind"))
         body = []
         for r in self.rows:
-            style = ' style="background:#e8f0fe"' if r.kind == "simulated" else ""
+            style = ' style="background:#e8f0fe"' if r.kind.startswith("simulated") else ""
             cells = (r.device_type, r.name, r.torch_device, _memory(r), _util(r), r.kind)
             body.append(f"<tr{style}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
         return (
@@ -62,6 +62,8 @@ def device_table() -> DeviceTable:
     """Every device devlab knows, without initializing the runtime."""
     rows: list[DeviceRow] = []
     logical = config.logical_devices()
+    spec = simulated.model()
+    simulated_kind = "simulated" if spec is None else f"simulated, modeled {spec.name}"
     for dev in logical:
         used, total, util, reserved = _reading(dev)
         rows.append(
@@ -72,7 +74,7 @@ def device_table() -> DeviceTable:
                 used,
                 total,
                 util,
-                "simulated" if dev.simulated else "real",
+                simulated_kind if dev.simulated else "real",
                 reserved,
             )
         )

@@ -86,12 +86,16 @@ def resolve_device(device: str | DeviceSpec | torch.device) -> torch.device:
 
 
 def device_label(device: torch.device) -> str:
-    """A short TensorFlow-style label for charts and tables: `CPU:0`, `GPU:1`, `GPU:0 (simulated)`."""
+    """A short TensorFlow-style label for charts and tables: `CPU:0`, `GPU:1`, `GPU:0 (simulated)`,
+    `GPU:0 (modeled T4)` (a simulated GPU with a performance model)."""
     if device.type == "cpu":
         return "CPU:0"
     if device.type == "cuda":
         index = 0 if device.index is None else device.index
-        return f"GPU:{index}" + (" (simulated)" if simulated.is_active() else "")
+        if not simulated.is_active():
+            return f"GPU:{index}"
+        spec = simulated.model()
+        return f"GPU:{index} " + ("(simulated)" if spec is None else f"(modeled {spec.name})")
     return str(device).upper()
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "compare",
     "synchronizer",
     "check_options",
+    "clock_for",
     "format_seconds",
 ]
 
@@ -154,6 +155,14 @@ class TimingResult:
     synchronize: str
     name: str = ""
     simulated: bool = False
+    modeled: str | None = None  # the real GPU whose specifications gave these times
+
+    @property
+    def model_note(self) -> str | None:
+        """For modeled times: where they come from."""
+        if self.modeled is None:
+            return None
+        return f"{self.label}: modeled from {self.modeled} specifications, not measured"
 
     @property
     def median(self) -> float:
@@ -203,8 +212,9 @@ class TimingResult:
         return str(self)
 
     def __str__(self) -> str:
+        modeled = f" [{self.model_note}]" if self.modeled else ""
         return (f"{self.label}: {format_seconds(self.median)} per call (median), "
-                f"IQR {format_seconds(self.iqr)}, {self.repeats} x {self.number} calls")
+                f"IQR {format_seconds(self.iqr)}, {self.repeats} x {self.number} calls{modeled}")
 
     def _rows(self) -> list[tuple[str, str]]:
         return [
@@ -216,7 +226,8 @@ class TimingResult:
             ("measured", f"{self.repeats} blocks x {self.number} calls, after {self.warmup} "
                          f"warm-up calls"),
             ("synchronize", self.synchronize),
-        ]
+        ] + ([("modeled", f"from {self.modeled} specifications, not measured")]
+             if self.modeled else [])
 
     def _repr_html_(self) -> str:
         rows = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:"
@@ -287,19 +298,26 @@ def time_on_device(
     inputs). `progress(fraction)` is called now and then, for a progress bar.
 
     Unlike `%timeit`, the clock stops only once the device has finished (see the module
-    docstring), so GPU times are the device's real times.
+    docstring), so GPU times are the device's real times. On a simulated GPU with a
+    performance model (`simulate_gpus(2, model="T4")`) the clock is the modeled one: the times
+    are modeled from that GPU's specifications, not measured, and the same on every run, so
+    `min_time` does not apply.
     """
     __tracebackhide__ = True  # noqa: F841 - an error in fn shows fn's frames, not these
     check_options(warmup=warmup, repeats=repeats, min_time=min_time, max_repeats=max_repeats,
                   number=number)
     dev = resolve_device(device)
     sync, how = synchronizer(dev)
-    clock = time.perf_counter
+    clock, spec = clock_for(dev)
+    if spec is not None:
+        min_time = 0.0
     times: list[float] = []
     if setup is not None:
         with _on_device(device, dev):
             setup()
-    with _on_device(device, dev) if as_default else contextlib.nullcontext():
+    # Host work is timed as plain PyTorch runs it, without the simulation's modes.
+    with (simulated.host_only() if dev.type == "cpu" else contextlib.nullcontext()), \
+            (_on_device(device, dev) if as_default else contextlib.nullcontext()):
         for _ in range(warmup):
             fn()
         sync()
@@ -328,7 +346,17 @@ def time_on_device(
         progress(1.0)
     name = device if isinstance(device, str) else str(device)
     return TimingResult(label or device_label(dev), str(dev), times, number, warmup, how, name,
-                        simulated=dev.type == "cuda" and simulated.is_active())
+                        simulated=dev.type == "cuda" and simulated.is_active(),
+                        modeled=spec.full_name if spec is not None else None)
+
+
+def clock_for(device: torch.device) -> tuple[Callable[[], float], Any]:
+    """The clock that times work on `device`, and the GPU spec when it is a modeled one."""
+    if device.type == "cuda" and simulated.is_active():
+        spec = simulated.model()
+        if spec is not None:
+            return simulated.modeled_time, spec
+    return time.perf_counter, None
 
 
 @dataclass
@@ -370,7 +398,15 @@ class Comparison:
 
     @property
     def note(self) -> str | None:
-        """What a reader must know to read these times: which devices were simulated."""
+        """What a reader must know to read these times: which devices were simulated, and
+        which times are modeled rather than measured."""
+        modeled = [r for r in self.results if r.modeled]
+        if modeled:
+            gpus = sorted({r.modeled for r in modeled if r.modeled})
+            measured = [r.label for r in self.results if not r.modeled]
+            return (f"Times on {', '.join(r.label for r in modeled)} are modeled from "
+                    f"{', '.join(gpus)} specifications, not measured"
+                    + (f"; {', '.join(measured)} measured on this machine." if measured else "."))
         if not any(r.simulated for r in self.results):
             return None
         return ("Simulated GPUs are CPU-backed: their times measure this machine's CPU, "

@@ -78,7 +78,8 @@ def test_the_rest_of_the_accelerator_api(two) -> None:
         torch.accelerator.set_stream(object())
     torch.accelerator.reset_accumulated_memory_stats(1)
     torch.cuda.reset_accumulated_memory_stats()
-    torch.accelerator.empty_host_cache()
+    if hasattr(torch.accelerator, "empty_host_cache"):  # torch >= 2.12
+        torch.accelerator.empty_host_cache()
 
 
 def test_benchmark_timer_measures_simulated_gpu_work(two) -> None:
@@ -805,11 +806,26 @@ def _assert_torch_is_normal(before: dict[str, object]) -> None:
     assert torch._C._len_torch_function_stack() == 0
     assert not torch.cuda.is_available() and torch.cuda.device_count() == 0
     assert torch.Tensor.device is torch._C.TensorBase.device
-    with pytest.raises(AssertionError, match="Torch not compiled with CUDA enabled"):
+    with _no_cuda():
         torch.ones(1, device="cuda")
-    with pytest.raises(AssertionError, match="Torch not compiled with CUDA enabled"):
+    with _no_cuda():
         torch.ones(1).cuda()
     assert torch.get_default_device() == torch.device("cpu")
+
+
+def _has_accelerator() -> bool:
+    try:
+        torch.device(0)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _no_cuda() -> pytest.RaisesContext:
+    """What asking a torch without GPUs for CUDA raises: a CPU build says it has no CUDA, a
+    CUDA build on a machine without GPUs that it found no driver."""
+    return pytest.raises((AssertionError, RuntimeError),
+                         match="Torch not compiled with CUDA enabled|Found no NVIDIA driver")
 
 
 # What start() must replace (and stop() put back): among them what torch.utils.benchmark.Timer
@@ -837,7 +853,11 @@ def test_stop_returns_torch_to_exactly_its_normal_behaviour() -> None:
     during = _snapshot()
     patched = {k for k in before if k != "registry" and during[k] is not before[k]
                and during[k] != before[k]}
-    assert _MUST_PATCH <= patched, sorted(_MUST_PATCH - patched)
+    # Names an older torch lacks (torch.accelerator grew over releases) cannot be patched.
+    must = {k for k in _MUST_PATCH if k in before and before[k] is not None}
+    if _has_accelerator():  # a CUDA build reads torch.device(0) itself: no stand-in needed
+        must.discard("torch.device")
+    assert must <= patched, sorted(must - patched)
     x = torch.ones(3, device="cuda:1")
     y = x.cuda(0) @ torch.ones(3, device="cuda:0")
     torch.set_default_device("cuda:1")
@@ -909,7 +929,7 @@ def test_stop_from_another_thread_disarms_the_mode() -> None:
     t.join()
     assert not simulated.is_active() and not torch.cuda.is_available()
     assert x.device.type == "cpu" and (x + 1).device.type == "cpu"
-    with pytest.raises(AssertionError, match="Torch not compiled with CUDA enabled"):
+    with _no_cuda():
         torch.ones(1, device="cuda")
     simulated.start(1)  # removes the disarmed mode of this thread
     assert torch._C._len_torch_function_stack() == 1

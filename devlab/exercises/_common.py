@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from devlab import config, d2l, scope
+from devlab import config, d2l, scope, simulated
 from devlab.host import cpu_cores
 
 SIMULATED_WARNING = (
@@ -28,10 +28,14 @@ class DeviceInfo:
     torch_device: torch.device
     simulated: bool
     description: str
+    modeled: str | None = None  # the real GPU whose specifications give its times
+    model: str | None = None  # its short name ("T4")
 
     @property
     def label(self) -> str:
-        """For tables and charts: "GPU:0 (simulated)"."""
+        """For tables and charts: "GPU:0 (simulated)", "GPU:0 (modeled T4)"."""
+        if self.model:
+            return f"{self.name} (modeled {self.model})"
         return f"{self.name} (simulated)" if self.simulated else self.name
 
     def to_dict(self) -> dict[str, Any]:
@@ -41,6 +45,7 @@ class DeviceInfo:
             "torch_device": str(self.torch_device),
             "simulated": self.simulated,
             "description": self.description,
+            "modeled": self.modeled,
         }
 
 
@@ -52,6 +57,12 @@ def device_info(device: str | torch.device) -> DeviceInfo:
     if logical.device_type == "CPU":
         description = f"CPU ({cpu_cores()} cores)"
     elif logical.simulated:
+        spec = simulated.model()
+        if spec is not None:
+            description = (f"simulated GPU, CPU-backed; times modeled from {spec.full_name} "
+                           "specifications, not measured")
+            return DeviceInfo(short, logical.full_name, placement.device, True, description,
+                              spec.full_name, spec.name)
         description = "simulated GPU, CPU-backed"
     elif logical.torch_device.type == "cuda":
         # Only reached for real CUDA devices, where asking the name is cheap and honest.
@@ -110,6 +121,20 @@ class ExerciseResult:
         """Whether any device it ran on was a simulated GPU."""
         return any(d.simulated for d in self.devices)
 
+    @property
+    def modeled(self) -> str | None:
+        """The real GPU whose specifications gave the simulated GPUs' times, if any."""
+        return next((d.modeled for d in self.devices if d.modeled), None)
+
+    def warning(self) -> str:
+        """What a reader must know about the simulated devices (empty if none)."""
+        if self.modeled:
+            names = ", ".join(d.name for d in self.devices if d.modeled)
+            return (f"Times on {names} are modeled from {self.modeled} specifications, not "
+                    "measured (the roofline model: launch latency plus the longer of compute "
+                    "and memory time). Their values are computed by this machine's CPU.")
+        return SIMULATED_WARNING if self.simulated else ""
+
     def ran_on(self) -> str:
         """One line naming every device, and what each one really is."""
         return "Ran on: " + "; ".join(
@@ -127,9 +152,10 @@ class ExerciseResult:
             f"<div class='devlab-devices'>{escape(self.ran_on())}</div>",
         ]
         if self.simulated:
+            kind = "Modeled" if self.modeled else "Simulated"
             parts.append(
                 "<div class='devlab-simulated' style='background:#fff3cd;padding:2px 4px'>"
-                f"<b>Simulated:</b> {escape(SIMULATED_WARNING)}</div>"
+                f"<b>{kind}:</b> {escape(self.warning())}</div>"
             )
         parts.append(
             f"<table class='devlab-exercise-table'><thead><tr>{head}</tr></thead>"
@@ -143,7 +169,7 @@ class ExerciseResult:
         widths = [max(len(r[i]) for r in [self.headers, *self.rows]) for i in range(len(self.headers))]
         lines = [self.title, self.ran_on()]
         if self.simulated:
-            lines.append("Simulated: " + SIMULATED_WARNING)
+            lines.append(("Modeled: " if self.modeled else "Simulated: ") + self.warning())
         for row in [self.headers, *self.rows]:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         lines.extend(self.notes)
@@ -163,7 +189,10 @@ class ExerciseResult:
         ensure_figure_formatter()
         fig = Figure(figsize=(7, 3.6), dpi=100)
         self._draw(fig)
-        if self.simulated:
+        if self.modeled:
+            fig.text(0.01, 0.01, f"GPU times modeled from {self.modeled} specifications, "
+                     "not measured", fontsize=7, color="#a06000")
+        elif self.simulated:
             fig.text(0.01, 0.01, "simulated GPUs: CPU-backed, not GPU speeds",
                      fontsize=7, color="#a06000")
         fig.tight_layout(rect=(0, 0.03, 1, 1))

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from devlab import simulated
 from devlab.exercises._common import (
     ExerciseResult,
     Progress,
@@ -59,6 +60,26 @@ def crossover_size(sizes: Sequence[int], cpu: Sequence[float], gpu: Sequence[flo
     return crossover
 
 
+def _modeled_reason(sizes: Sequence[int], bounds: Sequence[str], model: str,
+                    cpu_won: Sequence[int]) -> str:
+    """Why the modeled GPU loses on small products and wins on large ones."""
+    spec = simulated.model()
+    launch = f"{spec.launch_latency_us:g} µs" if spec is not None else "its launch latency"
+    small = [n for n, b in zip(sizes, bounds, strict=True) if b == "launch-bound"]
+    large = [n for n, b in zip(sizes, bounds, strict=True) if b == "compute-bound"]
+    parts = []
+    if small:
+        beaten = (f"; the CPU's own product is quicker than that up to n={cpu_won[-1]}"
+                  if cpu_won else "")
+        parts.append(f"Up to n={small[-1]} a product on the {model} is launch-bound: it costs "
+                     f"about {launch} whatever its size, the time to launch a kernel{beaten}.")
+    if large:
+        peak = f"{spec.fp32_tflops:g} TFLOPS" if spec is not None else "its peak"
+        parts.append(f"From n={large[0]} it is compute-bound, at the {model}'s FP32 peak "
+                     f"({peak}), and its lead over the CPU grows with n.")
+    return " ".join(parts)
+
+
 def noisy_sizes(sizes: Sequence[int], medians: Sequence[float], iqrs: Sequence[float]
                 ) -> list[int]:
     """Sizes whose measurements spread (IQR) over more than half their median."""
@@ -90,6 +111,7 @@ def matmul_cpu_vs_gpu(
     gpu_times: list[float] = []
     cpu_iqr: list[float] = []
     gpu_iqr: list[float] = []
+    bounds: list[str] = []  # with a modeled GPU: what limits one product at each size
     timing = {"min_time": min_time, "repeats": repeats, "warmup": warmup}
     loads = [load_average()]
     with Progress(len(sizes) * len(devices), "matmul", progress) as bar:
@@ -106,6 +128,8 @@ def matmul_cpu_vs_gpu(
                 t = time_on_device(lambda ag=ag: ag @ ag, gpu_info.torch_device, **timing)
                 gpu_times.append(t.median)
                 gpu_iqr.append(t.iqr)
+                if gpu_info.modeled:
+                    bounds.append(simulated.explain(lambda ag=ag: ag @ ag).bound)
                 del ag
                 bar.step(f"n={n} done on {gpu_info.label}")
     loads.append(load_average())
@@ -124,6 +148,8 @@ def matmul_cpu_vs_gpu(
     headers = ["n", f"{cpu_info.name} median", "GFLOP/s"]
     if has_gpu:
         headers += [f"{gpu_info.label} median", "GFLOP/s", "GPU speed-up", "faster"]
+    if bounds:
+        headers.append(f"{gpu_info.model} limited by")
     rows = []
     speedups: list[float] | None = [] if has_gpu else None
     for i, n in enumerate(sizes):
@@ -134,11 +160,17 @@ def matmul_cpu_vs_gpu(
             speedups.append(speedup)
             row += [format_seconds(gpu_times[i]), f"{flops / gpu_times[i] / 1e9:.2f}",
                     f"{speedup:.2f}x", gpu_info.name if speedup > 1 else cpu_info.name]
+        if bounds:
+            row.append(bounds[i])
         rows.append(row)
     noisy = noisy_sizes(sizes, cpu_times, cpu_iqr) + (
         noisy_sizes(sizes, gpu_times, gpu_iqr) if has_gpu else [])
-    notes = [verdict, f"Timed with devlab.timing: {warmup} warm-up calls, device synchronized "
-             f"before each clock stops, median of at least {repeats} blocks."]
+    notes = [verdict]
+    if bounds:
+        cpu_won = [n for n, c, g in zip(sizes, cpu_times, gpu_times, strict=True) if c <= g]
+        notes.append(_modeled_reason(sizes, bounds, gpu_info.model or "", cpu_won))
+    notes.append(f"Timed with devlab.timing: {warmup} warm-up calls, device synchronized "
+                 f"before each clock stops, median of at least {repeats} blocks.")
     busy = busy_note(max((x for x in loads if x is not None), default=None))
     if busy:
         notes.append(busy)
@@ -156,6 +188,7 @@ def matmul_cpu_vs_gpu(
         "crossover": crossover,
         "load_average": loads,
         "verdict": verdict,
+        "bound": bounds or None,
         "devices": [d.to_dict() for d in devices],
     }
     title = f"Matrix product, {cpu_info.name} vs {gpu_info.label}" if has_gpu else \

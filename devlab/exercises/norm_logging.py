@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from devlab import placement_log
+from devlab import placement_log, simulated
 from devlab.exercises._common import (
     ExerciseResult,
     Progress,
@@ -130,7 +130,16 @@ def norm_logging(
         speed = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
         notes.append(f"The per-step version made the host wait {per['syncs']} times, the on-device "
                      f"version {on['syncs']}; keeping the log on the device was {speed} here.")
-        if info.simulated:
+        spec = simulated.model() if info.simulated else None
+        if spec is not None:
+            notes.append(
+                f"Why, on the modeled {spec.name}: each step launches small kernels (about "
+                f"{spec.launch_latency_us:g} µs each; they are launch-bound). Keeping the log on "
+                "the device, the host only launches and the GPU works behind it. With .item() "
+                "every step, the host launches a copy to itself, waits until the GPU's queue is "
+                f"empty and pays the round trip of waking up ({spec.sync_latency_us:g} µs), while "
+                "the GPU sits idle, then launches the next step.")
+        elif info.simulated:
             notes.append("On a simulated GPU a host sync only waits for a CPU thread; on a real "
                          "GPU each sync also drains the queue of launched work and stalls the "
                          "next launch, which is what this exercise is about.")

@@ -9,12 +9,12 @@ The exercise measures whether launch really returned early, so a ~1x result can 
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 import torch
 
 from devlab import d2l
+from devlab import simulated as sim
 from devlab.exercises._common import (
     ExerciseResult,
     Progress,
@@ -25,7 +25,7 @@ from devlab.exercises._common import (
     load_average,
 )
 from devlab.host import cpu_cores
-from devlab.timing import check_options, synchronizer, time_on_device
+from devlab.timing import check_options, clock_for, synchronizer, time_on_device
 
 IDEAL = 2.0
 
@@ -56,16 +56,18 @@ class ScalingResult(ExerciseResult):
 
 def _launch_check(a: torch.Tensor, b: torch.Tensor, device: torch.device, tries: int = 3
                   ) -> tuple[float, float]:
-    """Median (time for `a @ b` to return, time until the device finished it)."""
+    """Median (time for `a @ b` to return, time until the device finished it), on the
+    device's clock (the modeled one for a modeled GPU)."""
     sync, _ = synchronizer(device)
+    clock = clock_for(device)[0]
     launches, totals = [], []
     for _ in range(tries):
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         y = a @ b
-        t1 = time.perf_counter()
+        t1 = clock()
         sync()
-        t2 = time.perf_counter()
+        t2 = clock()
         launches.append(t1 - t0)
         totals.append(t2 - t0)
         del y
@@ -73,7 +75,8 @@ def _launch_check(a: torch.Tensor, b: torch.Tensor, device: torch.device, tries:
 
 
 def _explain(speedup: float, asynchronous: bool, simulated: bool, cores: int,
-             load: float | None) -> list[str]:
+             load: float | None, modeled: str | None = None, bound: str | None = None
+             ) -> list[str]:
     """Why the speed-up is what it is, from what was measured and what the machine is."""
     if speedup >= 1.6:
         out = [f"{speedup:.2f}x of the ideal 2x: the two devices worked at the same time."]
@@ -82,6 +85,18 @@ def _explain(speedup: float, asynchronous: bool, simulated: bool, cores: int,
     else:
         out = [f"{speedup:.2f}x of the ideal 2x: no real speed-up; the two products did not "
                "run at the same time."]
+    if modeled is not None:
+        why = {"compute-bound": "each product is compute-bound: it keeps its GPU busy far "
+                                "longer than the host takes to launch both, so the two queues "
+                                "run side by side",
+               "launch-bound": "each product is launch-bound: the host spends as long launching "
+                               "as a GPU spends computing, so the host, not the GPUs, sets the "
+                               "pace and a second GPU has little to add",
+               "memory-bound": "each product is memory-bound, and each GPU has its own memory, "
+                               "so the two queues run side by side"}.get(bound or "", "")
+        out.append(f"Modeled from {modeled} specifications, not measured: two GPUs, two queues; "
+                   f"{why}.")
+        return out
     if not asynchronous:
         out.append("A product's call returned only once its work was done (launch was not "
                    "asynchronous), so the host could not queue the second device's product "
@@ -172,7 +187,9 @@ def two_gpu_scaling(
     simulated = any(i.simulated for i in infos)
     cores = cpu_cores()
     load = load_average()
-    explanation = _explain(speedup, asynchronous, simulated, cores, load)
+    bound = sim.explain(lambda: a0 @ b0).bound if infos[0].modeled else None
+    explanation = _explain(speedup, asynchronous, simulated, cores, load, infos[0].modeled,
+                           bound)
     notes = list(explanation)
     busy = busy_note(load)
     if busy:
@@ -208,6 +225,7 @@ def two_gpu_scaling(
         "cpu_cores": cores,
         "load_average": load,
         "explanation": explanation,
+        "bound": bound,
     }
     return ScalingResult(f"Two products of {size}x{size} on {n0} and {n1}: scaling",
                          infos, data, headers, rows, notes)

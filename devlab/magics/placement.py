@@ -134,19 +134,22 @@ class PlacementMagics(Magics):
     @magic_arguments()
     @argument("--simulate-gpus", type=int, default=None, metavar="N", help="First simulate N GPUs on the CPU (before first use).")
     @argument("--memory-limit", type=int, default=None, metavar="MB", help="With --simulate-gpus: each simulated GPU's memory.")
+    @argument("--model", default=None, metavar="GPU", help="With --simulate-gpus: model the timing of this real GPU (T4, L4, A100, H100): times on the simulated GPUs are then modeled from its specifications, not measured.")
     @line_magic
     def devices(self, line: str) -> Any:
         """Show every device: type, name, torch device, memory, utilisation, real or simulated.
 
         %devices
-        %devices --simulate-gpus 2 [--memory-limit 1024]
+        %devices --simulate-gpus 2 [--memory-limit 1024] [--model T4]
         """
         args = parse_argstring(self.devices, line)
-        if args.memory_limit is not None and args.simulate_gpus is None:
-            raise UsageError("--memory-limit goes with --simulate-gpus N.")
+        for flag, value in (("--memory-limit", args.memory_limit), ("--model", args.model)):
+            if value is not None and args.simulate_gpus is None:
+                raise UsageError(f"{flag} goes with --simulate-gpus N.")
         if args.simulate_gpus is not None:
             with usage_errors():
-                config.simulate_gpus(args.simulate_gpus, memory_limit=args.memory_limit)
+                config.simulate_gpus(args.simulate_gpus, memory_limit=args.memory_limit,
+                                     model=args.model)
         return inventory.device_table()
 
     # -- helpers -----------------------------------------------------------------------------------

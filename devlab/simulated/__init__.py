@@ -37,6 +37,12 @@ from ._session import current_index
 __all__ = [
     "current_index",
     "device_count",
+    "explain",
+    "gpu_spec",
+    "model",
+    "modeled_time",
+    "models",
+    "host_only",
     "index_of",
     "is_active",
     "is_used",
@@ -51,7 +57,7 @@ __all__ = [
 
 _control_lock = threading.RLock()
 _undo: Any = None  # the running simulation's _patcher.Patcher
-_start_mode: Any = None  # the mode start() put on its thread's stack
+_start_routing: Any = None  # the modes start() put on its thread's stacks
 _start_thread: int | None = None
 _MB = 1024 * 1024
 
@@ -67,17 +73,23 @@ def _limits_bytes(count: int, memory_limits_mb: list[int | None] | None) -> list
 
 
 def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
-          asynchronous: bool = True) -> None:
+          asynchronous: bool = True, model: str | None = None) -> None:
     """Simulate `count` GPUs (one memory limit in MB per GPU; None = unlimited).
 
-    Calling it again before any simulated tensor exists replaces the configuration.
-    `asynchronous=False` runs every op synchronously on the calling thread. Refuses on a
-    machine with real CUDA GPUs, and on a torch that lacks what the simulation relies on.
+    `model` names a real GPU ("T4", "L4", "A100", "H100": `models()`) whose public
+    specifications the GPUs' modeled clock follows (see `modeled_time`, `explain`); a GPU
+    without a memory limit then has that GPU's memory. Calling it again before any simulated
+    tensor exists replaces the configuration. `asynchronous=False` runs every op synchronously
+    on the calling thread. Refuses on a machine with real CUDA GPUs, and on a torch that lacks
+    what the simulation relies on.
     """
-    global _undo, _start_mode, _start_thread
+    global _undo, _start_routing, _start_thread
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"count must be a positive integer, got {count!r}")
+    spec = gpu_spec(model) if model is not None else None
     limits = _limits_bytes(count, memory_limits_mb)
+    if spec is not None:
+        limits = [int(spec.memory_gb * 1e9) if lim is None else lim for lim in limits]
     with _control_lock:
         if _session.session is not None:
             if _session.session.used:
@@ -102,23 +114,24 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         )
         from ._patcher import Patcher
 
-        # A stop() from another thread could only disarm this thread's old mode.
+        # A stop() from another thread could only disarm this thread's old modes.
         for old in torch.overrides._get_current_function_mode_stack():
             if isinstance(old, _routing.SimulationMode) and old.inert:
                 _threads.remove_mode(old)
+        _threads.remove_stale_clock_modes()
         patcher = Patcher()
         try:
             for module in (_tensor, _cuda, _queries, _factories, _amp, _threads, _parallel,
                            _serialization):
                 module.install(patcher)
-            _session.session = _session.Session(limits)
+            _session.session = _session.Session(limits, spec=spec)
             _session.forget_thread_state()
-            mode = _threads.push_routing()
+            routing = _threads.push_routing()
         except BaseException:
             _session.session = None
             patcher.restore()
             raise
-        _undo, _start_mode, _start_thread = patcher, mode, threading.get_ident()
+        _undo, _start_routing, _start_thread = patcher, routing, threading.get_ident()
         _launch.enabled = asynchronous
 
 
@@ -159,19 +172,19 @@ def stop() -> None:
     off that thread's stack, so it only disarms it (the mode passes every call through, and
     the next start() there removes it). Modes of other threads are disarmed the same way.
     """
-    global _undo, _start_mode, _start_thread
+    global _undo, _start_routing, _start_thread
     with _control_lock:
         errors: list[BaseException] = []
         try:
             _workers.shutdown()
         except BaseException as e:
             errors.append(e)
-        mode = _start_mode
-        if mode is not None and threading.get_ident() == _start_thread:
+        routing = _start_routing
+        if routing is not None and threading.get_ident() == _start_thread:
             from . import _threads
 
-            _threads.remove_mode(mode)
-        _start_mode = _start_thread = None
+            _threads.pop_routing(routing)
+        _start_routing = _start_thread = None
         # A default device naming a simulated GPU would make every factory fail afterwards.
         cur = torch.utils._device.CURRENT_DEVICE
         if cur is not None and cur.type == "cuda":
@@ -201,6 +214,54 @@ def thread_routing() -> Iterator[None]:
     from . import _threads
 
     with _threads.routing():
+        yield
+
+
+def models() -> list[str]:
+    """The real GPUs a simulation can model (`start(..., model=name)`)."""
+    from ._gpu_specs import SPECS
+
+    return list(SPECS)
+
+
+def gpu_spec(name: str) -> Any:
+    """The public specifications of the real GPU `name` models (a `GpuSpec`)."""
+    from ._gpu_specs import SPECS
+
+    key = next((k for k in SPECS if k.lower() == str(name).strip().lower()), None)
+    if key is None:
+        raise ValueError(f"no performance model for a GPU named {name!r}; the models are "
+                         f"{', '.join(SPECS)}")
+    return SPECS[key]
+
+
+def model() -> Any:
+    """The `GpuSpec` the running simulation models (None: no model, or no simulation)."""
+    sess = _session.session
+    return sess.spec if sess is not None else None
+
+
+def modeled_time() -> float:
+    """The host's modeled time in seconds since the simulation started: it advances with each
+    launch, copy and host sync on the modeled GPUs, not with this machine's clock."""
+    sess = _session.session
+    if sess is None or sess.clock is None:
+        raise RuntimeError("no modeled GPU: start the simulation with a model, e.g. "
+                           "devlab.config.simulate_gpus(2, model='T4')")
+    return sess.clock.now()
+
+
+@contextlib.contextmanager
+def host_only() -> Iterator[None]:
+    """Run host-only work as plain PyTorch runs it, without the simulation's modes on this
+    thread (each adds microseconds to every op): how devlab times the CPU. Work inside must
+    not touch simulated GPUs' tensors: nothing routes or marks it."""
+    if _session.session is None:
+        yield
+        return
+    from . import _threads
+
+    with _threads.suspended():
         yield
 
 
@@ -254,3 +315,15 @@ def synchronize(index: int | None = None) -> None:
     else:
         _device(index)
         _workers.wait(index)
+    sess = _session.session
+    if sess is not None and sess.clock is not None:
+        sess.clock.sync(index)
+
+
+def explain(fn: Any) -> Any:
+    """Run `fn()` on the modeled GPUs and break down each kernel and copy it made into launch,
+    compute and memory time (an `Explanation`; modeled from the GPU's specifications, not
+    measured). `explain(lambda: x @ x)` explains one product."""
+    from ._explain import explain as _explain
+
+    return _explain(fn)

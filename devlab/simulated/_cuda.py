@@ -28,7 +28,17 @@ def _gpu(device: Any = None) -> DeviceState:
 
 
 def device_name(index: int) -> str:
-    return f"Simulated GPU {index} (CPU-backed)"
+    sess = _session.session
+    spec = sess.spec if sess is not None else None
+    modeled = "" if spec is None else f"modeled {spec.name}, "
+    return f"Simulated GPU {index} ({modeled}CPU-backed)"
+
+
+def _clock_sync(index: int | None) -> None:
+    """With a performance model, the host's modeled clock waits for the GPU(s) too."""
+    sess = _session.session
+    if sess is not None and sess.clock is not None:
+        sess.clock.sync(index)
 
 
 def total_memory(index: int) -> int:
@@ -124,8 +134,11 @@ def synchronize(device: Any = None) -> None:
     if device is None:
         _devices.cuda_index(None)
         _workers.wait_all()
+        _clock_sync(None)
     else:
-        _workers.wait(_devices.cuda_index(device))
+        index = _devices.cuda_index(device)
+        _workers.wait(index)
+        _clock_sync(index)
 
 
 @entry
@@ -313,6 +326,7 @@ class Stream:
     @entry
     def synchronize(self) -> None:
         _workers.wait(self.device_index)
+        _clock_sync(self.device_index)
 
     def query(self) -> bool:
         return _workers.idle(self.device_index)
@@ -349,7 +363,11 @@ class Stream:
 
 
 class Event:
-    """torch.cuda.Event for simulated GPUs: records when the device's queue reaches it."""
+    """torch.cuda.Event for simulated GPUs: records when the device's queue reaches it.
+
+    With a performance model, that is the modeled time (so `elapsed_time` gives modeled
+    milliseconds, as the usual GPU timing code expects); otherwise this machine's clock.
+    """
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False,
                  interprocess: bool = False, **kwargs: Any) -> None:
@@ -362,7 +380,11 @@ class Event:
         i = stream.device_index if isinstance(stream, Stream) else _devices.cuda_index(None)
         self.device_index = i
         self.time = None
-        _workers.at_queue_end(i, self._stamp)
+        sess = _session.session
+        if sess is not None and sess.clock is not None:
+            self.time = sess.clock.reached(i)
+        else:
+            _workers.at_queue_end(i, self._stamp)
 
     def _stamp(self) -> None:
         self.time = time.perf_counter()
@@ -374,6 +396,7 @@ class Event:
     def synchronize(self) -> None:
         if self.device_index is not None:
             _workers.wait(self.device_index)
+            _clock_sync(self.device_index)
 
     def wait(self, stream: Any = None) -> None:
         """See Stream.wait_stream."""

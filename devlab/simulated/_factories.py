@@ -13,6 +13,7 @@ from . import _devices, _errors, _marks, _ops, _session, _workers
 from ._patcher import Patcher
 
 CONSTRUCTORS = frozenset(_torch_device._device_constructors())
+_DisableTF = torch._C.DisableTorchFunction
 
 _SIZED = {torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn, torch.full}
 
@@ -49,7 +50,10 @@ def place(func: Callable, args: tuple, kwargs: dict, device: Any) -> Any:
     if size:
         _marks.check_fits(target, size)
     _workers.wait(target)
-    out = _ops.call(target, func, args, dict(kwargs, device="cpu"))
+    # Decided: a CPU op whose outputs live on `target`. No mode below may place it again (a
+    # simulation mode under a DeviceContext would run it as a host op).
+    with _DisableTF():
+        out = _ops.call(target, func, args, dict(kwargs, device="cpu"))
     _ops.mark_outputs(out, target)
     return out
 

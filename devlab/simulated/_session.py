@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -43,12 +44,18 @@ class DeviceState:
 
 
 class Session:
-    """One start()..stop() run; marks and modes from an earlier run are ignored by a later one."""
+    """One start()..stop() run; marks and modes from an earlier run are ignored by a later one.
 
-    __slots__ = ("__weakref__", "count", "devices", "used")
+    `spec` is the real GPU the simulated ones model (None: no performance model); `clock` the
+    modeled timeline (`_clock.Clock`) when there is one.
+    """
 
-    def __init__(self, limits: list[int | None], growth: list[bool] | None = None) -> None:
+    __slots__ = ("__weakref__", "clock", "count", "devices", "spec", "used")
+
+    def __init__(self, limits: list[int | None], growth: list[bool] | None = None,
+                 spec: Any = None) -> None:
         self.used = False
+        self.spec = spec
         self.configure(limits, growth)
 
     def configure(self, limits: list[int | None], growth: list[bool] | None = None) -> None:
@@ -57,6 +64,14 @@ class Session:
         growth = [True] * self.count if growth is None else growth
         self.devices = [DeviceState(i, lim, not grows)
                         for i, (lim, grows) in enumerate(zip(limits, growth, strict=True))]
+        if self.spec is None:
+            self.clock = None
+        elif getattr(self, "clock", None) is not None:
+            self.clock.reset(self.count)  # the routed threads' modes hold this clock
+        else:
+            from ._clock import Clock  # only a modeled simulation loads the model
+
+            self.clock = Clock(self.spec, self.count)
 
 
 # The running session (None when not simulating). Read on every op, so a plain global.

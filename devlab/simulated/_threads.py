@@ -14,9 +14,14 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode, _pop_mode, _push_mode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _dispatch_stack
+from torch.utils._python_dispatch import _pop_mode as _pop_dispatch_mode
+from torch.utils._python_dispatch import _push_mode as _push_dispatch_mode
 
 from . import _session
 from ._patcher import Patcher
@@ -24,12 +29,31 @@ from ._routing import SimulationMode
 from ._workers import UNROUTED
 
 
-def push_routing() -> SimulationMode:
-    """Put a simulation mode on this thread's stack; returns it (for pop_routing)."""
-    mode = SimulationMode()
-    _push_mode(mode)
-    _session.tls.routed = mode.session
-    return mode
+class Routing:
+    """What routes one thread: the simulation's function mode, and with a performance model,
+    the clock's dispatch mode."""
+
+    def __init__(self) -> None:
+        self.mode = SimulationMode()
+        sess = _session.session
+        clock = sess.clock if sess is not None else None
+        self.clock_mode = None if clock is None else _clock_mode(clock)
+
+
+def _clock_mode(clock: object) -> TorchDispatchMode:
+    from ._clock import ClockMode  # only a modeled simulation loads the model
+
+    return ClockMode(clock)  # type: ignore[arg-type]
+
+
+def push_routing() -> Routing:
+    """Route this thread: put the simulation's modes on its stacks (undo with pop_routing)."""
+    routing = Routing()
+    _push_mode(routing.mode)
+    if routing.clock_mode is not None:
+        _push_dispatch_mode(routing.clock_mode)
+    _session.tls.routed = routing.mode.session
+    return routing
 
 
 def remove_mode(mode: TorchFunctionMode) -> bool:
@@ -47,10 +71,75 @@ def remove_mode(mode: TorchFunctionMode) -> bool:
     return found
 
 
-def pop_routing(mode: SimulationMode) -> None:
+def remove_dispatch_mode(mode: TorchDispatchMode) -> bool:
+    """Take `mode` off this thread's dispatch mode stack, keeping the modes above it in order."""
+    above = []
+    found = False
+    while torch._C._len_torch_dispatch_stack():
+        m = _pop_dispatch_mode()
+        if m is mode:
+            found = True
+            break
+        above.append(m)
+    for m in reversed(above):
+        _push_dispatch_mode(m)
+    return found
+
+
+def pop_routing(routing: Routing) -> None:
     """Undo push_routing."""
-    remove_mode(mode)
+    remove_mode(routing.mode)
+    if routing.clock_mode is not None:
+        remove_dispatch_mode(routing.clock_mode)
     _session.tls.__dict__.pop("routed", None)
+
+
+def remove_stale_clock_modes() -> None:
+    """Take clock modes of earlier simulations off this thread's stack (a stop() from another
+    thread could only disarm them)."""
+    from ._clock import ClockMode
+
+    sess = _session.session
+    for m in _dispatch_stack():
+        if isinstance(m, ClockMode) and (sess is None or m.clock is not sess.clock):
+            remove_dispatch_mode(m)
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Take this thread's simulation modes off its stacks for the block, and put them back
+    in their places after (host work timed as plain PyTorch runs it)."""
+    from ._clock import ClockMode
+
+    functions = torch.overrides._get_current_function_mode_stack()
+    dispatches = _dispatch_stack()
+    ours = [m for m in functions if isinstance(m, SimulationMode)]
+    clocks = [m for m in dispatches if isinstance(m, ClockMode)]
+    for m in ours:
+        remove_mode(m)
+    for m in clocks:
+        remove_dispatch_mode(m)
+    try:
+        yield
+    finally:
+        _restore(functions, _pop_mode, _push_mode, torch._C._len_torch_function_stack)
+        _restore(dispatches, _pop_dispatch_mode, _push_dispatch_mode,
+                 torch._C._len_torch_dispatch_stack)
+
+
+def _restore(stack: list, pop: Any, push: Any, length: Any) -> None:
+    """Make this thread's mode stack `stack` again (bottom first), keeping any mode pushed
+    on top meanwhile above it."""
+    extra = []
+    while length():
+        m = pop()
+        if any(m is s for s in stack):
+            continue
+        extra.append(m)
+    for m in stack:
+        push(m)
+    for m in reversed(extra):
+        push(m)
 
 
 @contextlib.contextmanager
@@ -59,11 +148,11 @@ def routing() -> Iterator[None]:
     if _session.is_routed():
         yield
         return
-    mode = push_routing()
+    routing = push_routing()
     try:
         yield
     finally:
-        pop_routing(mode)
+        pop_routing(routing)
 
 
 _orig_bootstrap_inner = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
@@ -71,17 +160,17 @@ _orig_bootstrap_inner = threading.Thread._bootstrap_inner  # type: ignore[attr-d
 
 def _bootstrap_inner(self: threading.Thread) -> None:
     """Thread._bootstrap_inner: a thread started while simulating runs routed."""
-    mode = None
+    routing = None
     if _session.session is not None and not getattr(self, UNROUTED, False):
         try:
-            mode = push_routing()
+            routing = push_routing()
         except Exception:  # never keep the thread from starting (its starter waits for it)
-            mode = None
+            routing = None
     try:
         _orig_bootstrap_inner(self)
     finally:
-        if mode is not None:
-            pop_routing(mode)
+        if routing is not None:
+            pop_routing(routing)
 
 
 def install(p: Patcher) -> None:
