@@ -33,6 +33,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from tools.compat import folder_mib
 from tools.measure import MIB, run_measured
 
 pytestmark = pytest.mark.binder
@@ -83,17 +84,6 @@ class BinderEnv:
         return env
 
 
-def _size_mib(folder: Path) -> float:
-    total = 0
-    for dirpath, _, files in os.walk(folder):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                pass
-    return total / MIB
-
-
 @pytest.fixture(scope="module")
 def binder_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BinderEnv]:
     major, minor = runtime_python()
@@ -114,7 +104,7 @@ def binder_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BinderEnv]:
                           "--disable-pip-version-check", "-r", str(requirements)],
                          cwd=ROOT, capture_output=True, text=True)
     assert pip.returncode == 0, f"pip install -r binder/requirements.txt failed:\n{pip.stderr[-3000:]}"
-    env = BinderEnv(venv, home, where / "executed", time.perf_counter() - start, _size_mib(venv))
+    env = BinderEnv(venv, home, where / "executed", time.perf_counter() - start, folder_mib(venv))
     post_build = BINDER / "postBuild"
     if post_build.exists():
         subprocess.run([str(post_build)], cwd=ROOT, env=env.env(), check=True)

@@ -3,6 +3,7 @@ roofline cost of each op, and everywhere it shows (events, timing, exercises, la
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -273,3 +274,47 @@ def test_two_modeled_gpus_scale_whatever_the_cores(t4, monkeypatch) -> None:
     assert r.data["speedup"] >= 1.8 and r.data["asynchronous_launch"], r
     assert r.data["bound"] == "compute-bound"
     assert "two GPUs, two queues" in str(r)
+
+
+# --- the model beside published measurements (docs/gpu-models.md) --------------------------
+
+def _validation():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_model.py"
+    spec = importlib.util.spec_from_file_location("gpu_model_validation", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module, path.parents[1] / "docs" / "gpu-models.md"
+
+
+def test_the_docs_show_the_models_own_predictions() -> None:
+    validation, doc = _validation()
+    text = doc.read_text(encoding="utf-8")
+    shown = text.split("<!-- model-table:start -->")[1].split("<!-- model-table:end -->")[0]
+    rows = validation.rows()
+    assert shown.strip() == validation.markdown(rows)
+    gpus = {r.gpu.split()[0] for r in rows}
+    assert {"T4", "A100", "H100"} <= gpus
+    assert {r.section for r in rows} >= {"matmul", "memory", "host", "latency"}
+
+
+def test_only_the_documented_rows_are_outside_2x() -> None:
+    validation, _ = _validation()
+    outside = sorted((r.gpu, r.what) for r in validation.rows() if not validation.within(r.ratio))
+    # docs/gpu-models.md says why for each: BF16 emulated on a T4, small products that do not
+    # fill an A100/H100, a throttled T4, one slow host's PCIe, a 4-link NVLink board.
+    assert outside == sorted([
+        ("T4", "same, BF16: no BF16 hardware [zzc-db]"),
+        ("T4", "torch.matmul, best of n = 256…6888, FP32 [chsasank]"),
+        ("A100 PCIe 40GB", "torch.mm n = 1024, FP32 [zzc#108]"),
+        ("A100 PCIe 40GB", "torch.mm n = 1024, FP16 [zzc#108]"),
+        ("A100 PCIe 40GB", "torch.mm n = 2048, FP32 [zzc#108]"),
+        ("A100 PCIe 40GB", "torch.mm n = 1024, TF32 [zzc#108]"),
+        ("H100", "torch.mm n = 1024, TF32 [zzc#79]"),
+        ("H100", "torch.mm n = 1024, FP16 [zzc#79]"),
+        ("A100 SXM4 40GB", "host → device, pinned, 32 MB [cuda-demo]"),
+        ("A100 (4 NVLinks)", "GPU → GPU, osu_bw, 32 MiB [EESSI#716]"),
+    ])

@@ -65,12 +65,14 @@ class Clock:
         """A copy between the host (None) and a GPU, or between two GPUs."""
         spec = self.spec
         if src is not None and dst is not None:
-            rate = spec.memory_bandwidth_gbs if src == dst else spec.peer_link_gbs
             ends = [src, dst]
+            if src == dst:  # within one GPU's memory: read, then write
+                seconds = 2 * nbytes / (spec.memory_bandwidth_gbs * 1e9)
+            else:
+                seconds = nbytes / (spec.peer_link_gbs * 1e9)
         else:
-            rate = spec.host_link_gbs
             ends = [src if src is not None else dst]
-        seconds = nbytes / (rate * 1e9)
+            seconds = nbytes / (spec.host_link_gbs * 1e9)
         with self.lock:
             self.host += self._launch
             start = max(self.host, *(self.free[e] for e in ends))  # type: ignore[index]

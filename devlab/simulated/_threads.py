@@ -56,34 +56,53 @@ def push_routing() -> Routing:
     return routing
 
 
+class _Stack:
+    """One of this thread's two mode stacks, through torch's own push, pop and length."""
+
+    def __init__(self, push: Any, pop: Any, length: Any) -> None:
+        self.push, self.pop, self.length = push, pop, length
+
+    def remove(self, mode: object) -> bool:
+        """Take `mode` off the stack, keeping the modes above it in order."""
+        above = []
+        found = False
+        while self.length():
+            m = self.pop()
+            if m is mode:
+                found = True
+                break
+            above.append(m)
+        for m in reversed(above):
+            self.push(m)
+        return found
+
+    def restore(self, stack: list) -> None:
+        """Make the stack `stack` again (bottom first), keeping any mode pushed on top
+        meanwhile above it."""
+        extra = []
+        while self.length():
+            m = self.pop()
+            if not any(m is s for s in stack):
+                extra.append(m)
+        for m in stack:
+            self.push(m)
+        for m in reversed(extra):
+            self.push(m)
+
+
+FUNCTION_MODES = _Stack(_push_mode, _pop_mode, torch._C._len_torch_function_stack)
+DISPATCH_MODES = _Stack(_push_dispatch_mode, _pop_dispatch_mode,
+                        torch._C._len_torch_dispatch_stack)
+
+
 def remove_mode(mode: TorchFunctionMode) -> bool:
-    """Take `mode` off this thread's stack, keeping the modes above it in order."""
-    above = []
-    found = False
-    while torch._C._len_torch_function_stack():
-        m = _pop_mode()
-        if m is mode:
-            found = True
-            break
-        above.append(m)
-    for m in reversed(above):
-        _push_mode(m)
-    return found
+    """Take `mode` off this thread's function mode stack, keeping the modes above it."""
+    return FUNCTION_MODES.remove(mode)
 
 
 def remove_dispatch_mode(mode: TorchDispatchMode) -> bool:
-    """Take `mode` off this thread's dispatch mode stack, keeping the modes above it in order."""
-    above = []
-    found = False
-    while torch._C._len_torch_dispatch_stack():
-        m = _pop_dispatch_mode()
-        if m is mode:
-            found = True
-            break
-        above.append(m)
-    for m in reversed(above):
-        _push_dispatch_mode(m)
-    return found
+    """Take `mode` off this thread's dispatch mode stack, keeping the modes above it."""
+    return DISPATCH_MODES.remove(mode)
 
 
 def pop_routing(routing: Routing) -> None:
@@ -122,24 +141,8 @@ def suspended() -> Iterator[None]:
     try:
         yield
     finally:
-        _restore(functions, _pop_mode, _push_mode, torch._C._len_torch_function_stack)
-        _restore(dispatches, _pop_dispatch_mode, _push_dispatch_mode,
-                 torch._C._len_torch_dispatch_stack)
-
-
-def _restore(stack: list, pop: Any, push: Any, length: Any) -> None:
-    """Make this thread's mode stack `stack` again (bottom first), keeping any mode pushed
-    on top meanwhile above it."""
-    extra = []
-    while length():
-        m = pop()
-        if any(m is s for s in stack):
-            continue
-        extra.append(m)
-    for m in stack:
-        push(m)
-    for m in reversed(extra):
-        push(m)
+        FUNCTION_MODES.restore(functions)
+        DISPATCH_MODES.restore(dispatches)
 
 
 @contextlib.contextmanager
