@@ -29,6 +29,7 @@ import builtins
 import contextlib
 import dataclasses
 import faulthandler
+import io
 import logging
 import marshal
 import multiprocessing
@@ -52,15 +53,16 @@ import torch
 from devlab import placement_log, simulated
 from devlab.host import cpu_cores
 
-__all__ = ["RankError", "Ranks", "default_start_method", "export_script", "launch", "run",
-           "run_code"]
+__all__ = ["Export", "RankError", "Ranks", "check_options", "default_start_method",
+           "export_script", "launch", "run", "run_code"]
 
 START_METHODS = ("fork", "spawn", "forkserver")
 # After the timeout, a rank's own watchdog stops it; this much later the parent kills what is
 # left (a rank stuck where even that cannot run).
 _KILL_GRACE = 5.0
 _HERE = os.path.abspath(__file__)
-_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing",
+            "torchelastic-events-null")
 _SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
                  if hasattr(signal, n))
 _ENV_KEYS = ("DEVLAB_SIMULATE_GPUS", "DEVLAB_SIMULATE_GPU_MEMORY_MB",
@@ -96,6 +98,7 @@ def launch(fn: Callable[..., Any], *args: Any, nprocs: int = 2, start_method: st
     itself, as under torchrun. `start_method`: "fork" or "spawn" (default: fork where safe).
     `timeout` (seconds): stop the ranks then and raise TimeoutError saying where each was.
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     return run(fn, args, nprocs=nprocs, start_method=start_method, timeout=timeout).values
 
 
@@ -105,6 +108,7 @@ def run(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | None 
     """`launch` with keyword arguments for `fn`, and each rank's placement log (`placement_log`)."""
     if not callable(fn):
         raise TypeError(f"fn must be a function to run on every rank, got {type(fn).__name__}")
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     job = ("call", fn, tuple(args), dict(kwargs or {}))
     return _run(job, nprocs, start_method, timeout, placement_log, carried=lambda: job)
 
@@ -118,6 +122,8 @@ def run_code(code: types.CodeType, value: types.CodeType | None, namespace: dict
     Forked ranks copy the whole namespace; spawned ranks get the names the code uses that can
     be pickled (the others are named on stderr).
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+
     def carried() -> tuple[Any, ...]:
         ns = _picklable_namespace(namespace, code, value)
         return ("code", marshal.dumps(code), None if value is None else marshal.dumps(value), ns)
@@ -138,7 +144,8 @@ def default_start_method() -> str:
 # --- the parent's side ----------------------------------------------------------------------------
 
 
-def _check(nprocs: Any, start_method: Any, timeout: Any) -> str:
+def check_options(nprocs: Any, start_method: Any, timeout: Any) -> str:
+    """The start method to use; a ValueError naming what is wrong with an option."""
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"nprocs is the number of ranks, a whole number of at least 1; "
                          f"got {nprocs!r}")
@@ -157,7 +164,7 @@ def _check(nprocs: Any, start_method: Any, timeout: Any) -> str:
 def _run(job: tuple[Any, ...], nprocs: int, start_method: str | None, timeout: float | None,
          log: bool, carried: Callable[[], tuple[Any, ...]]) -> Ranks:
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    method = _check(nprocs, start_method, timeout)
+    method = check_options(nprocs, start_method, timeout)
     import cloudpickle
 
     run_id = uuid.uuid4().hex
@@ -171,7 +178,7 @@ def _run(job: tuple[Any, ...], nprocs: int, start_method: str | None, timeout: f
     killer = None if deadline is None else _Killer(run_dir, deadline + _KILL_GRACE)
     failed: BaseException | None = None
     try:
-        with _process_state_kept(), _children_env(method):
+        with _process_state_kept(), _children_env(method), _streams_with_descriptors():
             _elastic(nprocs, method, run_id, run_dir, spec, payload)
     except BaseException as e:  # the ranks' own errors are read from run_dir below
         failed = e
@@ -247,6 +254,41 @@ def _children_env(method: str) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+class _DescriptorStream(io.TextIOBase):
+    """A stream that writes to `inner` and names descriptor `fd` as its own."""
+
+    def __init__(self, inner: Any, fd: int) -> None:
+        self.inner, self.fd = inner, fd
+
+    def write(self, text: str) -> int:
+        return self.inner.write(text)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def fileno(self) -> int:
+        return self.fd
+
+
+@contextlib.contextmanager
+def _streams_with_descriptors() -> Iterator[None]:
+    """torch's launcher sends a rank's output to its log file by redirecting the descriptor
+    `sys.stdout.fileno()`, in the parent's stream a forked rank inherits. A notebook kernel's
+    stream may have none (ipykernel under pytest): while launching, such a stream names 1
+    (2 for stderr), and writes still go to it (the ranks' labelled lines, into the cell)."""
+    saved = sys.stdout, sys.stderr
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        try:
+            stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            setattr(sys, name, _DescriptorStream(stream, fd))
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 class _Killer:
@@ -433,10 +475,7 @@ def _rank_main(run_dir: str, spec: dict[str, Any], payload: bytes | None) -> Non
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     (out / f"rank{rank}.pid").write_text(f"{os.getpid()} {threading.main_thread().ident:#x}")
-    # torch's launcher sent file descriptors 1 and 2 to this rank's log files; in a forked
-    # notebook kernel sys.stdout is still the kernel's, which only the parent may use.
-    sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
-    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
+    _own_streams()
     if spec["deadline"] is not None:
         _watchdog_file = open(out / f"rank{rank}.hang", "w")  # noqa: SIM115
         faulthandler.dump_traceback_later(max(0.01, spec["deadline"] - time.time()), exit=True,
@@ -463,6 +502,24 @@ def _rank_main(run_dir: str, spec: dict[str, Any], payload: bytes | None) -> Non
         _finish_process_group()
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def _own_streams() -> None:
+    """Send this rank's stdout and stderr, Python's and C's, to the log files torch's launcher
+    tails (labelled [rankN] in the parent).
+
+    The launcher redirected the descriptor `sys.stdout.fileno()` names. In a rank forked from a
+    notebook kernel that is the kernel's copy of the terminal's, not 1 (the kernel captures 1
+    and 2 for its cells), and sys.stdout is the kernel's stream, which only the kernel may use.
+    """
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            redirected = getattr(sys, name).fileno()
+        except (AttributeError, OSError, ValueError):
+            redirected = fd
+        if redirected != fd:
+            os.dup2(redirected, fd)
+        setattr(sys, name, open(fd, "w", buffering=1, closefd=False, errors="replace"))  # noqa: SIM115
 
 
 def _run_job(job: tuple[Any, ...]) -> Any:
