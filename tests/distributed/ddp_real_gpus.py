@@ -44,7 +44,7 @@ def train(rank: int, local_rank: int, world_size: int, checkpoint: str) -> None:
         opt.step()
     if rank == 0:
         torch.save(net.state_dict(), checkpoint)
-    dist.barrier()
+    dist.barrier(device_ids=[local_rank])
     state = torch.load(checkpoint, map_location={"cuda:0": f"cuda:{local_rank}"})
     assert all(t.device == torch.device("cuda", local_rank) for t in state.values()), state
     net.load_state_dict(state)
