@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ._marks import live_mark, storage_of
+from ._marks import index_of
 from ._patcher import Patcher
 
 NOTICE = ("devlab: simulated GPUs have no NCCL (a CPU build of torch has none), so "
@@ -81,7 +81,7 @@ def _bucketing(original: Any) -> Any:
         """DDP's bucketing, one device at a time: a bucket holds one simulated GPU's tensors."""
         sparse = list(expect_sparse_gradient or [])
         indices = list(tensor_indices or [])
-        places = [_index(t) for t in tensors]
+        places = [index_of(t) for t in tensors]
         if len(set(places)) <= 1:
             return original(tensors, bucket_size_limits, sparse, indices)
         buckets: list[tuple[int, list[int], int]] = []  # (first position, indices, limit)
@@ -100,11 +100,6 @@ def _bucketing(original: Any) -> Any:
 
     compute_bucket_assignment_by_size.__wrapped__ = original  # type: ignore[attr-defined]
     return compute_bucket_assignment_by_size
-
-
-def _index(t: torch.Tensor) -> int | None:
-    m = live_mark(storage_of(t))
-    return None if m is None else m.index
 
 
 def install(p: Patcher) -> None:
