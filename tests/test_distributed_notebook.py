@@ -131,3 +131,16 @@ def test_export_writes_a_script_torchrun_can_run(tmp_path) -> None:
         "", "from torch.nn.parallel.distributed import DistributedDataParallel as DDP",
         "import torch.distributed as dist", "from torch import nn", "import torch", ""]
     assert written.rstrip().endswith("print(dist.get_rank(), torch.__name__)")
+
+
+def test_spawned_ranks_get_the_notebooks_functions_and_gpus() -> None:
+    cells = run_cells(
+        "%load_ext devlab\n%devices --simulate-gpus 2\nimport torch\nscale = 3\n"
+        "def triple(x):\n    return x * scale",
+        "%%distributed -n 2 --start-method spawn\nimport os\nrank = int(os.environ['RANK'])\n"
+        "print('GPUs:', torch.cuda.device_count())\ntriple(torch.ones(2, device=rank))",
+    )
+    assert not errors(cells[1]), text(cells[1])
+    assert sorted(stream(cells[1]).splitlines()) == ["[rank0] GPUs: 2", "[rank1] GPUs: 2"]
+    assert text(cells[1]).strip().endswith(
+        "[tensor([3., 3.], device='cuda:0'), tensor([3., 3.], device='cuda:1')]")
