@@ -1,13 +1,25 @@
 """devlab: a Jupyter-native interactive device lab for PyTorch.
 
 `%load_ext devlab` in a notebook; `devlab.device("/GPU:1")`, `devlab.config`,
-`devlab.debugging.set_log_device_placement` and the d2l helpers from Python.
+`devlab.debugging.set_log_device_placement` and the d2l helpers from Python;
+`devlab.launch(fn, *args, nprocs=2)` runs a function on ranks of torch.distributed.
 """
 
 from __future__ import annotations
 
-from devlab import config, debugging, exercises, memory, placement_log, runtime, simulated, timing
+from devlab import (
+    config,
+    debugging,
+    distributed,
+    exercises,
+    memory,
+    placement_log,
+    runtime,
+    simulated,
+    timing,
+)
 from devlab.d2l import cpu, gpu, num_gpus, try_all_gpus, try_gpu
+from devlab.distributed import launch
 from devlab.inventory import device_table
 from devlab.magics import load_ipython_extension, unload_ipython_extension
 from devlab.names import DeviceSpec, full_name
@@ -29,9 +41,11 @@ __all__ = [
     "debugging",
     "device",
     "device_table",
+    "distributed",
     "exercises",
     "full_name",
     "gpu",
+    "launch",
     "load_ipython_extension",
     "memory",
     "num_gpus",

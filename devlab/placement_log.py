@@ -9,6 +9,10 @@ lines of their own:
 - a host sync is anything that makes the host wait for a device: reading a Python number
   (`.item()`, `float()`, `bool()`), a copy to the host (`.cpu()`, `.tolist()`, `.numpy()`),
   printing a device tensor, and ops whose output size depends on the data (`nonzero`).
+
+torch.distributed's collectives (all-reduce, broadcast...) dispatch as `c10d` ops, also those
+DistributedDataParallel issues from C++ for its gradients; each is a line with the bytes this
+process sends into it.
 """
 
 from __future__ import annotations
@@ -30,10 +34,35 @@ from devlab.aten_ops import COPY_OPS, COPY_TO_HOST, SYNC_OPS, copy_ends
 from devlab.names import DeviceSpec
 from devlab.sizes import format_bytes
 
-OP, COPY, SYNC, NOTE = "op", "copy", "sync", "note"
+OP, COPY, SYNC, NOTE, COLLECTIVE = "op", "copy", "sync", "note", "collective"
 
 _CPU = torch.device("cpu")
 _DisableTF = torch._C.DisableTorchFunction
+
+
+def _collectives() -> dict[Any, tuple[str, int]]:
+    """c10d op -> (its name in a log line, the argument holding the tensors this process sends)."""
+    ops = {"allreduce_": ("All-reduce", 0), "allreduce_coalesced_": ("All-reduce", 0),
+           "broadcast_": ("Broadcast", 0), "reduce_": ("Reduce", 0),
+           "allgather_": ("All-gather", 1), "_allgather_base_": ("All-gather", 1),
+           "allgather_coalesced_": ("All-gather", 1),
+           "allgather_into_tensor_coalesced_": ("All-gather", 1),
+           "reduce_scatter_": ("Reduce-scatter", 1), "_reduce_scatter_base_": ("Reduce-scatter", 1),
+           "reduce_scatter_tensor_coalesced_": ("Reduce-scatter", 1),
+           "gather_": ("Gather", 1), "scatter_": ("Scatter", 1), "alltoall_": ("All-to-all", 1),
+           "alltoall_base_": ("All-to-all", 1), "send": ("Send", 0), "recv_": ("Receive", 0),
+           "recv_any_source_": ("Receive", 0), "barrier": ("Barrier", 0),
+           "monitored_barrier_": ("Barrier", 0)}
+    found: dict[Any, tuple[str, int]] = {}
+    namespace = getattr(torch.ops, "c10d", None)  # a build without torch.distributed has none
+    for name, kind in ops.items():
+        packet = getattr(namespace, name, None) if namespace is not None else None
+        for overload in (packet.overloads() if packet is not None else ()):
+            found[getattr(packet, overload)] = kind
+    return found
+
+
+_COLLECTIVE_OPS = _collectives()
 
 DEFAULT_LIMIT = 60
 
@@ -59,6 +88,9 @@ class Event:
             )
         if self.kind == SYNC:
             return f"Host sync: the host waited for {_full(self.device)} ({self.reason})"
+        if self.kind == COLLECTIVE:
+            size = "" if self.reason == "Barrier" else f" {format_bytes(self.nbytes)}"
+            return f"{self.reason}{size} on {_full(self.device)} ({self.op})"
         return self.reason
 
 
@@ -71,14 +103,20 @@ class Summary:
     copied_bytes: int
     syncs: int
     notes: int
+    collectives: int = 0
+    collective_bytes: int = 0
 
     def text(self) -> str:
         per_device = ", ".join(f"{_short(d)} {n:,}" for d, n in self.ops_per_device.items()) or "none"
         ops = sum(self.ops_per_device.values())
+        collectives = (
+            f" · {self.collectives:,} collective{_s(self.collectives)} ({format_bytes(self.collective_bytes)})"
+            if self.collectives else ""
+        )
         return (
             f"Placement summary: {ops:,} op{_s(ops)} ({per_device}) · "
             f"{self.copies:,} cop{'y' if self.copies == 1 else 'ies'} between devices ({format_bytes(self.copied_bytes)}) · "
-            f"{self.syncs:,} host sync{_s(self.syncs)}"
+            f"{self.syncs:,} host sync{_s(self.syncs)}{collectives}"
         )
 
 
@@ -105,6 +143,8 @@ class PlacementLog(TorchDispatchMode):
             out = func(*args, **(kwargs or {}))
         if func in COPY_OPS:
             self._record_copy(func, args, kwargs or {}, out)
+        elif func in _COLLECTIVE_OPS:
+            self._record_collective(func, args, out)
         else:
             self._raw.append((OP, func, self._device_of(args, out)))
             if func in SYNC_OPS:
@@ -136,6 +176,13 @@ class PlacementLog(TorchDispatchMode):
         self._raw.append((COPY, func, dst_dev, src_dev, nbytes))
         if dst_dev.type == "cpu" and blocking:
             self._record_sync(src_dev, COPY_TO_HOST)
+
+    def _record_collective(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
+        label, which = _COLLECTIVE_OPS[func]
+        tensors = [t for t in _flat(args[which] if which < len(args) else ()) if isinstance(t, torch.Tensor)]
+        # A barrier's tensor is a placeholder: nothing is sent.
+        nbytes = 0 if label == "Barrier" else sum(t.numel() * t.element_size() for t in tensors)
+        self._raw.append((COLLECTIVE, func, self._device_of((tensors,), out), label, nbytes))
 
     def _record_sync(self, device: torch.device, reason: str) -> None:
         if device.type != "cpu":
@@ -174,7 +221,7 @@ class PlacementLog(TorchDispatchMode):
 
     def summary(self) -> Summary:
         ops: Counter[str] = Counter()
-        copies = copied = syncs = notes = 0
+        copies = copied = syncs = notes = collectives = collected = 0
         for raw in self._raw:
             kind = raw[0]
             if kind == OP:
@@ -184,9 +231,25 @@ class PlacementLog(TorchDispatchMode):
                 copied += raw[4]
             elif kind == SYNC:
                 syncs += 1
+            elif kind == COLLECTIVE:
+                collectives += 1
+                collected += raw[4]
             else:
                 notes += 1
-        return Summary(dict(ops), copies, copied, syncs, notes)
+        return Summary(dict(ops), copies, copied, syncs, notes, collectives, collected)
+
+    def records(self) -> list[tuple[Any, ...]]:
+        """The log as plain data (op names instead of torch's op objects), to send to another
+        process; `PlacementLog.from_records` makes the log again there."""
+        return [(raw[0], raw[1] if raw[1] is None or isinstance(raw[1], str) else _op_name(raw[1]), *raw[2:])
+                for raw in self._raw]
+
+    @classmethod
+    def from_records(cls, records: list[tuple[Any, ...]]) -> PlacementLog:
+        """A finished log holding `records` (from `records()`), to read and show."""
+        log = cls()
+        log._raw = list(records)
+        return log
 
     def save(self, path: str | Path, append: bool = False) -> Path:
         """Write every line and the summary to a text file (after what it holds, if `append`)."""
@@ -218,6 +281,8 @@ class PlacementLog(TorchDispatchMode):
                 rows.append(f'<span class="devlab-sync" style="background:#f8d7da;font-weight:bold">{text}</span>')
             elif e.kind == NOTE:
                 rows.append(f'<span class="devlab-note" style="background:#d1ecf1">{text}</span>')
+            elif e.kind == COLLECTIVE:
+                rows.append(f'<span class="devlab-collective" style="background:#e2d9f3;font-weight:bold">{text}</span>')
             else:
                 rows.append(text)
         if hidden:
@@ -360,12 +425,23 @@ def _event(raw: tuple[Any, ...]) -> Event:
         return Event(COPY, _op_name(raw[1]), raw[2], raw[3], raw[4])
     if kind == SYNC:
         return Event(SYNC, "", raw[2], reason=raw[3])
+    if kind == COLLECTIVE:
+        return Event(COLLECTIVE, _op_name(raw[1]), raw[2], nbytes=raw[4], reason=raw[3])
     return Event(NOTE, "", reason=raw[3])
 
 
 def _op_name(func: Any) -> str:
     # aten.add.Tensor -> "aten::add": the overload says nothing about placement.
-    return func._schema.name
+    return func if isinstance(func, str) else func._schema.name
+
+
+def _flat(value: Any) -> Iterator[Any]:
+    """The items of nested lists (c10d ops take lists of lists of tensors)."""
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _flat(v)
+    else:
+        yield value
 
 
 def _s(n: int) -> str:

@@ -185,3 +185,31 @@ def test_04_model_replicas_agree_with_the_host_model(nb04) -> None:
     assert "same as the model on the host: True" in out
     assert "(CPU:0 " in out and "GPU:0 " in out and "GPU:1 " in out
     assert "4 copies between devices" in out and "2 host syncs" in out
+
+
+def test_04_ddp_trains_on_two_ranks_to_the_weights_of_one_process(nb04) -> None:
+    cell = cell_with(nb04, "loss.backward()  # DDP all-reduces the gradients here")
+    assert not errors(cell)
+    out = text(cell)
+    for rank in (0, 1):
+        assert re.search(rf"\[rank{rank}\] loss on my half of the last batch: [0-9.]+ "
+                         rf"\(computed on cuda:{rank}\)", out), out
+        assert f"[rank{rank}] devlab: simulated GPUs have no NCCL" in out
+    compared = text(cell_with(nb04, "rank_weights = _"))
+    for name in ("0.weight", "0.bias", "2.weight", "2.bias"):
+        assert f"{name}: rank 0's on cuda:0, rank 1's on cuda:1, equal: True" in compared
+    assert "same as one process on the whole batches: True" in compared
+
+
+def test_04_the_placement_log_of_one_ddp_step_shows_where_the_gradients_travel(nb04) -> None:
+    cell = cell_with(nb04, "%%distributed -n 2 --log")
+    assert not errors(cell)
+    log = html(cell)
+    # 4x16 + 16 + 16x1 + 1 float32 parameters: 388 bytes, broadcast at the start and the
+    # gradients all-reduced once, each rank on its own GPU
+    for gpu in (GPU0, GPU1):
+        assert f"Broadcast 388 B on {gpu} (c10d::broadcast_)" in log
+        assert f"All-reduce 388 B on {gpu} (c10d::allreduce_)" in log
+        assert f"Executing op aten::addmm in device {gpu}" in log
+    assert log.index("<b>rank 0</b>") < log.index("<b>rank 1</b>")
+    assert "devlab-collective" in log

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from devlab import config, debugging, scope
+from devlab.magics.distributed import DistributedMagics
 from devlab.magics.monitoring import MonitoringMagics
 from devlab.magics.placement import PlacementMagics
 
@@ -16,7 +17,7 @@ def load_ipython_extension(ip: Any) -> None:
     if _state.get("shell") is ip:
         return
     placement = PlacementMagics(ip)
-    magics: list[Any] = [placement, MonitoringMagics(ip)]
+    magics: list[Any] = [placement, MonitoringMagics(ip), DistributedMagics(ip)]
     for m in magics:
         ip.register_magics(m)
     ip.events.register("pre_run_cell", placement.pre_run_cell)

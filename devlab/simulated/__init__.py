@@ -8,7 +8,8 @@ tensors are (`_ops`), moves tensors (`_moves`), runs backward passes routed (`_a
 launches heavy products asynchronously on one worker per GPU (`_launch`, `_workers`). Where
 torch asks C++ about devices, the simulation answers (`_queries`); autocast for "cuda" casts as
 on a GPU (`_amp`); torch.save/load keep devices (`_serialization`); DataParallel works
-(`_parallel`). Each GPU counts its bytes, with an optional limit. Values are real (computed on
+(`_parallel`); torch.distributed runs on gloo where a program asks for NCCL, and DDP buckets
+by simulated GPU (`_distributed`). Each GPU counts its bytes, with an optional limit. Values are real (computed on
 the CPU); speed says nothing about a real GPU. Every change to torch goes through one undo log
 (`_patcher`), and stop() puts torch back exactly.
 
@@ -104,6 +105,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         from . import (
             _amp,
             _cuda,
+            _distributed,
             _factories,
             _parallel,
             _queries,
@@ -122,7 +124,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         patcher = Patcher()
         try:
             for module in (_tensor, _cuda, _queries, _factories, _amp, _threads, _parallel,
-                           _serialization):
+                           _serialization, _distributed):
                 module.install(patcher)
             _session.session = _session.Session(limits, spec=spec)
             _session.forget_thread_state()

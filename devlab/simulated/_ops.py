@@ -17,6 +17,7 @@ from ._marks import MARK, PLAIN, STORAGE_ERRORS, live_mark, mark, recount, stora
 from ._session import tls
 
 Tensor = torch.Tensor
+OpOverload = torch._ops.OpOverload
 _DisableTF = torch._C.DisableTorchFunction
 _tf_stack_len = torch._C._len_torch_function_stack
 
@@ -82,8 +83,31 @@ def common_device(func: Callable, args: tuple, kwargs: dict) -> tuple[int | None
     if common is None:
         return None, None
     if bad and getattr(func, "__name__", "") not in _MIXED_OK_NAMES:
-        _raise_mixed(tensors_of(args, kwargs))
+        if not (isinstance(func, OpOverload) and _adopt(tensors_of(args, kwargs), common)):
+            _raise_mixed(tensors_of(args, kwargs))
     return common, host
+
+
+def _adopt(ts: list[Tensor], index: int) -> bool:
+    """An aten op torch called itself, seen here because a dispatch mode (the placement log)
+    issued it again from Python: C++ code such as DDP's Reducer, whose buffers C++ made
+    unmarked. On a real GPU it would have failed in C++ had it mixed devices, so its host
+    tensors that are not scalars are GPU `index`'s: they are marked there. False (nothing
+    marked) if its tensors are on two simulated GPUs."""
+    fresh: list[torch.UntypedStorage] = []
+    for t in ts:
+        s = storage_of(t)
+        if s is None:
+            continue
+        m = live_mark(s)
+        if m is not None:
+            if m.index != index:
+                return False
+        elif _nonscalar(t) and not any(s is f for f in fresh):
+            fresh.append(s)
+    if fresh:
+        mark(fresh, index)
+    return True
 
 
 def _raise_mixed(ts: list[Tensor]) -> None:

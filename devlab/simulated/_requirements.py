@@ -36,6 +36,7 @@ REQUIRED: tuple[tuple[str, str], ...] = (
     ("torch.autograd", "_make_grads"),
     ("torch.autograd", "_tensor_or_tensors_to_tuple"),
     ("torch.autograd.graph", "_engine_run_backward"),
+    ("torch._ops", "OpOverload"),
     ("torch.serialization", "register_package"),
     ("torch.serialization", "_package_registry"),
     ("torch.amp.autocast_mode", "autocast.__enter__"),

@@ -1,0 +1,78 @@
+"""devlab's start-up hook: with DEVLAB_SIMULATE_GPUS=N set, every Python process sees N simulated
+GPUs, without importing devlab.
+
+pip installs `devlab-autostart.pth` into site-packages with devlab (regular and editable
+installs); Python runs its one line at start-up, which imports this module only when the
+variable is set, so other processes pay for a look at os.environ and nothing more. This
+module imports nothing heavy either: it waits for the program's own `import torch`, then
+imports devlab, which starts the simulation (`devlab.config.simulate_from_environment`). So a
+script written for real GPUs, and every process it starts (torch.multiprocessing.spawn,
+multiprocessing with spawn, fork or forkserver, torchrun's workers, DataLoader workers), sees
+the simulated GPUs: the way coverage.py measures subprocesses.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.abc import MetaPathFinder
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Any
+
+VARIABLE = "DEVLAB_SIMULATE_GPUS"
+
+
+def _start() -> None:
+    try:
+        import devlab  # noqa: F401 - importing devlab starts the simulation from the variable
+    except Exception as e:  # the program runs on without simulated GPUs, and is told why
+        print(f"devlab: {VARIABLE} is set, but devlab could not start its simulated GPUs: "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
+
+
+class AfterTorch(MetaPathFinder):
+    """Finds nothing itself: when `torch` is imported, it wraps the loader that will execute
+    it, so that devlab starts as soon as torch is complete."""
+
+    def find_spec(self, name: str, path: Any = None, target: ModuleType | None = None
+                  ) -> ModuleSpec | None:
+        if name != "torch":
+            return None
+        uninstall()
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
+            return spec
+
+        def exec_then_start(module: ModuleType) -> None:
+            exec_module(module)
+            _start()
+
+        loader.exec_module = exec_then_start  # type: ignore[union-attr]  # this spec's loader
+        return spec
+
+
+_finder = AfterTorch()
+
+
+def install() -> None:
+    """Start the simulation once torch is imported (at once if it already is)."""
+    if "torch" in sys.modules:
+        _start()
+    elif _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+def uninstall() -> None:
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+
+
+install()
