@@ -37,7 +37,6 @@ from devlab.sizes import format_bytes
 OP, COPY, SYNC, NOTE, COLLECTIVE = "op", "copy", "sync", "note", "collective"
 
 _CPU = torch.device("cpu")
-_DisableTF = torch._C.DisableTorchFunction
 
 
 def _collectives() -> dict[Any, tuple[str, int]]:
@@ -132,32 +131,29 @@ class PlacementLog(TorchDispatchMode):
         self._raw: list[tuple[Any, ...]] = []
         self._streamed = 0  # lines already written to `stream`
         self.stream = stream
-        self._sim_current = simulated.current_index if simulated.is_active() else None
 
     # -- recording (hot path) ----------------------------------------------------------------
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
-        # Straight to the kernel: calling an OpOverload from Python would enter any torch
-        # function mode again (simulated GPUs push theirs for a backward pass).
-        with _DisableTF():
-            out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        # Straight to the kernel, with the simulated GPU it runs on (None: the host or no
+        # simulation; then the tensors say where it ran).
+        out, index = simulated.run_dispatched(func, args, kwargs)
         if func in COPY_OPS:
-            self._record_copy(func, args, kwargs or {}, out)
+            self._record_copy(func, args, kwargs, out, index)
         elif func in _COLLECTIVE_OPS:
-            self._record_collective(func, args, out)
+            self._record_collective(func, args, out, index)
         else:
-            self._raw.append((OP, func, self._device_of(args, out)))
+            self._raw.append((OP, func, self._device_of(args, out, index)))
             if func in SYNC_OPS:
                 self._record_sync(self._raw[-1][2], SYNC_OPS[func])
         if self.stream is not None:
             self._flush_stream()
         return out
 
-    def _device_of(self, args: tuple[Any, ...], out: Any) -> torch.device:
-        if self._sim_current is not None:
-            index = self._sim_current()
-            if index is not None:
-                return torch.device("cuda", index)
+    def _device_of(self, args: tuple[Any, ...], out: Any, index: int | None) -> torch.device:
+        if index is not None:
+            return torch.device("cuda", index)
         for a in args:
             if isinstance(a, torch.Tensor):
                 return a.device
@@ -167,9 +163,9 @@ class PlacementLog(TorchDispatchMode):
             return out.device
         return _CPU
 
-    def _record_copy(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        current = self._sim_current() if self._sim_current is not None else None
-        src_dev, dst_dev, nbytes, blocking = copy_ends(func, args, kwargs, out, current)
+    def _record_copy(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                     index: int | None) -> None:
+        src_dev, dst_dev, nbytes, blocking = copy_ends(func, args, kwargs, out, index)
         if src_dev == dst_dev:
             self._raw.append((OP, func, dst_dev))
             return
@@ -177,12 +173,12 @@ class PlacementLog(TorchDispatchMode):
         if dst_dev.type == "cpu" and blocking:
             self._record_sync(src_dev, COPY_TO_HOST)
 
-    def _record_collective(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
+    def _record_collective(self, func: Any, args: tuple[Any, ...], out: Any, index: int | None) -> None:
         label, which = _COLLECTIVE_OPS[func]
         tensors = [t for t in _flat(args[which] if which < len(args) else ()) if isinstance(t, torch.Tensor)]
         # A barrier's tensor is a placeholder: nothing is sent.
         nbytes = 0 if label == "Barrier" else sum(t.numel() * t.element_size() for t in tensors)
-        self._raw.append((COLLECTIVE, func, self._device_of((tensors,), out), label, nbytes))
+        self._raw.append((COLLECTIVE, func, self._device_of((tensors,), out, index), label, nbytes))
 
     def _record_sync(self, device: torch.device, reason: str) -> None:
         if device.type != "cpu":

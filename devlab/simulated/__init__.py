@@ -32,6 +32,7 @@ import torch
 from devlab.sizes import check_memory_limit
 
 from . import _launch, _requirements, _session, _workers
+from ._dispatched import run as run_dispatched
 from ._marks import index_of
 from ._session import current_index
 
@@ -50,6 +51,7 @@ __all__ = [
     "memory_stats",
     "reconfigure",
     "reset_peak",
+    "run_dispatched",
     "start",
     "stop",
     "synchronize",

@@ -15,14 +15,9 @@ from typing import Any
 
 import torch
 from torch.overrides import _pop_mode, _push_mode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._python_dispatch import _pop_mode as _pop_dispatch_mode
-from torch.utils._python_dispatch import _push_mode as _push_dispatch_mode
-
-from devlab.aten_ops import COPY_OPS
 
 from . import _errors, _ops, _session, _workers
-from ._marks import index_of, storage_of
+from ._marks import index_of
 from ._session import tls
 
 Tensor = torch.Tensor
@@ -43,49 +38,6 @@ def _as_tuple(ts: Any) -> tuple | None:
     if isinstance(ts, (list, tuple)) and all(isinstance(t, Tensor) for t in ts):
         return tuple(ts)
     return None
-
-
-class GradDevices(TorchDispatchMode):
-    """Gives each tensor a backward pass makes the device it is made on, while someone watches
-    devices op by op (the placement log, the modeled clock).
-
-    C++ sees only CPU tensors, so the engine's gradients carry no device: an op runs where its
-    first simulated input lives, and its fresh outputs are marked there. A copy's destination
-    comes from its node (`route_copy_backward`). The op runs with `current_index()` set to its
-    device, which is what the watchers below read.
-    """
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        prev = getattr(tls, "index", None)
-        index = prev if func in COPY_OPS else _first_gpu(args)
-        tls.index = index
-        try:
-            with _DisableTF():
-                out = func(*args, **kwargs)
-        finally:
-            tls.index = prev
-        if index is not None and _session.session is not None:
-            _ops.mark_outputs(out, index, _host_storages(args))
-        return out
-
-
-def _first_gpu(values: tuple) -> int | None:
-    for v in values:
-        if isinstance(v, Tensor):
-            i = index_of(v)
-            if i is not None:
-                return i
-        elif isinstance(v, (list, tuple)):
-            i = _first_gpu(tuple(v))
-            if i is not None:
-                return i
-    return None
-
-
-def _host_storages(values: tuple) -> list:
-    return [storage_of(v) for v in values if isinstance(v, Tensor) and index_of(v) is None]
 
 
 def route_copy_backward(out: Tensor, source: int | None) -> None:
@@ -128,17 +80,13 @@ def _to_copy(g: Tensor) -> Tensor:
 
 def _engine(roots: tuple, grad_roots: Any, retain_graph: bool | None, create_graph: bool,
             inputs: tuple, allow_unused: bool, accumulate_grad: bool) -> tuple:
-    """Run the autograd engine with a simulation mode on this thread's stack (and, while a
-    dispatch mode watches, `GradDevices` above it)."""
+    """Run the autograd engine with a simulation mode on this thread's stack."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     from ._routing import SimulationMode  # the mode module dispatches to this one
 
     if retain_graph is None:
         retain_graph = create_graph
-    watched = torch._C._len_torch_dispatch_stack() > 0
     _push_mode(SimulationMode())
-    if watched:
-        _push_dispatch_mode(GradDevices())
     try:
         grads = _ag._make_grads(roots, _ag._tensor_or_tensors_to_tuple(grad_roots, len(roots)),
                                 is_grads_batched=False)
@@ -149,8 +97,6 @@ def _engine(roots: tuple, grad_roots: Any, retain_graph: bool | None, create_gra
         _errors.torch_error(e)
         raise
     finally:
-        if watched:
-            _pop_dispatch_mode()
         _pop_mode()
 
 
@@ -172,8 +118,8 @@ def backward(func: Callable, args: tuple, kwargs: dict) -> Any:
     grad_roots = (kwargs.get("gradient") if func is Tensor.backward
                   else kwargs.get("grad_tensors", kwargs.get("grad_variables")))
     prev = getattr(tls, "index", None)
-    # Unwatched, the engine's ops run as if on the first root's GPU; watched, GradDevices
-    # gives each op its own.
+    # Unwatched, the engine's ops run as if on the first root's GPU; watched, each gets its
+    # own (_dispatched).
     tls.index = None if torch._C._len_torch_dispatch_stack() else first
     try:
         _engine(roots, grad_roots, kwargs.get("retain_graph"),

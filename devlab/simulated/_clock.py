@@ -26,8 +26,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from devlab.aten_ops import COPY_OPS, SYNC_OPS, copy_ends
 
 from . import _session
+from ._dispatched import run as run_dispatched
 from ._gpu_specs import GpuSpec
-from ._marks import live_mark, storage_of
 from ._roofline import OpTime, launches_kernel, op_time
 
 
@@ -111,7 +111,6 @@ class Clock:
 
 _SKIP, _KERNEL, _COPY, _SYNC = range(4)
 _ITEM = torch.ops.aten._local_scalar_dense.default
-_DisableTF = torch._C.DisableTorchFunction
 _kinds: dict[Any, int] = {}
 
 
@@ -130,33 +129,13 @@ def _kind(func: Any) -> int:
     return kind
 
 
-def _gpu_of(values: Any) -> int | None:
-    """The simulated GPU of the first simulated tensor among an op's arguments."""
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            m = live_mark(storage_of(v))
-            if m is not None:
-                return m.index
-        elif isinstance(v, (list, tuple)):
-            for t in v:
-                if isinstance(t, torch.Tensor):
-                    m = live_mark(storage_of(t))
-                    if m is not None:
-                        return m.index
-    return None
-
-
 def _index(device: torch.device) -> int | None:
     return device.index if device.type == "cuda" else None
 
 
 class ClockMode(TorchDispatchMode):
-    """Charges each aten op that runs on a simulated GPU to the session's clock.
-
-    An op runs on the GPU of its first simulated input (in a backward pass too, where the
-    engine's gradients are not yet marked), else where the simulation placed it
-    (`current_index()`: factories, copies onto a GPU).
-    """
+    """Charges each aten op that runs on a simulated GPU to the session's clock (the GPU
+    `_dispatched.run` gives it)."""
 
     def __init__(self, clock: Clock) -> None:
         super().__init__()
@@ -165,10 +144,7 @@ class ClockMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        # Straight to the kernel: calling an OpOverload from Python would enter the
-        # simulation's function mode again (a backward pass runs with it pushed).
-        with _DisableTF():
-            out = func(*args, **kwargs)
+        out, index = run_dispatched(func, args, kwargs)
         kind = _kinds.get(func)
         if kind is None:
             kind = _kind(func)
@@ -177,16 +153,12 @@ class ClockMode(TorchDispatchMode):
         sess = _session.session
         if sess is None or sess.clock is not self.clock:
             return out
-        current = getattr(_session.tls, "index", None)
         if kind == _COPY:
-            src, dst, nbytes, blocking = copy_ends(func, args, kwargs, out, current)
+            src, dst, nbytes, blocking = copy_ends(func, args, kwargs, out, index)
             s, d = _index(src), _index(dst)
             if s is not None or d is not None:
                 self.clock.copy(s, d, nbytes, blocking, _name(func))
             return out
-        index = _gpu_of(args)
-        if index is None:
-            index = current
         if index is None:
             return out
         if kind == _SYNC:

@@ -17,7 +17,6 @@ from ._marks import MARK, PLAIN, STORAGE_ERRORS, live_mark, mark, recount, stora
 from ._session import tls
 
 Tensor = torch.Tensor
-OpOverload = torch._ops.OpOverload
 _DisableTF = torch._C.DisableTorchFunction
 _tf_stack_len = torch._C._len_torch_function_stack
 
@@ -83,31 +82,8 @@ def common_device(func: Callable, args: tuple, kwargs: dict) -> tuple[int | None
     if common is None:
         return None, None
     if bad and getattr(func, "__name__", "") not in _MIXED_OK_NAMES:
-        if not (isinstance(func, OpOverload) and _adopt(tensors_of(args, kwargs), common)):
-            _raise_mixed(tensors_of(args, kwargs))
+        _raise_mixed(tensors_of(args, kwargs))
     return common, host
-
-
-def _adopt(ts: list[Tensor], index: int) -> bool:
-    """An aten op torch called itself, seen here because a dispatch mode (the placement log)
-    issued it again from Python: C++ code such as DDP's Reducer, whose buffers C++ made
-    unmarked. On a real GPU it would have failed in C++ had it mixed devices, so its host
-    tensors that are not scalars are GPU `index`'s: they are marked there. False (nothing
-    marked) if its tensors are on two simulated GPUs."""
-    fresh: list[torch.UntypedStorage] = []
-    for t in ts:
-        s = storage_of(t)
-        if s is None:
-            continue
-        m = live_mark(s)
-        if m is not None:
-            if m.index != index:
-                return False
-        elif _nonscalar(t) and not any(s is f for f in fresh):
-            fresh.append(s)
-    if fresh:
-        mark(fresh, index)
-    return True
 
 
 def _raise_mixed(ts: list[Tensor]) -> None:
@@ -128,10 +104,12 @@ def _raise_mixed(ts: list[Tensor]) -> None:
 
 def call(index: int | None, func: Callable, args: tuple, kwargs: dict) -> Any:
     """func(*args, **kwargs) executing on simulated GPU `index` (None: the host), so
-    `current_index()` names it; torch's own errors are marked to end at the user's line."""
+    `current_index()` names it; torch's own errors are marked to end at the user's line.
+    `tls.calls` counts these calls in progress: ops inside one were placed (`_dispatched`)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     prev = getattr(tls, "index", None)
     tls.index = index
+    tls.calls = getattr(tls, "calls", 0) + 1
     try:
         return func(*args, **kwargs)
     except Exception as e:
@@ -139,6 +117,7 @@ def call(index: int | None, func: Callable, args: tuple, kwargs: dict) -> Any:
         raise
     finally:
         tls.index = prev
+        tls.calls -= 1
 
 
 def reads_values(func: Callable) -> bool:

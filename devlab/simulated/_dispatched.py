@@ -1,0 +1,93 @@
+"""Ops a dispatch mode sees, and the simulated GPU each one runs on.
+
+The simulation's function mode places the ops Python calls. Torch also issues ops from C++
+that no function mode sees: a backward pass's kernels, DDP's buckets and all-reduce buffers,
+the flattening in a broadcast. C++ sees only CPU tensors, so the tensors it makes carry no
+device. While a dispatch mode watches each op (the placement log, the modeled clock), `run`
+gives every such op the device it has on a real GPU:
+
+- an op runs on the GPU of its first simulated input, and its fresh outputs live there;
+- a copy runs where the simulation put it (`current_index()`: a move, the backward of a move),
+  else on its source's GPU;
+- a host tensor that C++ made for a GPU's work (an op mixing it with that GPU's tensors, or a
+  copy from that GPU into it, which C++ would have refused or made across devices on a real
+  machine) is that GPU's: it is marked there.
+
+Ops inside a call the function mode placed keep the device it gave them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from devlab.aten_ops import COPY_OPS
+
+from . import _ops, _session
+from ._marks import live_mark, mark, storage_of
+from ._session import tls
+
+Tensor = torch.Tensor
+_DisableTF = torch._C.DisableTorchFunction
+
+
+def _tensors(values: Any) -> list[Tensor]:
+    out: list[Tensor] = []
+    for v in values:
+        if isinstance(v, Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(t for t in v if isinstance(t, Tensor))
+    return out
+
+
+def _place(func: Any, args: tuple, kwargs: dict) -> int | None:
+    """The device of an op torch issued from C++, adopting the host tensors it made for a GPU."""
+    current = getattr(tls, "index", None)
+    ts = _tensors((*args, *kwargs.values()))
+    marks = [live_mark(storage_of(t)) for t in ts]
+    first = next((m.index for m in marks if m is not None), None)
+    if func in COPY_OPS:
+        if func is torch.ops.aten._to_copy.default:
+            return current if current is not None else first
+        # copy_(dst, src): a host destination filled from a GPU by C++ is that GPU's buffer.
+        dst_mark = marks[0] if marks else None
+        src = next((m.index for m in marks[1:] if m is not None), None)
+        if dst_mark is None and src is not None and current is None and ts[0].dim() != 0:
+            mark([storage_of(ts[0])], src)
+            return src
+        return dst_mark.index if dst_mark is not None else current
+    if first is None:
+        return current
+    fresh = []
+    for t, m in zip(ts, marks, strict=True):
+        if m is None and t.dim() != 0:
+            s = storage_of(t)
+            if s is not None and not any(s is f for f in fresh):
+                fresh.append(s)
+    if fresh:
+        mark(fresh, first)
+    return first
+
+
+def run(func: Callable, args: tuple, kwargs: dict) -> tuple[Any, int | None]:
+    """Run an op a dispatch mode sees, straight to its kernel; returns (its outputs, the
+    simulated GPU it ran on, or None on the host)."""
+    if _session.session is None or getattr(tls, "calls", 0):
+        # No simulation, or inside a call the function mode placed: its device stands.
+        with _DisableTF():
+            return func(*args, **kwargs), getattr(tls, "index", None)
+    index = _place(func, args, kwargs)
+    prev = getattr(tls, "index", None)
+    tls.index = index
+    try:
+        with _DisableTF():
+            out = func(*args, **kwargs)
+    finally:
+        tls.index = prev
+    if index is not None and _session.session is not None:
+        host = [storage_of(t) for t in _tensors(args) if live_mark(storage_of(t)) is None]
+        _ops.mark_outputs(out, index, host)
+    return out, index
