@@ -152,8 +152,12 @@ def test_backward_and_optimizer_kernels_are_charged_on_their_gpus(t4) -> None:
         opt.step()
 
     ops = simulated.explain(step).ops
-    names = {(op.op, op.device) for op in ops}
-    assert ("aten::mm", 0) in names and ("aten::mm", 1) in names  # backward's products
+    names = [(op.op, op.device) for op in ops]
+    for gpu in (0, 1):  # each layer's product, forward then backward, on its own GPU
+        assert ("aten::linear", gpu) in names and ("aten::linear (backward)", gpu) in names
+    backward = [op for op in ops if op.op == "aten::linear (backward)" and op.device == 0]
+    forward = next(op for op in ops if op.op == "aten::linear" and op.device == 0)
+    assert len(backward) == 2 and all(op.flops == forward.flops > 0 for op in backward)
     assert any(op.op.startswith("aten::_foreach") and op.device == 1 for op in ops)
     assert any("GPU:0→GPU:1" in op.op for op in ops) and any("GPU:1→GPU:0" in op.op for op in ops)
 
@@ -182,7 +186,7 @@ def test_explain_breaks_an_op_into_launch_compute_and_memory(t4) -> None:
     x = torch.randn(2048, 2048, device="cuda:0")
     e = simulated.explain(lambda: x @ x)
     (op,) = e.ops
-    assert (op.op, op.device, op.bound) == ("aten::mm", 0, "compute-bound")
+    assert (op.op, op.device, op.bound) == ("aten::matmul", 0, "compute-bound")
     assert e.total == pytest.approx(LAUNCH + _matmul_seconds(2048, T4.fp32_tflops))
     assert "Modeled from NVIDIA T4 (16 GB, PCIe) specifications, not measured." in str(e)
     assert "compute-bound" in e._repr_html_()
@@ -229,7 +233,7 @@ def test_timing_the_cpu_runs_without_the_simulations_modes(t4) -> None:
         seen.append((torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()))
 
     before = (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack())
-    assert before == (1, 1)
+    assert before == (1, 0)
     timing.time_on_device(fn, "cpu", warmup=0, repeats=1, min_time=0, number=1)
     assert set(seen) == {(0, 0)}
     assert (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()) == before
@@ -237,9 +241,12 @@ def test_timing_the_cpu_runs_without_the_simulations_modes(t4) -> None:
 
 def test_stop_removes_the_clock() -> None:
     devlab.config.simulate_gpus(2, model="T4")
-    assert torch._C._len_torch_dispatch_stack() == 1
+    torch.ones(3, device="cuda:0")
+    assert simulated.modeled_time() > 0
     devlab.config.stop_simulation()
-    assert torch._C._len_torch_dispatch_stack() == 0 and simulated.model() is None
+    assert simulated.model() is None and torch._C._len_torch_function_stack() == 0
+    devlab.config.simulate_gpus(1, model="T4")
+    assert simulated.modeled_time() == 0  # a new simulation's clock starts at 0
 
 
 def test_the_environment_chooses_a_model(monkeypatch) -> None:

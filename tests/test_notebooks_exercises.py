@@ -128,7 +128,7 @@ def test_03_a_modeled_t4_teaches_the_chapters_three_lessons(nb03) -> None:
     summary = text(nb03.cells[-1])
     assert float(re.search(r"'two-GPU speed-up': ([0-9.]+)", summary).group(1)) >= 1.8
     explained = html(cell_with(nb03, "devlab.simulated.explain(lambda: x @ x)"))
-    assert "aten::mm" in explained and "compute-bound" in explained
+    assert "aten::matmul" in explained and "compute-bound" in explained
     assert "Modeled from NVIDIA T4 (16 GB, PCIe) specifications, not measured." in explained
 
 

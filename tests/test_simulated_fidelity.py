@@ -152,8 +152,11 @@ def test_grouping_by_device_follows_torchs_rules(two) -> None:
                              (torch.device("cuda", 1), torch.float16)}
     lists, indices = groups[(torch.device("cuda", 0), torch.float32)]
     assert indices == [0, 2] and lists[0][1] is b0 and lists[2] == [step, step]
-    with pytest.raises(RuntimeError, match="same device and the same dtype"):
-        torch._C._group_tensors_by_device_and_dtype([[a0], [a1]], False)
+    # Lists whose i-th tensors live on two GPUs: the foreach op refuses, in PyTorch's words.
+    mixed = torch._C._group_tensors_by_device_and_dtype([[a0], [a1]], False)
+    ((_, (lists, _)),) = mixed.items()
+    with pytest.raises(RuntimeError, match="cuda:0 and cuda:1"):
+        torch._foreach_add_(lists[0], lists[1])
     assert torch._C._group_tensors_by_device_and_dtype([[a0], []], False)[
         (torch.device("cuda", 0), torch.float32)][0] == [[a0], []]
 

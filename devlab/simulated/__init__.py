@@ -15,9 +15,10 @@ the CPU); speed says nothing about a real GPU. Every change to torch goes throug
 
 Limits: a thread started before the simulation is not routed (`thread_routing()` routes it;
 without it, making a GPU tensor there fails with one line saying so).
-`torch.Generator(device="cuda")`, CUDA graphs, NCCL, `torch.compile` for CUDA, cuDNN and sparse
-tensors are not simulated (sparse ones are refused; the others fail with an error naming the
-limit). One stream per GPU.
+CUDA graphs, `torch.compile` for CUDA, cuDNN, CUDA's own random streams (random ops on simulated
+GPUs draw from the CPU's generators) and sparse tensors are not simulated (sparse ones are
+refused; a call that needs the CUDA runtime fails with an error naming itself). One stream per
+GPU.
 """
 
 from __future__ import annotations
@@ -122,7 +123,6 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         for old in torch.overrides._get_current_function_mode_stack():
             if isinstance(old, _routing.SimulationMode) and old.inert:
                 _threads.remove_mode(old)
-        _threads.remove_stale_clock_modes()
         patcher = Patcher()
         try:
             for module in (_tensor, _cuda, _queries, _factories, _amp, _threads, _parallel,

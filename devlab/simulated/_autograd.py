@@ -40,11 +40,11 @@ def _as_tuple(ts: Any) -> tuple | None:
     return None
 
 
-def route_copy_backward(out: Tensor, source: int | None) -> None:
-    """`out` is a copy from `source` (None: the host) to another device: its gradient goes
-    back to `source`. C++ sees one CPU device and passes the gradient through uncopied, so the
-    copy's backward node copies it, running with `current_index()` = `source` (the copy's
-    destination, for the placement log and the modeled clock)."""
+def route_copy_backward(out: Tensor, source: int | None, target: int | None) -> None:
+    """`out` is a copy from `source` to `target` (None: the host): its gradient goes back from
+    `target` to `source`. C++ sees one CPU device and passes the gradient through uncopied, so
+    the copy's backward node copies it, running with `current_index()` = `source` (the copy's
+    destination, for the placement log), and charges a modeled clock for the copy."""
     node = out.grad_fn
     if node is None:
         return
@@ -56,8 +56,14 @@ def route_copy_backward(out: Tensor, source: int | None) -> None:
 
     def after(grad_inputs: tuple, grad_outputs: tuple) -> tuple | None:
         try:
-            if _session.session is None or not any(
-                    isinstance(g, Tensor) and index_of(g) != source for g in grad_inputs):
+            sess = _session.session
+            if sess is None:
+                return None
+            if sess.clock is not None:
+                for g in grad_inputs:
+                    if isinstance(g, Tensor):
+                        sess.clock.copy(target, source, g.nbytes, False, "aten::_to_copy")
+            if not any(isinstance(g, Tensor) and index_of(g) != source for g in grad_inputs):
                 return None
             with _DisableTF():
                 return tuple(_to_copy(g) if isinstance(g, Tensor) and index_of(g) != source
@@ -127,10 +133,12 @@ def backward(func: Callable, args: tuple, kwargs: dict) -> Any:
                 accumulate_grad=True)
     finally:
         tls.index = prev
-    for leaf in _leaves(roots):
+    leaves, nodes = _graph(roots)
+    for leaf in leaves:
         index = index_of(leaf)
         if index is not None and leaf.grad is not None:
             _ops.mark_outputs(leaf.grad, index)
+    _charge(nodes)
     return None
 
 
@@ -158,12 +166,15 @@ def grad(func: Callable, args: tuple, kwargs: dict) -> Any:
         i = index_of(inp)
         if isinstance(g, Tensor) and i is not None:
             _ops.mark_outputs(g, i)
+    if outputs is not None:
+        _charge(_graph(outputs)[1])
     return out
 
 
-def _leaves(roots: tuple) -> list[Tensor]:
-    """The leaf tensors a backward pass from `roots` accumulates gradients into."""
-    leaves = []
+def _graph(roots: tuple) -> tuple[list[Tensor], list[Any]]:
+    """The leaf tensors a backward pass from `roots` accumulates gradients into, and the
+    graph's other nodes."""
+    leaves, nodes = [], []
     seen = set()
     stack = [t.grad_fn for t in roots]
     while stack:
@@ -175,8 +186,16 @@ def _leaves(roots: tuple) -> list[Tensor]:
         if var is not None:
             leaves.append(var)
         else:
+            nodes.append(fn)
             stack.extend(nxt for nxt, _ in fn.next_functions)
-    return leaves
+    return leaves, nodes
+
+
+def _charge(nodes: list[Any]) -> None:
+    """With a modeled GPU, charge its clock for the backward kernels of these nodes."""
+    sess = _session.session
+    if sess is not None and sess.charges is not None:
+        sess.charges.backward(nodes)
 
 
 def register_hook(func: Callable, args: tuple, kwargs: dict) -> Any:

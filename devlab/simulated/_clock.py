@@ -10,8 +10,10 @@ the host wait until the GPU's queue is done, and pays the round trip of waking u
 the GPU was already idle). Events read the time at which a GPU's queue reaches them.
 
 The clock is bookkeeping beside the real computation: the CPU still computes every value, and
-`time.perf_counter` is untouched. `ClockMode`, a TorchDispatchMode on every routed thread,
-charges each aten op that runs on a simulated GPU.
+`time.perf_counter` is untouched. `Charges` charges what the simulation's routing mode runs on
+a modeled GPU: each torch call as one kernel, each copy and host read, and a backward pass as
+the backward kernels its forward calls left on their graph nodes (a dispatch mode would see
+each aten op, but costs more per op than the whole simulation may).
 """
 
 from __future__ import annotations
@@ -21,14 +23,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from devlab.aten_ops import COPY_OPS, SYNC_OPS, copy_ends
 
 from . import _session
-from ._dispatched import run as run_dispatched
 from ._gpu_specs import GpuSpec
-from ._roofline import OpTime, launches_kernel, op_time
+from ._roofline import OpTime, backward_times, call_name, call_time
+
+Tensor = torch.Tensor
 
 
 class Clock:
@@ -109,86 +109,76 @@ class Clock:
             return self.host
 
 
-_SKIP, _KERNEL, _COPY, _SYNC = range(4)
-_ITEM = torch.ops.aten._local_scalar_dense.default
-_kinds: dict[Any, int] = {}
+# Calls that hand the host a Python value from the device: a copy to the host, and a wait.
+_READS = frozenset({Tensor.item, Tensor.__bool__, Tensor.__float__, Tensor.__int__,
+                    Tensor.__index__, Tensor.__repr__, Tensor.__str__, Tensor.__format__})
+# Calls whose output size depends on the values: the kernel, then the host learns the size.
+_SIZED_BY_VALUES = frozenset({torch.nonzero, Tensor.nonzero, torch.masked_select,
+                              Tensor.masked_select, torch.equal, Tensor.equal})
+_BACKWARD = "devlab_clock"  # a graph node's metadata: the modeled kernels of its backward
+_SETITEM = Tensor.__setitem__
 
 
-def _kind(func: Any) -> int:
-    kind = _kinds.get(func)
-    if kind is None:
-        if func in COPY_OPS:
-            kind = _COPY
-        elif func in SYNC_OPS:
-            kind = _SYNC
-        elif launches_kernel(func):
-            kind = _KERNEL
-        else:
-            kind = _SKIP
-        _kinds[func] = kind
-    return kind
+def _needs_grad(args: tuple, kwargs: dict) -> int:
+    count = 0
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, Tensor):
+            count += v.requires_grad
+        elif isinstance(v, (list, tuple)):
+            count += sum(t.requires_grad for t in v if isinstance(t, Tensor))
+    return count
 
 
-def _index(device: torch.device) -> int | None:
-    return device.index if device.type == "cuda" else None
-
-
-class ClockMode(TorchDispatchMode):
-    """Charges each aten op that runs on a simulated GPU to the session's clock (the GPU
-    `_dispatched.run` gives it)."""
+class Charges:
+    """What the simulation charges the clock for: the calls, copies and backward passes its
+    routing mode runs on modeled GPUs."""
 
     def __init__(self, clock: Clock) -> None:
-        super().__init__()
         self.clock = clock
+        self.spec = clock.spec
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        out, index = run_dispatched(func, args, kwargs)
-        kind = _kinds.get(func)
-        if kind is None:
-            kind = _kind(func)
-        if kind == _SKIP:
-            return out
-        sess = _session.session
-        if sess is None or sess.clock is not self.clock:
-            return out
-        if kind == _COPY:
-            src, dst, nbytes, blocking = copy_ends(func, args, kwargs, out, index)
-            s, d = _index(src), _index(dst)
-            if s is not None or d is not None:
-                self.clock.copy(s, d, nbytes, blocking, _name(func))
-            return out
-        if index is None:
-            return out
-        if kind == _SYNC:
-            if func is _ITEM:  # a copy of one number to the host, which waits for it
-                self.clock.copy(index, None, args[0].element_size(), True, _name(func))
-            else:  # the kernel, then the host waits to learn the output's size
-                self.clock.kernel(op_time(self.clock.spec, index, func, args, kwargs, out))
-                self.clock.sync(index)
-            return out
-        self.clock.kernel(op_time(self.clock.spec, index, func, args, kwargs, out))
-        return out
+    def call(self, func: Callable, args: tuple, kwargs: dict, out: Any, index: int,
+             fresh: bool) -> None:
+        """A torch call that ran on GPU `index`; `fresh`: it made new memory."""
+        clock = self.clock
+        if func in _READS:
+            target = args[0] if args and isinstance(args[0], Tensor) else None
+            nbytes = target.nbytes if target is not None and func is not Tensor.item else 4
+            clock.copy(index, None, nbytes, True, call_name(func))
+            return
+        # A kernel ran if the call made memory or wrote in place; views and metadata reads
+        # run none.
+        if not fresh and getattr(func, "__name__", "")[-1:] != "_" and func is not _SETITEM:
+            return
+        cost = call_time(self.spec, index, func, args, kwargs, out)
+        clock.kernel(cost)
+        if func in _SIZED_BY_VALUES:
+            clock.sync(index)
+        node = out.grad_fn if isinstance(out, Tensor) else None
+        if node is not None:
+            needing = _needs_grad(args, kwargs)
+            if needing:
+                node.metadata.setdefault(_BACKWARD, []).extend(backward_times(cost, needing))
+
+    def factory(self, func: Callable, args: tuple, out: Any, index: int) -> None:
+        """A factory that made `out` on GPU `index`: data from the host crosses PCIe; other
+        factories fill memory (an empty tensor costs nothing)."""
+        if not isinstance(out, Tensor) or func in _EMPTY:
+            return
+        if func in _FROM_HOST_DATA and not (args and isinstance(args[0], Tensor)):
+            self.clock.copy(None, index, out.nbytes, True, call_name(func))
+            return
+        self.clock.kernel(call_time(self.clock.spec, index, func, (), {}, out))
+
+    def backward(self, nodes: list[Any]) -> None:
+        """The kernels the backward pass through these graph nodes ran."""
+        for node in nodes:
+            for cost in node.metadata.get(_BACKWARD, ()):
+                self.clock.kernel(cost)
 
 
-def _name(func: Any) -> str:
-    return str(func.overloadpacket).replace("aten.", "aten::")
-
-
-def charge_sync(index: int | None) -> None:
-    """A host sync outside dispatch (`torch.cuda.synchronize`, an Event or a Stream)."""
-    sess = _session.session
-    if sess is not None and sess.clock is not None:
-        sess.clock.sync(index)
-
-
-def reached(index: int) -> float | None:
-    """The modeled time GPU `index`'s queue reaches now (None without a model)."""
-    sess = _session.session
-    if sess is None or sess.clock is None:
-        return None
-    return sess.clock.reached(index)
+_EMPTY = frozenset({torch.empty, torch.empty_like, torch.empty_strided, torch.empty_permuted})
+_FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
 
 
 def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime]]:

@@ -43,51 +43,50 @@ def _tensors(values: Any) -> list[Tensor]:
     return out
 
 
-def _place(func: Any, args: tuple, kwargs: dict) -> int | None:
-    """The device of an op torch issued from C++, adopting the host tensors it made for a GPU."""
+def _place(func: Any, args: tuple, kwargs: dict) -> tuple[int | None, list]:
+    """(the device of an op torch issued from C++, the storages of its host inputs), adopting
+    the host tensors it made for a GPU."""
     current = getattr(tls, "index", None)
     ts = _tensors((*args, *kwargs.values()))
-    marks = [live_mark(storage_of(t)) for t in ts]
+    storages = [storage_of(t) for t in ts]
+    marks = [live_mark(s) for s in storages]
     first = next((m.index for m in marks if m is not None), None)
+    host = [s for s, m in zip(storages, marks, strict=True) if m is None and s is not None]
     if func in COPY_OPS:
         if func is torch.ops.aten._to_copy.default:
-            return current if current is not None else first
+            return (current if current is not None else first), host
         # copy_(dst, src): a host destination filled from a GPU by C++ is that GPU's buffer.
         dst_mark = marks[0] if marks else None
         src = next((m.index for m in marks[1:] if m is not None), None)
         if dst_mark is None and src is not None and current is None and ts[0].dim() != 0:
-            mark([storage_of(ts[0])], src)
-            return src
-        return dst_mark.index if dst_mark is not None else current
+            mark([storages[0]], src)
+            return src, [s for s in host if s is not storages[0]]
+        return (dst_mark.index if dst_mark is not None else current), host
     if first is None:
-        return current
+        return current, host
     fresh = []
-    for t, m in zip(ts, marks, strict=True):
-        if m is None and t.dim() != 0:
-            s = storage_of(t)
-            if s is not None and not any(s is f for f in fresh):
-                fresh.append(s)
+    for t, s, m in zip(ts, storages, marks, strict=True):
+        if m is None and s is not None and t.dim() != 0 and not any(s is f for f in fresh):
+            fresh.append(s)
     if fresh:
         mark(fresh, first)
-    return first
+    return first, [s for s in host if not any(s is f for f in fresh)]
 
 
 def run(func: Callable, args: tuple, kwargs: dict) -> tuple[Any, int | None]:
     """Run an op a dispatch mode sees, straight to its kernel; returns (its outputs, the
     simulated GPU it ran on, or None on the host)."""
-    if _session.session is None or getattr(tls, "calls", 0):
-        # No simulation, or inside a call the function mode placed: its device stands.
-        with _DisableTF():
+    with _DisableTF():  # its tensor reads too: a backward pass keeps the function mode pushed
+        if _session.session is None or getattr(tls, "calls", 0):
+            # No simulation, or inside a call the function mode placed: its device stands.
             return func(*args, **kwargs), getattr(tls, "index", None)
-    index = _place(func, args, kwargs)
-    prev = getattr(tls, "index", None)
-    tls.index = index
-    try:
-        with _DisableTF():
+        index, host = _place(func, args, kwargs)
+        prev = getattr(tls, "index", None)
+        tls.index = index
+        try:
             out = func(*args, **kwargs)
-    finally:
-        tls.index = prev
-    if index is not None and _session.session is not None:
-        host = [storage_of(t) for t in _tensors(args) if live_mark(storage_of(t)) is None]
-        _ops.mark_outputs(out, index, host)
-    return out, index
+        finally:
+            tls.index = prev
+        if index is not None and _session.session is not None:
+            _ops.mark_outputs(out, index, host)
+        return out, index

@@ -55,6 +55,9 @@ def place(func: Callable, args: tuple, kwargs: dict, device: Any) -> Any:
     with _DisableTF():
         out = _ops.call(target, func, args, dict(kwargs, device="cpu"))
     _ops.mark_outputs(out, target)
+    charges = _session.session.charges  # type: ignore[union-attr]
+    if charges is not None:
+        charges.factory(func, args, out, target)
     return out
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import _ops, _workers
+from . import _ops, _session, _workers
 from ._marks import index_of
 
 Tensor = torch.Tensor
@@ -101,6 +101,9 @@ def launch(func: Callable, args: tuple, kwargs: dict) -> Any:
     shape = _ops.call(None, impl, (_meta(a), _meta(b)), {})  # shape errors: here, at once
     out = torch.empty(shape.shape, dtype=shape.dtype)
     _ops.mark_outputs(out, index)
+    charges = _session.session.charges  # type: ignore[union-attr]
+    if charges is not None:
+        charges.call(func, args, kwargs, out, index, True)
 
     def product() -> None:
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):

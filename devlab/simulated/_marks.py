@@ -80,11 +80,27 @@ def storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
         return None
 
 
+def mark_of(t: torch.Tensor) -> Mark | None:
+    """The live mark of t's storage (None: a host tensor, or no simulation). The question every
+    op asks of its tensors, so one call, read past modes and subclass overrides."""
+    sess = _session.session
+    if sess is None:
+        return None
+    try:
+        if type(t) in PLAIN and not torch._C._len_torch_function_stack():
+            s = t.untyped_storage()
+        else:
+            with _DisableTF():
+                s = t.untyped_storage()
+    except STORAGE_ERRORS:
+        return None
+    m = getattr(s, MARK, None)
+    return m if m is not None and m.session is sess else None
+
+
 def index_of(t: torch.Tensor) -> int | None:
     """Simulated GPU index of a tensor; None for a real CPU tensor (or no simulation)."""
-    if _session.session is None:
-        return None
-    m = live_mark(storage_of(t))
+    m = mark_of(t)
     return m.index if m is not None else None
 
 
@@ -124,23 +140,31 @@ def mark(storages: list[torch.UntypedStorage], index: int) -> None:
     """Mark fresh storages as living on simulated GPU `index`, all or none: if they do not fit
     under its limit, raise CUDA's out-of-memory error and mark nothing."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if len(storages) == 1:
+        mark_one(storages[0], index)
+        return
     sess = _session.session
     if sess is None:
-        return
-    if len(storages) == 1:  # almost every op: one fresh output
-        s = storages[0]
-        nb = (s.nbytes() + BLOCK - 1) & -BLOCK
-        with _session.lock:
-            _charge(sess.devices[index], nb)
-        setattr(s, MARK, Mark(s, index, sess, nb))
-        if not sess.used:
-            _first_use(sess)
         return
     sizes = [rounded(s.nbytes()) for s in storages]
     with _session.lock:
         _charge(sess.devices[index], sum(sizes))
     for s, nb in zip(storages, sizes, strict=True):
         setattr(s, MARK, Mark(s, index, sess, nb))
+    if not sess.used:
+        _first_use(sess)
+
+
+def mark_one(s: torch.UntypedStorage, index: int) -> None:
+    """`mark` for one fresh storage: almost every op's output, so kept short."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    sess = _session.session
+    if sess is None:
+        return
+    nb = (s.nbytes() + BLOCK - 1) & -BLOCK
+    with _session.lock:
+        _charge(sess.devices[index], nb)
+    setattr(s, MARK, Mark(s, index, sess, nb))
     if not sess.used:
         _first_use(sess)
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.utils._device as _torch_device
 
-from . import _devices, _errors, _ops, _workers
+from . import _devices, _errors, _ops, _session, _workers
 from ._marks import index_of
 
 Tensor = torch.Tensor
@@ -37,10 +37,13 @@ def copy_to(t: Tensor, target: int | None, dtype: Any = None, non_blocking: bool
     out = _ops.call(target, Tensor.to, (t,), kw)
     if target is not None:
         _ops.mark_outputs(out, target)
+    sess = _session.session
+    if sess is not None and sess.clock is not None:
+        sess.clock.copy(src, target, t.nbytes, not non_blocking, "aten::_to_copy")
     if out.grad_fn is not None and src != target:
         from ._autograd import route_copy_backward  # autograd's handlers use these moves
 
-        route_copy_backward(out, src)
+        route_copy_backward(out, src, target)
     return out
 
 
@@ -139,7 +142,13 @@ def copy_(func: Callable, args: tuple, kwargs: dict) -> Any:
         _workers.wait(i_src)
     if i_dst is not None:
         _workers.wait(i_dst)
-    return _ops.call(i_dst, func, args, kwargs)
+    out = _ops.call(i_dst, func, args, kwargs)
+    sess = _session.session
+    if sess is not None and sess.clock is not None and (i_dst is not None or i_src is not None):
+        non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking"))
+        sess.clock.copy(i_src, i_dst, src.nbytes if isinstance(src, Tensor) else 0,
+                        not non_blocking, "aten::copy_")
+    return out
 
 
 def numpy(func: Callable, args: tuple, kwargs: dict) -> Any:

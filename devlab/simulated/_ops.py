@@ -13,7 +13,17 @@ from typing import Any
 import torch
 
 from . import _errors, _session, _workers
-from ._marks import MARK, PLAIN, STORAGE_ERRORS, live_mark, mark, recount, storage_of
+from ._marks import (
+    MARK,
+    PLAIN,
+    STORAGE_ERRORS,
+    live_mark,
+    mark,
+    mark_of,
+    mark_one,
+    recount,
+    storage_of,
+)
 from ._session import tls
 
 Tensor = torch.Tensor
@@ -48,15 +58,16 @@ def _nonscalar(t: Tensor) -> bool:
         return t.dim() != 0
 
 
-def common_device(func: Callable, args: tuple, kwargs: dict) -> tuple[int | None, list | None]:
+def common_device(func: Callable, args: tuple, kwargs: dict, plain_lookup: bool = True
+                  ) -> tuple[int | None, list | None]:
     """(the simulated GPU the op runs on, or None for the host; the storages of its host
-    inputs, which an output may alias). Raises PyTorch's mixed-device error."""
+    inputs, which an output may alias). Raises PyTorch's mixed-device error. `plain_lookup`:
+    no torch function mode is on the stack, so plain tensors' storages are read directly."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     sess = _session.session
     common = None
     bad = False
     host: list | None = None
-    plain_lookup = not _tf_stack_len()
     for t in tensors_of(args, kwargs):
         try:
             if plain_lookup and type(t) in PLAIN:
@@ -91,7 +102,7 @@ def _raise_mixed(ts: list[Tensor]) -> None:
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     devs = []
     for t in ts:
-        m = live_mark(storage_of(t))
+        m = mark_of(t)
         devs.append((m.index if m is not None else None, t))
     common = next(i for i, _ in devs if i is not None)
     for i, t in devs:
@@ -132,20 +143,24 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     if _tf_stack_len():
         # Another mode (a DeviceContext) lies below: storage lookups would enter it.
         with _DisableTF():
-            index, host = common_device(func, args, kwargs)
+            index, host = common_device(func, args, kwargs, False)
     else:
         index, host = common_device(func, args, kwargs)
     if index is None:
         return call(None, func, args, kwargs)
-    if _workers.busy() and reads_values(func):
+    if (_workers._pending_total or _workers._has_error) and reads_values(func):
         _workers.wait(index)
     out = call(index, func, args, kwargs)
-    mark_outputs(out, index, host)
+    fresh = mark_outputs(out, index, host)
+    charges = _session.session.charges  # type: ignore[union-attr]  # a GPU op: one runs
+    if charges is not None:  # a modeled GPU: charge its clock
+        charges.call(func, args, kwargs, out, index, fresh)
     return out
 
 
-def mark_outputs(out: Any, index: int, host: list | None = None) -> None:
-    """Mark the fresh storages among an op's outputs as living on simulated GPU `index`.
+def mark_outputs(out: Any, index: int, host: list | None = None) -> bool:
+    """Mark the fresh storages among an op's outputs as living on simulated GPU `index`;
+    returns whether there were any (the op made new memory, so it ran a kernel).
 
     Storages already marked are views or in-place results (re-counted if resized); `host`
     holds the storages of host inputs, which an output may alias (a broadcast CPU scalar).
@@ -156,10 +171,10 @@ def mark_outputs(out: Any, index: int, host: list | None = None) -> None:
         if s is not None:
             m = live_mark(s)
             if m is None:
-                mark([s], index)
-            else:
-                recount(s, m)
-            return
+                mark_one(s, index)
+                return True
+            recount(s, m)
+            return False
     outs = (out,) if isinstance(out, Tensor) else out if isinstance(out, (tuple, list)) else ()
     fresh: list[torch.UntypedStorage] = []
     for o in outs:
@@ -176,6 +191,7 @@ def mark_outputs(out: Any, index: int, host: list | None = None) -> None:
             fresh.append(s)
     if fresh:
         mark(fresh, index)
+    return bool(fresh)
 
 
 def _refuse_storageless(t: Tensor) -> None:

@@ -31,7 +31,7 @@ import torch
 from . import _devices
 from ._devices import DEVICE_TYPE
 from ._errors import entry
-from ._marks import live_mark, storage_of
+from ._marks import mark_of
 from ._patcher import Patcher
 
 _orig_group = torch._C._group_tensors_by_device_and_dtype
@@ -44,22 +44,13 @@ def group_tensors_by_device_and_dtype(
 
     As the C++ original (aten/src/ATen/native/ForeachUtils.h): the key of index i is the
     device and dtype of tensorlistlist[0][i]; every non-empty list adds its i-th entry (None
-    stays None) to that group; the i-th entries must share the key's device and dtype, except
-    float `step` tensors, which may also live on the host. C++ checks the dtypes and groups;
-    the devices, which C++ cannot see, are checked here and put in the keys.
+    stays None) to that group. C++ groups by dtype; the devices, which C++ cannot see, come from
+    the first list and go in the keys. (A later list whose i-th tensor lives elsewhere meets the
+    foreach op's own rule: PyTorch's mixed-device error.)
     """
     if not tensorlistlist or not tensorlistlist[0]:
         return _orig_group(tensorlistlist, with_indices)
     places = [_index(t) for t in tensorlistlist[0]]
-    for tl in tensorlistlist[1:]:
-        for place, first, t in zip(places, tensorlistlist[0], tl, strict=False):
-            if t is None or t is first:
-                continue
-            other = _index(t)
-            if other != place and not (other is None and t.dtype in _STEP_DTYPES):
-                raise RuntimeError(
-                    "Tensors of the same index must be on the same device and the same dtype "
-                    "except `step` tensors that can be CPU and float32/64 notwithstanding")
     if len(set(places)) == 1:  # one device: C++ groups by dtype, the keys get the device
         grouped = _orig_group(tensorlistlist, with_indices)
         if places[0] is None:
@@ -81,11 +72,9 @@ def group_tensors_by_device_and_dtype(
 def _index(t: torch.Tensor | None) -> int | None:
     if t is None:
         return None
-    m = live_mark(storage_of(t))
+    m = mark_of(t)
     return None if m is None else m.index
 
-
-_STEP_DTYPES = (torch.float32, torch.float64)
 
 
 class _StandIn(type):

@@ -5,37 +5,33 @@ peak for the op's dtype) and its memory traffic (bytes read and written over the
 bandwidth). FLOPs come from torch's own rules (`torch.utils.flop_counter`: matrix products,
 convolutions, attention); other ops are memory traffic only. Ops that launch no kernel (views,
 allocation, metadata) cost nothing.
+
+The simulation costs each torch call its routing mode sees (`call_time`): a dispatch mode
+would see every aten op, but costs more per op than the whole simulation may. `op_time` costs
+one aten op (benchmarks/gpu_model.py sets the model beside published measurements with it).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
+from torch.utils import flop_counter
 from torch.utils.flop_counter import flop_registry
 
 from ._gpu_specs import GpuSpec
 
 aten = torch.ops.aten
+Tensor = torch.Tensor
+F = torch.nn.functional
 
 LAUNCH, COMPUTE, MEMORY = "launch-bound", "compute-bound", "memory-bound"
 
-# Ops that allocate or describe tensors without running a kernel.
-_NO_KERNEL = frozenset({
-    aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
-    aten.detach.default, aten.alias.default, aten.lift_fresh.default, aten.set_.source_Storage,
-    aten.set_.source_Storage_storage_offset, aten.set_.source_Tensor, aten.resize_.default,
-    aten._local_scalar_dense.default, aten.is_same_size.default, aten.sym_size.int,
-    aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default,
-    aten._has_compatible_shallow_copy_type.default, aten.is_set_to.default,
-    aten.record_stream.default,
-})
 
-
-@dataclasses.dataclass(frozen=True)
-class OpTime:
-    """One kernel's modeled time on one GPU, in seconds, and why."""
+class OpTime(NamedTuple):
+    """One kernel's modeled time on one GPU, in seconds, and why. (A tuple: one is made for
+    every op on a modeled GPU.)"""
 
     op: str
     device: int
@@ -63,10 +59,6 @@ class OpTime:
         return COMPUTE if self.compute >= self.memory else MEMORY
 
 
-def launches_kernel(func: Any) -> bool:
-    return func not in _NO_KERNEL and not func.is_view
-
-
 def peak_flops(spec: GpuSpec, dtype: torch.dtype) -> float:
     """FLOP/s of matrix arithmetic in `dtype`: tensor cores for float16 and bfloat16 (and for
     float32 when torch allows TF32 matmuls), CUDA cores otherwise."""
@@ -79,45 +71,150 @@ def peak_flops(spec: GpuSpec, dtype: torch.dtype) -> float:
     return spec.fp32_tflops * 1e12
 
 
+def kernel(spec: GpuSpec, index: int, name: str, flops: int, nbytes: int,
+           dtype: torch.dtype) -> OpTime:
+    """The roofline time of one kernel of `flops` in `dtype` moving `nbytes`."""
+    return OpTime(name, index, spec.launch_latency_us * 1e-6,
+                  flops / peak_flops(spec, dtype) if flops else 0.0,
+                  nbytes / (spec.memory_bandwidth_gbs * 1e9), flops, nbytes)
+
+
 def _tensor_bytes(values: Any) -> tuple[int, torch.dtype | None]:
     total, dtype = 0, None
     for v in values:
-        if isinstance(v, torch.Tensor):
-            total += v.numel() * v.element_size()
+        if isinstance(v, Tensor):
+            total += v.nbytes
             dtype = dtype or v.dtype
         elif isinstance(v, (list, tuple)):
             for t in v:
-                if isinstance(t, torch.Tensor):
-                    total += t.numel() * t.element_size()
+                if isinstance(t, Tensor):
+                    total += t.nbytes
                     dtype = dtype or t.dtype
     return total, dtype
 
 
-def flops_of(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+def _traffic(args: tuple, kwargs: dict, out: Any) -> tuple[int, torch.dtype]:
+    read, dtype = _tensor_bytes(args)
+    extra, _ = _tensor_bytes(kwargs.values())
+    written, out_dtype = _tensor_bytes(out if isinstance(out, (list, tuple)) else (out,))
+    return read + extra + written, dtype or out_dtype or torch.float32
+
+
+# --- one aten op ------------------------------------------------------------------------------
+
+_NO_KERNEL = frozenset({
+    aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
+    aten.detach.default, aten.alias.default, aten.lift_fresh.default, aten.set_.source_Storage,
+    aten.set_.source_Storage_storage_offset, aten.set_.source_Tensor, aten.resize_.default,
+    aten._local_scalar_dense.default, aten.is_same_size.default, aten.sym_size.int,
+    aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default,
+    aten._has_compatible_shallow_copy_type.default, aten.is_set_to.default,
+    aten.record_stream.default,
+})
+
+
+def launches_kernel(func: Any) -> bool:
+    return func not in _NO_KERNEL and not func.is_view
+
+
+def _shape(v: Any) -> Any:
+    if isinstance(v, Tensor):
+        return v.shape
+    if isinstance(v, (list, tuple)):
+        return type(v)(_shape(x) for x in v)
+    return v
+
+
+def aten_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     """FLOPs of an aten op by torch's own rules (0 where torch has none)."""
     formula = flop_registry.get(func.overloadpacket)
     if formula is None:
         return 0
+    # torch's wrapper maps tensors to shapes with pytree; the raw rule takes them directly.
+    rule = getattr(formula, "__wrapped__", formula)
     try:
-        return int(formula(*args, out_val=out, **kwargs))
+        return int(rule(*(_shape(a) for a in args), out_shape=_shape(out),
+                        **{k: _shape(v) for k, v in kwargs.items()}))
     except Exception:  # a rule that does not take this overload's arguments
         return 0
 
 
 def op_time(spec: GpuSpec, index: int, func: Any, args: tuple, kwargs: dict, out: Any) -> OpTime:
-    """The modeled time of one kernel on GPU `index` of kind `spec`."""
-    read, dtype = _tensor_bytes(args)
-    extra, _ = _tensor_bytes(kwargs.values())
-    written, out_dtype = _tensor_bytes(out if isinstance(out, (list, tuple)) else (out,))
-    nbytes = read + extra + written
-    flops = flops_of(func, args, kwargs, out)
-    dtype = dtype or out_dtype or torch.float32
-    return OpTime(
-        op=str(func.overloadpacket).replace("aten.", "aten::"),
-        device=index,
-        launch=spec.launch_latency_us * 1e-6,
-        compute=flops / peak_flops(spec, dtype) if flops else 0.0,
-        memory=nbytes / (spec.memory_bandwidth_gbs * 1e9),
-        flops=flops,
-        nbytes=nbytes,
-    )
+    """The modeled time of one aten op's kernel on GPU `index` of kind `spec`."""
+    nbytes, dtype = _traffic(args, kwargs, out)
+    name = str(func.overloadpacket).replace("aten.", "aten::")
+    return kernel(spec, index, name, aten_flops(func, args, kwargs, out), nbytes, dtype)
+
+
+# --- one torch call -------------------------------------------------------------------------
+
+_mm_rule = getattr(flop_counter.mm_flop, "__wrapped__", flop_counter.mm_flop)
+
+
+def _matmul_flops(a: Tensor, out: Tensor) -> int:
+    """A product's FLOPs by torch's mm rule: each of its out.numel() outputs is a dot product
+    over the contraction dimension, a's last."""
+    k = a.shape[-1] if a.dim() else 1
+    n = out.shape[-1] if out.dim() else 1
+    return int(_mm_rule((out.numel() // max(n, 1), k), (k, n)))
+
+
+def _conv_flops(args: tuple, kwargs: dict, out: Tensor) -> int:
+    x, w = args[0], args[1] if len(args) > 1 else kwargs["weight"]
+    return int(flop_counter.conv_flop_count(x.shape, w.shape, out.shape, transposed=False))
+
+
+def _sdpa_flops(args: tuple, kwargs: dict, out: Tensor) -> int:
+    q, k, v = (args + tuple(kwargs.get(n) for n in ("query", "key", "value")))[:3]
+    return int(flop_counter.sdpa_flop_count(q.shape, k.shape, v.shape))
+
+
+# torch call -> FLOPs (torch's rules, through the aten op the call becomes).
+_FLOPS: dict[Callable, Callable[[tuple, dict, Tensor], int]] = {
+    **dict.fromkeys((torch.mm, Tensor.mm, torch.matmul, Tensor.matmul, Tensor.__matmul__,
+                     torch.bmm, Tensor.bmm, F.linear),
+                    lambda args, kwargs, out: _matmul_flops(args[0], out)),
+    **dict.fromkeys((torch.addmm, Tensor.addmm, torch.baddbmm, Tensor.baddbmm),
+                    lambda args, kwargs, out: _matmul_flops(args[1], out)),
+    **dict.fromkeys((F.conv1d, F.conv2d, F.conv3d), _conv_flops),
+    F.scaled_dot_product_attention: _sdpa_flops,
+}
+
+
+def call_flops(func: Callable, args: tuple, kwargs: dict, out: Any) -> int:
+    rule = _FLOPS.get(func)
+    if rule is None or not isinstance(out, Tensor):
+        return 0
+    try:
+        return rule(args, kwargs, out)
+    except Exception:  # arguments of a form the rule does not read: arithmetic unknown
+        return 0
+
+
+_names: dict[Any, str] = {}
+
+
+def call_name(func: Callable) -> str:
+    """The aten op a torch call becomes, by name (`aten::matmul`, `aten::_foreach_add_`)."""
+    name = _names.get(func)
+    if name is None:
+        raw = getattr(func, "__name__", None) or str(func)
+        if raw.startswith("__") and raw.endswith("__"):  # Tensor.__matmul__ -> matmul
+            raw = raw[2:-2]
+        name = _names[func] = f"aten::{raw}"
+    return name
+
+
+def call_time(spec: GpuSpec, index: int, func: Callable, args: tuple, kwargs: dict, out: Any
+              ) -> OpTime:
+    """The modeled time of one torch call on GPU `index`, as one kernel."""
+    nbytes, dtype = _traffic(args, kwargs, out)
+    flops = call_flops(func, args, kwargs, out) if func in _FLOPS else 0
+    return kernel(spec, index, call_name(func), flops, nbytes, dtype)
+
+
+def backward_times(forward: OpTime, inputs: int) -> list[OpTime]:
+    """The backward kernels of a forward call with `inputs` inputs that need gradients: one
+    each, with the forward's arithmetic (a product's gradient for each input is a product of
+    the same size) and memory traffic."""
+    return [forward._replace(op=f"{forward.op} (backward)")] * inputs

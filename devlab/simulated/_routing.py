@@ -16,15 +16,20 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import _amp, _autograd, _errors, _factories, _launch, _moves, _ops, _session
-from ._marks import live_mark, storage_of
+from ._marks import mark_of
 
 Tensor = torch.Tensor
 _MethodWrapper = type(Tensor.grad.__get__)  # what torch passes for an attribute getter
 
 
 def _passthrough(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """Calls without tensors: straight through (no device to set, nothing to mark)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    return _ops.call(None, func, args, kwargs)
+    try:
+        return func(*args, **kwargs)
+    except Exception as e:
+        _errors.torch_error(e)
+        raise
 
 
 HANDLERS: dict[Callable, Callable] = {
@@ -40,23 +45,6 @@ for _name in ("_record_function_enter_new", "_record_function_exit"):  # profile
     for _f in (_op, getattr(_op, "_RecordFunction", None), getattr(_op, "default", None)):
         if _f is not None:
             HANDLERS[_f] = _passthrough
-
-
-def _attribute(func: Callable, args: tuple) -> Any:
-    """An attribute read (`.shape`, `.requires_grad`, `.grad`, ...): metadata, known even
-    while the tensor's op is queued. Only a tensor result may need a mark (a gradient the C++
-    engine made)."""
-    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    try:
-        out = func(*args)
-    except Exception as e:
-        _errors.torch_error(e)
-        raise
-    if isinstance(out, Tensor) and live_mark(storage_of(out)) is None:
-        owner = live_mark(storage_of(args[0]))
-        if owner is not None:
-            _ops.mark_outputs(out, owner.index)
-    return out
 
 
 class SimulationMode(TorchFunctionMode):
@@ -80,7 +68,19 @@ class SimulationMode(TorchFunctionMode):
             return func(*args, **kwargs)
         try:
             if type(func) is _MethodWrapper and func.__name__ == "__get__":
-                return _attribute(func, args)
+                # An attribute read (`.shape`, `.grad`, ...): metadata, known even while the
+                # tensor's op is queued. Only a tensor result may need a mark (a gradient the
+                # C++ engine made); read inline, as most calls are these.
+                try:
+                    out = func(*args)
+                except Exception as e:
+                    _errors.torch_error(e)
+                    raise
+                if isinstance(out, Tensor) and mark_of(out) is None:
+                    owner = mark_of(args[0])
+                    if owner is not None:
+                        _ops.mark_outputs(out, owner.index)
+                return out
             h = HANDLERS.get(func)
             if h is not None:
                 return h(func, args, kwargs)

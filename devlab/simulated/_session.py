@@ -47,10 +47,10 @@ class Session:
     """One start()..stop() run; marks and modes from an earlier run are ignored by a later one.
 
     `spec` is the real GPU the simulated ones model (None: no performance model); `clock` the
-    modeled timeline (`_clock.Clock`) when there is one.
+    modeled timeline (`_clock.Clock`) when there is one, and `charges` what charges it.
     """
 
-    __slots__ = ("__weakref__", "clock", "count", "devices", "spec", "used")
+    __slots__ = ("__weakref__", "charges", "clock", "count", "devices", "spec", "used")
 
     def __init__(self, limits: list[int | None], growth: list[bool] | None = None,
                  spec: Any = None) -> None:
@@ -65,13 +65,14 @@ class Session:
         self.devices = [DeviceState(i, lim, not grows)
                         for i, (lim, grows) in enumerate(zip(limits, growth, strict=True))]
         if self.spec is None:
-            self.clock = None
+            self.clock = self.charges = None
         elif getattr(self, "clock", None) is not None:
-            self.clock.reset(self.count)  # the routed threads' modes hold this clock
+            self.clock.reset(self.count)
         else:
-            from ._clock import Clock  # only a modeled simulation loads the model
+            from ._clock import Charges, Clock  # only a modeled simulation loads the model
 
             self.clock = Clock(self.spec, self.count)
+            self.charges = Charges(self.clock)
 
 
 # The running session (None when not simulating). Read on every op, so a plain global.

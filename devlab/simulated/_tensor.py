@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ._marks import PLAIN, live_mark, storage_of
+from ._marks import PLAIN, mark_of
 from ._patcher import Patcher
 
 _TB = torch._C.TensorBase
@@ -17,7 +17,7 @@ _DisableTF = torch._C.DisableTorchFunction
 
 
 def _device(self: torch.Tensor) -> torch.device:
-    m = live_mark(storage_of(self))
+    m = mark_of(self)
     if m is not None:
         return m.session.devices[m.index].torch_device
     if type(self) in PLAIN:
@@ -27,15 +27,15 @@ def _device(self: torch.Tensor) -> torch.device:
 
 
 def _is_cuda(self: torch.Tensor) -> bool:
-    return True if live_mark(storage_of(self)) is not None else _orig_is_cuda.__get__(self)
+    return True if mark_of(self) is not None else _orig_is_cuda.__get__(self)
 
 
 def _is_cpu(self: torch.Tensor) -> bool:
-    return False if live_mark(storage_of(self)) is not None else _orig_is_cpu.__get__(self)
+    return False if mark_of(self) is not None else _orig_is_cpu.__get__(self)
 
 
 def _get_device(self: torch.Tensor) -> int:
-    m = live_mark(storage_of(self))
+    m = mark_of(self)
     return m.index if m is not None else _orig_get_device(self)
 
 

@@ -18,10 +18,6 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode, _pop_mode, _push_mode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _dispatch_stack
-from torch.utils._python_dispatch import _pop_mode as _pop_dispatch_mode
-from torch.utils._python_dispatch import _push_mode as _push_dispatch_mode
 
 from . import _session
 from ._patcher import Patcher
@@ -29,35 +25,16 @@ from ._routing import SimulationMode
 from ._workers import UNROUTED
 
 
-class Routing:
-    """What routes one thread: the simulation's function mode, and with a performance model,
-    the clock's dispatch mode."""
-
-    def __init__(self) -> None:
-        self.mode = SimulationMode()
-        sess = _session.session
-        clock = sess.clock if sess is not None else None
-        self.clock_mode = None if clock is None else _clock_mode(clock)
-
-
-def _clock_mode(clock: object) -> TorchDispatchMode:
-    from ._clock import ClockMode  # only a modeled simulation loads the model
-
-    return ClockMode(clock)  # type: ignore[arg-type]
-
-
-def push_routing() -> Routing:
-    """Route this thread: put the simulation's modes on its stacks (undo with pop_routing)."""
-    routing = Routing()
-    _push_mode(routing.mode)
-    if routing.clock_mode is not None:
-        _push_dispatch_mode(routing.clock_mode)
-    _session.tls.routed = routing.mode.session
-    return routing
+def push_routing() -> SimulationMode:
+    """Route this thread: put the simulation's mode on its stack (undo with pop_routing)."""
+    mode = SimulationMode()
+    _push_mode(mode)
+    _session.tls.routed = mode.session
+    return mode
 
 
 class _Stack:
-    """One of this thread's two mode stacks, through torch's own push, pop and length."""
+    """A mode stack of this thread, through torch's own push, pop and length."""
 
     def __init__(self, push: Any, pop: Any, length: Any) -> None:
         self.push, self.pop, self.length = push, pop, length
@@ -91,8 +68,6 @@ class _Stack:
 
 
 FUNCTION_MODES = _Stack(_push_mode, _pop_mode, torch._C._len_torch_function_stack)
-DISPATCH_MODES = _Stack(_push_dispatch_mode, _pop_dispatch_mode,
-                        torch._C._len_torch_dispatch_stack)
 
 
 def remove_mode(mode: TorchFunctionMode) -> bool:
@@ -100,49 +75,24 @@ def remove_mode(mode: TorchFunctionMode) -> bool:
     return FUNCTION_MODES.remove(mode)
 
 
-def remove_dispatch_mode(mode: TorchDispatchMode) -> bool:
-    """Take `mode` off this thread's dispatch mode stack, keeping the modes above it."""
-    return DISPATCH_MODES.remove(mode)
-
-
-def pop_routing(routing: Routing) -> None:
+def pop_routing(mode: SimulationMode) -> None:
     """Undo push_routing."""
-    remove_mode(routing.mode)
-    if routing.clock_mode is not None:
-        remove_dispatch_mode(routing.clock_mode)
+    remove_mode(mode)
     _session.tls.__dict__.pop("routed", None)
-
-
-def remove_stale_clock_modes() -> None:
-    """Take clock modes of earlier simulations off this thread's stack (a stop() from another
-    thread could only disarm them)."""
-    from ._clock import ClockMode
-
-    sess = _session.session
-    for m in _dispatch_stack():
-        if isinstance(m, ClockMode) and (sess is None or m.clock is not sess.clock):
-            remove_dispatch_mode(m)
 
 
 @contextlib.contextmanager
 def suspended() -> Iterator[None]:
-    """Take this thread's simulation modes off its stacks for the block, and put them back
-    in their places after (host work timed as plain PyTorch runs it)."""
-    from ._clock import ClockMode
-
+    """Take this thread's simulation modes off its stack for the block, and put them back in
+    their places after (host work timed as plain PyTorch runs it)."""
     functions = torch.overrides._get_current_function_mode_stack()
-    dispatches = _dispatch_stack()
-    ours = [m for m in functions if isinstance(m, SimulationMode)]
-    clocks = [m for m in dispatches if isinstance(m, ClockMode)]
-    for m in ours:
-        remove_mode(m)
-    for m in clocks:
-        remove_dispatch_mode(m)
+    for m in functions:
+        if isinstance(m, SimulationMode):
+            remove_mode(m)
     try:
         yield
     finally:
         FUNCTION_MODES.restore(functions)
-        DISPATCH_MODES.restore(dispatches)
 
 
 @contextlib.contextmanager
@@ -151,11 +101,11 @@ def routing() -> Iterator[None]:
     if _session.is_routed():
         yield
         return
-    routing = push_routing()
+    mode = push_routing()
     try:
         yield
     finally:
-        pop_routing(routing)
+        pop_routing(mode)
 
 
 _orig_bootstrap_inner = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
@@ -163,17 +113,17 @@ _orig_bootstrap_inner = threading.Thread._bootstrap_inner  # type: ignore[attr-d
 
 def _bootstrap_inner(self: threading.Thread) -> None:
     """Thread._bootstrap_inner: a thread started while simulating runs routed."""
-    routing = None
+    mode = None
     if _session.session is not None and not getattr(self, UNROUTED, False):
         try:
-            routing = push_routing()
+            mode = push_routing()
         except Exception:  # never keep the thread from starting (its starter waits for it)
-            routing = None
+            mode = None
     try:
         _orig_bootstrap_inner(self)
     finally:
-        if routing is not None:
-            pop_routing(routing)
+        if mode is not None:
+            pop_routing(mode)
 
 
 def install(p: Patcher) -> None:
