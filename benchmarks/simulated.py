@@ -94,7 +94,7 @@ def _mlp_step(device: str) -> Callable[[], object]:
 
 def training_step(number: int, repeats: int) -> tuple[float, float, float]:
     """Best µs per step: on the CPU, on a simulated GPU, on a simulated GPU with a modeled T4
-    clock (its dispatch mode charges every aten op)."""
+    clock (it charges each torch call, copy and backward pass)."""
     cpu = sim = modeled = float("inf")
     for _ in range(5):
         cpu = min(cpu, _best_us(_mlp_step("cpu"), number, repeats))

@@ -162,6 +162,20 @@ def test_backward_and_optimizer_kernels_are_charged_on_their_gpus(t4) -> None:
     assert any("GPU:0→GPU:1" in op.op for op in ops) and any("GPU:1→GPU:0" in op.op for op in ops)
 
 
+def test_attribute_reads_and_writes_launch_no_kernel(t4) -> None:
+    p = nn.Parameter(torch.randn(256, 256, device="cuda:0"))
+    p.grad = torch.ones_like(p)
+    other = torch.randn(256, 256, device="cuda:1")
+
+    def metadata() -> None:
+        p.grad.shape, p.dtype, p.requires_grad
+        p.grad = None  # what zero_grad does
+        p.data = other  # what Module._apply does across devices, as on CUDA
+
+    assert simulated.explain(metadata).ops == []
+    assert p.device == torch.device("cuda:1")
+
+
 def test_host_work_is_not_charged_and_real_time_is_untouched(t4) -> None:
     perf_counter = time.perf_counter
     cpu = torch.randn(512, 512)

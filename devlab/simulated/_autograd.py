@@ -171,6 +171,9 @@ def grad(func: Callable, args: tuple, kwargs: dict) -> Any:
     return out
 
 
+_AccumulateGrad = torch._C._functions.AccumulateGrad  # a leaf's node
+
+
 def _graph(roots: tuple) -> tuple[list[Tensor], list[Any]]:
     """The leaf tensors a backward pass from `roots` accumulates gradients into, and the
     graph's other nodes."""
@@ -182,9 +185,8 @@ def _graph(roots: tuple) -> tuple[list[Tensor], list[Any]]:
         if fn is None or fn in seen:
             continue
         seen.add(fn)
-        var = getattr(fn, "variable", None)  # an AccumulateGrad node
-        if var is not None:
-            leaves.append(var)
+        if type(fn) is _AccumulateGrad:
+            leaves.append(fn.variable)
         else:
             nodes.append(fn)
             stack.extend(nxt for nxt, _ in fn.next_functions)

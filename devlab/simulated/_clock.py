@@ -26,7 +26,7 @@ import torch
 
 from . import _session
 from ._gpu_specs import GpuSpec
-from ._roofline import OpTime, backward_times, call_name, call_time
+from ._roofline import OpTime, call_flops, call_name, kernel, traffic
 
 Tensor = torch.Tensor
 
@@ -51,14 +51,19 @@ class Clock:
             self.free = [0.0] * count
             self.busy = [0.0] * count
 
-    def kernel(self, t: OpTime) -> None:
+    def kernel(self, t: OpTime, times: int = 1) -> None:
+        """`times` kernels of cost `t`, launched one after the other."""
+        _, device, launch, compute, memory = t[:5]
+        work = compute if compute > memory else memory
+        free = self.free
         with self.lock:
-            self.host += t.launch
-            start = max(self.free[t.device], self.host)
-            self.free[t.device] = start + t.work
-            self.busy[t.device] += t.work
-            if self.recording is not None:
-                self.recording.append(t)
+            for _ in range(times):
+                self.host += launch
+                host = self.host
+                free[device] = (free[device] if free[device] > host else host) + work
+                self.busy[device] += work
+                if self.recording is not None:
+                    self.recording.append(t)
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
              op: str = "copy") -> None:
@@ -119,16 +124,6 @@ _BACKWARD = "devlab_clock"  # a graph node's metadata: the modeled kernels of it
 _SETITEM = Tensor.__setitem__
 
 
-def _needs_grad(args: tuple, kwargs: dict) -> int:
-    count = 0
-    for v in (*args, *kwargs.values()):
-        if isinstance(v, Tensor):
-            count += v.requires_grad
-        elif isinstance(v, (list, tuple)):
-            count += sum(t.requires_grad for t in v if isinstance(t, Tensor))
-    return count
-
-
 class Charges:
     """What the simulation charges the clock for: the calls, copies and backward passes its
     routing mode runs on modeled GPUs."""
@@ -150,15 +145,19 @@ class Charges:
         # run none.
         if not fresh and getattr(func, "__name__", "")[-1:] != "_" and func is not _SETITEM:
             return
-        cost = call_time(self.spec, index, func, args, kwargs, out)
+        nbytes, dtype, grads = traffic(args, kwargs, out)
+        cost = kernel(self.spec, index, call_name(func),
+                      call_flops(func, args, kwargs, out), nbytes, dtype)
         clock.kernel(cost)
         if func in _SIZED_BY_VALUES:
             clock.sync(index)
-        node = out.grad_fn if isinstance(out, Tensor) else None
-        if node is not None:
-            needing = _needs_grad(args, kwargs)
-            if needing:
-                node.metadata.setdefault(_BACKWARD, []).extend(backward_times(cost, needing))
+        if grads:
+            node = out.grad_fn if isinstance(out, Tensor) else None
+            if node is not None:
+                # Its backward: a kernel for each input that needs a gradient, each with the
+                # forward's arithmetic (a product's gradient for each input is a product of
+                # the same size) and memory traffic.
+                node.metadata.setdefault(_BACKWARD, []).append((cost, grads))
 
     def factory(self, func: Callable, args: tuple, out: Any, index: int) -> None:
         """A factory that made `out` on GPU `index`: data from the host crosses PCIe; other
@@ -168,13 +167,16 @@ class Charges:
         if func in _FROM_HOST_DATA and not (args and isinstance(args[0], Tensor)):
             self.clock.copy(None, index, out.nbytes, True, call_name(func))
             return
-        self.clock.kernel(call_time(self.clock.spec, index, func, (), {}, out))
+        self.clock.kernel(kernel(self.spec, index, call_name(func), 0, out.nbytes, out.dtype))
 
     def backward(self, nodes: list[Any]) -> None:
         """The kernels the backward pass through these graph nodes ran."""
+        clock = self.clock
         for node in nodes:
-            for cost in node.metadata.get(_BACKWARD, ()):
-                self.clock.kernel(cost)
+            for cost, times in node.metadata.get(_BACKWARD, ()):
+                if clock.recording is not None:
+                    cost = cost._replace(op=f"{cost.op} (backward)")
+                clock.kernel(cost, times)
 
 
 _EMPTY = frozenset({torch.empty, torch.empty_like, torch.empty_strided, torch.empty_permuted})

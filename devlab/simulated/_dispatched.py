@@ -3,7 +3,7 @@
 The simulation's function mode places the ops Python calls. Torch also issues ops from C++
 that no function mode sees: a backward pass's kernels, DDP's buckets and all-reduce buffers,
 the flattening in a broadcast. C++ sees only CPU tensors, so the tensors it makes carry no
-device. While a dispatch mode watches each op (the placement log, the modeled clock), `run`
+device. While a dispatch mode watches each op (the placement log), `run`
 gives every such op the device it has on a real GPU:
 
 - an op runs on the GPU of its first simulated input, and its fresh outputs live there;

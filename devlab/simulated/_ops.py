@@ -30,12 +30,11 @@ Tensor = torch.Tensor
 _DisableTF = torch._C.DisableTorchFunction
 _tf_stack_len = torch._C._len_torch_function_stack
 
-# Ops allowed to mix devices, as on real CUDA: copies, indexing with host indices, and
-# attribute setters such as `p.data = t` (what Module._apply does across devices). Queries that
-# only compare metadata (`_has_compatible_shallow_copy_type` in Module._apply) may look at
-# tensors of two devices too.
+# Ops allowed to mix devices, as on real CUDA: copies and indexing with host indices. Queries
+# that only compare metadata (`_has_compatible_shallow_copy_type` in Module._apply) may look at
+# tensors of two devices too. (Attribute setters such as `p.data = t` never come here.)
 _MIXED_OK_NAMES = frozenset({
-    "__set__", "__get__", "__setitem__", "__getitem__", "index_put_", "index_put", "set_",
+    "__setitem__", "__getitem__", "index_put_", "index_put", "set_",
     "_make_subclass", "backward", "copy_", "_has_compatible_shallow_copy_type", "is_same_size",
     "is_set_to", "swap_tensors", "_version", "register_hook"})
 
@@ -131,12 +130,6 @@ def call(index: int | None, func: Callable, args: tuple, kwargs: dict) -> Any:
         tls.calls -= 1
 
 
-def reads_values(func: Callable) -> bool:
-    """False for attribute getters (`.shape`, `.dtype`, `.grad`, ...): metadata of a queued
-    op's output is known at launch, so reading it need not wait for the device."""
-    return getattr(func, "__name__", None) != "__get__"
-
-
 def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     """Run an op where the device rule puts it, and mark its fresh outputs there."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
@@ -148,7 +141,7 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
         index, host = common_device(func, args, kwargs)
     if index is None:
         return call(None, func, args, kwargs)
-    if (_workers._pending_total or _workers._has_error) and reads_values(func):
+    if _workers._pending_total or _workers._has_error:  # the op may read a queued op's output
         _workers.wait(index)
     out = call(index, func, args, kwargs)
     fresh = mark_outputs(out, index, host)

@@ -33,6 +33,7 @@ REQUIRED: tuple[tuple[str, str], ...] = (
     ("torch.utils._device", "DeviceContext.__torch_function__"),
     ("torch.utils._device", "CURRENT_DEVICE"),
     ("torch.utils._device", "_device_constructors"),
+    ("torch._C", "_functions.AccumulateGrad"),
     ("torch.autograd", "_make_grads"),
     ("torch.autograd", "_tensor_or_tensors_to_tuple"),
     ("torch.autograd.graph", "_engine_run_backward"),

@@ -6,7 +6,7 @@ bandwidth). FLOPs come from torch's own rules (`torch.utils.flop_counter`: matri
 convolutions, attention); other ops are memory traffic only. Ops that launch no kernel (views,
 allocation, metadata) cost nothing.
 
-The simulation costs each torch call its routing mode sees (`call_time`): a dispatch mode
+The simulation costs each torch call its routing mode sees (`_clock.Charges`): a dispatch mode
 would see every aten op, but costs more per op than the whole simulation may. `op_time` costs
 one aten op (benchmarks/gpu_model.py sets the model beside published measurements with it).
 """
@@ -79,25 +79,34 @@ def kernel(spec: GpuSpec, index: int, name: str, flops: int, nbytes: int,
                   nbytes / (spec.memory_bandwidth_gbs * 1e9), flops, nbytes)
 
 
-def _tensor_bytes(values: Any) -> tuple[int, torch.dtype | None]:
-    total, dtype = 0, None
-    for v in values:
+def traffic(args: tuple, kwargs: dict, out: Any) -> tuple[int, torch.dtype, int]:
+    """(bytes an op reads and writes, the dtype it computes in, how many of its tensor inputs
+    need gradients): one pass over its arguments, as it runs for every op on a modeled GPU."""
+    total, dtype, grads = 0, None, 0
+    for v in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(v, Tensor):
             total += v.nbytes
-            dtype = dtype or v.dtype
+            if dtype is None:
+                dtype = v.dtype
+            grads += v.requires_grad
         elif isinstance(v, (list, tuple)):
             for t in v:
                 if isinstance(t, Tensor):
                     total += t.nbytes
-                    dtype = dtype or t.dtype
-    return total, dtype
-
-
-def _traffic(args: tuple, kwargs: dict, out: Any) -> tuple[int, torch.dtype]:
-    read, dtype = _tensor_bytes(args)
-    extra, _ = _tensor_bytes(kwargs.values())
-    written, out_dtype = _tensor_bytes(out if isinstance(out, (list, tuple)) else (out,))
-    return read + extra + written, dtype or out_dtype or torch.float32
+                    if dtype is None:
+                        dtype = t.dtype
+                    grads += t.requires_grad
+    if isinstance(out, Tensor):
+        total += out.nbytes
+        if dtype is None:
+            dtype = out.dtype
+    elif isinstance(out, (list, tuple)):
+        for t in out:
+            if isinstance(t, Tensor):
+                total += t.nbytes
+                if dtype is None:
+                    dtype = t.dtype
+    return total, dtype or torch.float32, grads
 
 
 # --- one aten op ------------------------------------------------------------------------------
@@ -141,7 +150,7 @@ def aten_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
 
 def op_time(spec: GpuSpec, index: int, func: Any, args: tuple, kwargs: dict, out: Any) -> OpTime:
     """The modeled time of one aten op's kernel on GPU `index` of kind `spec`."""
-    nbytes, dtype = _traffic(args, kwargs, out)
+    nbytes, dtype, _ = traffic(args, kwargs, out)
     name = str(func.overloadpacket).replace("aten.", "aten::")
     return kernel(spec, index, name, aten_flops(func, args, kwargs, out), nbytes, dtype)
 
@@ -156,7 +165,15 @@ def _matmul_flops(a: Tensor, out: Tensor) -> int:
     over the contraction dimension, a's last."""
     k = a.shape[-1] if a.dim() else 1
     n = out.shape[-1] if out.dim() else 1
-    return int(_mm_rule((out.numel() // max(n, 1), k), (k, n)))
+    return _mm_rule((out.numel() // (n or 1), k), (k, n))
+
+
+def _product_flops(args: tuple, kwargs: dict, out: Tensor) -> int:
+    return _matmul_flops(args[0], out)
+
+
+def _added_product_flops(args: tuple, kwargs: dict, out: Tensor) -> int:
+    return _matmul_flops(args[1], out)
 
 
 def _conv_flops(args: tuple, kwargs: dict, out: Tensor) -> int:
@@ -173,9 +190,9 @@ def _sdpa_flops(args: tuple, kwargs: dict, out: Tensor) -> int:
 _FLOPS: dict[Callable, Callable[[tuple, dict, Tensor], int]] = {
     **dict.fromkeys((torch.mm, Tensor.mm, torch.matmul, Tensor.matmul, Tensor.__matmul__,
                      torch.bmm, Tensor.bmm, F.linear),
-                    lambda args, kwargs, out: _matmul_flops(args[0], out)),
+                    _product_flops),
     **dict.fromkeys((torch.addmm, Tensor.addmm, torch.baddbmm, Tensor.baddbmm),
-                    lambda args, kwargs, out: _matmul_flops(args[1], out)),
+                    _added_product_flops),
     **dict.fromkeys((F.conv1d, F.conv2d, F.conv3d), _conv_flops),
     F.scaled_dot_product_attention: _sdpa_flops,
 }
@@ -186,7 +203,7 @@ def call_flops(func: Callable, args: tuple, kwargs: dict, out: Any) -> int:
     if rule is None or not isinstance(out, Tensor):
         return 0
     try:
-        return rule(args, kwargs, out)
+        return int(rule(args, kwargs, out))
     except Exception:  # arguments of a form the rule does not read: arithmetic unknown
         return 0
 
@@ -203,18 +220,3 @@ def call_name(func: Callable) -> str:
             raw = raw[2:-2]
         name = _names[func] = f"aten::{raw}"
     return name
-
-
-def call_time(spec: GpuSpec, index: int, func: Callable, args: tuple, kwargs: dict, out: Any
-              ) -> OpTime:
-    """The modeled time of one torch call on GPU `index`, as one kernel."""
-    nbytes, dtype = _traffic(args, kwargs, out)
-    flops = call_flops(func, args, kwargs, out) if func in _FLOPS else 0
-    return kernel(spec, index, call_name(func), flops, nbytes, dtype)
-
-
-def backward_times(forward: OpTime, inputs: int) -> list[OpTime]:
-    """The backward kernels of a forward call with `inputs` inputs that need gradients: one
-    each, with the forward's arithmetic (a product's gradient for each input is a product of
-    the same size) and memory traffic."""
-    return [forward._replace(op=f"{forward.op} (backward)")] * inputs

@@ -67,16 +67,18 @@ class SimulationMode(TorchFunctionMode):
         if self.session is not _session.session or self.session is None:
             return func(*args, **kwargs)
         try:
-            if type(func) is _MethodWrapper and func.__name__ == "__get__":
-                # An attribute read (`.shape`, `.grad`, ...): metadata, known even while the
-                # tensor's op is queued. Only a tensor result may need a mark (a gradient the
-                # C++ engine made); read inline, as most calls are these.
+            if type(func) is _MethodWrapper:
+                # An attribute read (`.shape`, `.grad`: the tensor alone) or write (`p.data =
+                # t`, `p.grad = g`): metadata, known even while the tensor's op is queued, and
+                # no kernel; a write may name another device, as on CUDA. Only a read's tensor
+                # result may need a mark (a gradient the C++ engine made). Inline, as most
+                # calls are these (and `func.__name__` would build a string each time).
                 try:
                     out = func(*args)
                 except Exception as e:
                     _errors.torch_error(e)
                     raise
-                if isinstance(out, Tensor) and mark_of(out) is None:
+                if len(args) == 1 and isinstance(out, Tensor) and mark_of(out) is None:
                     owner = mark_of(args[0])
                     if owner is not None:
                         _ops.mark_outputs(out, owner.index)
