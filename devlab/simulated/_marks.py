@@ -21,6 +21,7 @@ MARK = "_devlab_sim"
 BLOCK = 512
 
 _DisableTF = torch._C.DisableTorchFunction
+_tf_stack_len = torch._C._len_torch_function_stack
 # Tensor types whose untyped_storage() is torch's own (no __torch_function__ of their own).
 PLAIN = (torch.Tensor, torch.nn.Parameter)
 STORAGE_ERRORS = (RuntimeError, NotImplementedError, TypeError, ValueError)
@@ -72,7 +73,7 @@ def storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
     None for sparse, nested or storage-less tensors, which are never simulated.
     """
     try:
-        if type(t) in PLAIN and not torch._C._len_torch_function_stack():
+        if type(t) in PLAIN and not _tf_stack_len():
             return t.untyped_storage()
         with _DisableTF():
             return t.untyped_storage()
@@ -87,7 +88,7 @@ def mark_of(t: torch.Tensor) -> Mark | None:
     if sess is None:
         return None
     try:
-        if type(t) in PLAIN and not torch._C._len_torch_function_stack():
+        if type(t) in PLAIN and not _tf_stack_len():
             s = t.untyped_storage()
         else:
             with _DisableTF():

@@ -79,11 +79,11 @@ def kernel(spec: GpuSpec, index: int, name: str, flops: int, nbytes: int,
                   nbytes / (spec.memory_bandwidth_gbs * 1e9), flops, nbytes)
 
 
-def traffic(args: tuple, kwargs: dict, out: Any) -> tuple[int, torch.dtype, int]:
-    """(bytes an op reads and writes, the dtype it computes in, how many of its tensor inputs
-    need gradients): one pass over its arguments, as it runs for every op on a modeled GPU."""
+def _tensors(values: Any) -> tuple[int, torch.dtype | None, int]:
+    """(bytes, first dtype, how many need gradients) of the tensors among `values`, one level
+    into lists and tuples."""
     total, dtype, grads = 0, None, 0
-    for v in (*args, *kwargs.values()) if kwargs else args:
+    for v in values:
         if isinstance(v, Tensor):
             total += v.nbytes
             if dtype is None:
@@ -96,17 +96,15 @@ def traffic(args: tuple, kwargs: dict, out: Any) -> tuple[int, torch.dtype, int]
                     if dtype is None:
                         dtype = t.dtype
                     grads += t.requires_grad
-    if isinstance(out, Tensor):
-        total += out.nbytes
-        if dtype is None:
-            dtype = out.dtype
-    elif isinstance(out, (list, tuple)):
-        for t in out:
-            if isinstance(t, Tensor):
-                total += t.nbytes
-                if dtype is None:
-                    dtype = t.dtype
-    return total, dtype or torch.float32, grads
+    return total, dtype, grads
+
+
+def traffic(args: tuple, kwargs: dict, out: Any) -> tuple[int, torch.dtype, int]:
+    """(bytes an op reads and writes, the dtype it computes in, how many of its tensor inputs
+    need gradients): it runs for every op on a modeled GPU."""
+    read, dtype, grads = _tensors((*args, *kwargs.values()) if kwargs else args)
+    written, out_dtype, _ = _tensors((out,))
+    return read + written, dtype or out_dtype or torch.float32, grads
 
 
 # --- one aten op ------------------------------------------------------------------------------
