@@ -6,7 +6,10 @@ plain CPU. A simulated run must exit as the program does on a real GPU (status 0
 program's own error), must have put its tensors on the simulated GPUs (peak memory > 0 on as
 many GPUs as it uses), must print what the manifest expects, and must print the same numbers
 as the CPU run within the manifest's tolerance; a notebook's cells must show the outputs it
-stores from its author's GPU run. docs/conformance.md lists the programs.
+stores from its author's GPU run. A distributed program's ranks (separate processes, each on its
+own simulated GPU) must train one model: start and end with the same parameters, which match
+its checkpoint and, where the manifest has one, a CPU replay of the training (its CPU run).
+docs/conformance.md lists the programs.
 """
 
 from __future__ import annotations
@@ -31,16 +34,19 @@ _RUNS: dict[tuple[str, int], run_program.RunResult] = {}
 
 
 def _run(name: str, gpus: int) -> run_program.RunResult:
-    """Run each program once per mode for the whole module (with this checkout's devlab)."""
+    """Run each program once per mode for the whole module (with this checkout's devlab). The
+    CPU run of a program whose ranks are replayed replays its simulated run."""
     key = (name, gpus)
     if key not in _RUNS:
-        _RUNS[key] = run_program.run(name, gpus, root=ROOT)
+        replay_of = _run(name, GPUS) if gpus == 0 and corpus.get(name).replays else None
+        _RUNS[key] = run_program.run(name, gpus, root=ROOT, replay_of=replay_of)
     return _RUNS[key]
 
 
 ALL = [p.name for p in corpus.CORPUS]
 COMPARED = [p.name for p in corpus.CORPUS if p.compare is not None]
 NOTEBOOKS = [p.name for p in corpus.CORPUS if p.notebook_cells]
+RANKED = [p.name for p in corpus.CORPUS if p.ranks is not None]
 
 
 def test_corpus_is_large_enough_and_covers_two_gpus() -> None:
@@ -48,6 +54,10 @@ def test_corpus_is_large_enough_and_covers_two_gpus() -> None:
     assert len(set(ALL)) == len(ALL)
     assert any(p.gpus_used == 2 for p in corpus.CORPUS)
     assert len(COMPARED) >= 5
+    assert any(p.torchrun for p in corpus.CORPUS) and any(p.replays for p in corpus.CORPUS)
+    for p in corpus.CORPUS:
+        if p.ranks is not None:
+            assert p.gpus_used == p.ranks.world, p.name
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -106,6 +116,16 @@ def test_numbers_match_the_cpu_run(name: str) -> None:
     assert diff is None, diff
 
 
+@pytest.mark.parametrize("name", RANKED)
+def test_ranks_train_one_model(name: str) -> None:
+    program = corpus.get(name)
+    sim = _run(name, GPUS)
+    assert sim.returncode == 0 and sim.report is not None, sim.describe()
+    replay = _run(name, 0).report if program.replays else None
+    found = run_program.rank_problems(program, sim.report, replay)
+    assert not found, "\n".join(found) + "\n" + sim.describe()
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_shows_its_stored_gpu_outputs(name: str) -> None:
     program = corpus.get(name)
@@ -133,3 +153,41 @@ def test_number_comparison_catches_differences() -> None:
     assert "differ" in (run_program.compare_numbers([1.0, 2.1], [1.0, 2.0], spec) or "")
     assert "2 numbers" in (run_program.compare_numbers([1.0, 2.0], [1.0], spec) or "")
     assert run_program.compare_numbers([], [], spec) is not None
+
+
+def test_lines_of_processes_sharing_stdout_are_compared_per_process() -> None:
+    spec = corpus.Compare(rf"^\[P(\d)\] loss ({corpus.FLOAT})$", by_process=r"^\[P(\d)\]")
+    one = "[P1] loss 3.0\n[P0] loss 1.0\nother\n[P1] loss 4.0\n[P0] loss 2.0\n"
+    other = "[P0] loss 1.0\n[P0] loss 2.0\n[P1] loss 3.0\n[P1] loss 4.0\n"
+    assert run_program.numbers(one, spec) == run_program.numbers(other, spec)
+    assert run_program.numbers(one, spec) == [0, 1.0, 0, 2.0, 1, 3.0, 1, 4.0]
+
+
+def test_rank_checks_catch_ranks_that_disagree() -> None:
+    program = corpus.get("ddp_series_multigpu")
+
+    def rank(r: int, initial: list[float], final: list[float]) -> dict:
+        peak = [0, 0]
+        peak[r] = 512
+        return {"pid": 100 + r, "rank": r, "world_size": 2, "steps": 3, "initial": initial,
+                "final": final, "errors": [], "is_used": True, "peak": peak}
+
+    good = {"processes": [rank(0, [1.0, 2.0], [1.0, 2.0]), rank(1, [1.0, 2.0], [1.0, 2.0])],
+            "checkpoint": [1.0, 2.0]}
+    assert run_program.rank_problems(program, good) == []
+    apart = {**good, "processes": [rank(0, [1.0, 2.0], [1.0, 2.0]),
+                                   rank(1, [1.0, 2.5], [1.0, 2.0])]}
+    assert any("started from other parameters" in p
+               for p in run_program.rank_problems(program, apart))
+    moved = {**good, "processes": [rank(0, [1.0, 2.0], [1.0, 3.0]),
+                                   rank(1, [1.0, 2.0], [1.0, 3.0])], "checkpoint": [1.0, 3.0]}
+    assert any("differ from the initial" in p for p in run_program.rank_problems(program, moved))
+    one_rank = {**good, "processes": good["processes"][:1]}
+    assert "expected ranks 0..1" in run_program.rank_problems(program, one_rank)[0]
+    replayed = corpus.get("llms_from_scratch_ddp")
+    assert run_program.rank_problems(replayed, good, {"replay": {"final": [1.0, 2.0]}}) == []
+    assert "final parameters differ from the CPU replay" in " ".join(
+        run_program.rank_problems(replayed, good, {"replay": {"final": [1.0, 2.1]}}))
+    seeded = {"replay": {"initial": [0.5, 2.0], "final": [1.0, 2.0]}}
+    assert "initial parameters differ from the CPU replay" in " ".join(
+        run_program.rank_problems(replayed, good, seeded))

@@ -7,10 +7,14 @@ its simulated run is judged: numbers taken from stdout and compared with the sam
 CPU (`compare`), or why no comparison is possible (`compare_note`), lines the simulated run must
 print (`expect_stdout`), an error the program itself raises on a real GPU too (`expect_error`),
 how many simulated GPUs must have held its tensors (`gpus_used`), and for a notebook the code
-cells whose outputs must equal those the notebook stores from its author's GPU run.
+cells whose outputs must equal those the notebook stores from its author's GPU run. A program
+that runs as several processes, one per rank, says so in `ranks` (what its ranks must agree on,
+and how its CPU run is replayed), and one that torchrun starts gives torchrun's arguments
+(`torchrun`).
 
 `programs/<name>/` holds the files; `standins/` the torchvision stand-in; `datagen.py` the data
-files a program reads; `run_program.py` runs one program.
+files a program reads; `observer/` what the runner watches in a program's rank processes;
+`references.py` the CPU replays; `run_program.py` runs one program.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ BSD3_TUTORIALS = "BSD-3-Clause (pytorch/tutorials LICENSE, © 2017-2022 PyTorch 
 BSD3_EXAMPLES = "BSD-3-Clause (pytorch/examples LICENSE, © 2017 PyTorch contributors)"
 MIT_NANOGPT = "MIT (karpathy/nanoGPT LICENSE, © 2022 Andrej Karpathy)"
 MIT_LLMS = "MIT (rasbt/LLMs-from-scratch LICENSE.txt, © 2023-2024 Sebastian Raschka)"
+APACHE_LLMS = ("Apache-2.0 (the file's header: 'Copyright (c) Sebastian Raschka under Apache License "
+               "2.0 (see LICENSE.txt)'; rasbt/LLMs-from-scratch LICENSE.txt @b655e628)")
 
 TORCHVISION_MNIST = (
     "torchvision stand-in (tests/conformance/standins/torchvision): datasets.MNIST gives synthetic "
@@ -55,14 +61,45 @@ class SourceFile:
 class Compare:
     """Numbers a run prints: every group of every match of `pattern` (multiline) in stdout,
     taken from the first line matching `after` (if given) up to the first line matching
-    `until` (if given). Two runs agree when both lists have the same length (> 0) and each pair
-    is within `rtol`/`atol`."""
+    `until` (if given). With `by_process` (a pattern whose first group names the process that
+    printed a line, as `[GPU0]`), the lines are first put in the order of that name, each
+    process's lines in their own order: processes that share stdout interleave their lines in
+    any order. Two runs agree when both lists have the same length (> 0) and each pair is
+    within `rtol`/`atol`."""
 
     pattern: str
     rtol: float = 0.0
     atol: float = 0.0
     after: str | None = None
     until: str | None = None
+    by_process: str | None = None
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """A program that runs as `world` processes, one per rank and simulated GPU (started by
+    `torch.multiprocessing.spawn` or torchrun), each training a DDP replica. The runner's observer
+    (`observer/sitecustomize.py`) records in every rank process its rank, the parameters before
+    its first optimizer step and after its last, and its GPU's peak bytes. The ranks must all
+    have stepped, each on its own GPU (`cuda:<rank>`), start from the same parameters (DDP
+    broadcasts rank 0's, though each process drew its own) and end with the same ones (DDP
+    averages gradients with an all-reduce: every rank applies the same step).
+
+    `checkpoint`: a file rank 0 saves (the state_dict, or `checkpoint_key` in the dict saved),
+    which must hold rank 0's final parameters. `unchanged`: the final parameters must equal the
+    initial ones (a loss whose gradient is 0 whatever the data). `replay`: the function in
+    `references.py` that is this program's CPU run: it replays the training on the CPU in one
+    process, from the seed the program gives its ranks or else from rank 0's recorded initial
+    parameters, prints the lines the program prints, and its initial and final parameters must
+    equal rank 0's within `rtol`/`atol`."""
+
+    world: int = 2
+    checkpoint: str | None = None
+    checkpoint_key: str | None = None
+    unchanged: bool = False
+    replay: str | None = None
+    rtol: float = 1e-5
+    atol: float = 1e-6
 
 
 @dataclass(frozen=True)
@@ -89,6 +126,8 @@ class Program:
     notebook_cells: tuple[int, ...] = ()
     timeout: float = 240.0
     notes: str = ""
+    torchrun: tuple[str, ...] = ()
+    ranks: Ranks | None = None
 
     @property
     def folder(self) -> Path:
@@ -97,6 +136,11 @@ class Program:
     @property
     def is_notebook(self) -> bool:
         return self.entry.endswith(".ipynb")
+
+    @property
+    def replays(self) -> bool:
+        """Whether the CPU run is a replay of the simulated run (see Ranks)."""
+        return self.ranks is not None and self.ranks.replay is not None
 
     def source_line(self) -> str:
         """'repo: path@commit, ...' for tables."""
@@ -285,6 +329,183 @@ CORPUS: tuple[Program, ...] = (
         expect_stdout=(r"^\[GPU0\] Epoch 0 \| Batch size: 32 \| Steps: 64$",
                        r"^\[GPU0\] Epoch 1 \| Batch size: 32 \| Steps: 64$",
                        r"^Epoch 1 \| Training checkpoint saved at checkpoint.pt$"),
+    ),
+    Program(
+        name="ddp_series_multigpu",
+        title="DDP tutorial series: multigpu.py (torch.multiprocessing.spawn)",
+        repo=EXAMPLES,
+        files=(
+            SourceFile("distributed/ddp-tutorial-series/multigpu.py",
+                       "f62b4aec7bff832fc65b59aa62d60e94ddd6b39e", "multigpu.py",
+                       3678, "faeb2eb580ec0d9e5f8ffd6b507bc6b9908c0bc03bbfc8c8e7aae0b472b3a99d"),
+            SourceFile("distributed/ddp-tutorial-series/datautils.py",
+                       "a7e31a5df144e014866521dc97c0c1fb259b24ec", "datautils.py",
+                       693, "21681fe4c9bc6e844e9624da832cfd896b812772553957cf9bd6cc150fa4fce3"),
+        ),
+        licence=BSD3_EXAMPLES,
+        entry="multigpu.py",
+        argv=("2", "1"),
+        exercises="`mp.spawn(main, nprocs=torch.cuda.device_count())`, "
+                  "`init_process_group(backend=\"nccl\", rank=rank, world_size=world_size)` with "
+                  "MASTER_ADDR/MASTER_PORT, `torch.cuda.set_device(rank)`, `model.to(rank)`, "
+                  "`DDP(model, device_ids=[gpu_id])` (broadcast, gradient all-reduce), "
+                  "DistributedSampler with `set_epoch`, pin-memory DataLoader, rank 0 saving "
+                  "`model.module.state_dict()`, `destroy_process_group()`",
+        compare_note="no CPU run: the program hard-codes NCCL and one GPU per rank, and each rank "
+                     "draws its own random data; checked instead: both ranks' epoch lines (32 "
+                     "steps each: DistributedSampler halves the 2048 samples), and what the "
+                     "observer records in the two rank processes: the same initial parameters "
+                     "on both (DDP's broadcast: each process drew its own), the same final ones, "
+                     "each rank's tensors on its own GPU, rank 0's checkpoint equal to its final "
+                     "parameters, and final parameters equal to the initial ones (see notes)",
+        expect_stdout=(r"\[GPU0\] Epoch 0 \| Batchsize: 32 \| Steps: 32",
+                       r"\[GPU1\] Epoch 0 \| Batchsize: 32 \| Steps: 32",
+                       r"\[GPU0\] Epoch 1 \| Batchsize: 32 \| Steps: 32",
+                       r"\[GPU1\] Epoch 1 \| Batchsize: 32 \| Steps: 32",
+                       r"Epoch 1 \| Training checkpoint saved at checkpoint.pt"),
+        gpus_used=2,
+        ranks=Ranks(world=2, checkpoint="checkpoint.pt", unchanged=True),
+        notes="The tutorial's loss, `F.cross_entropy` of a `Linear(20, 1)` output (one column) "
+              "against float targets of the same shape, is 0 for any data (a softmax over one "
+              "class), so its gradients are 0 and SGD never moves the weights: on a CPU, a GPU "
+              "or a simulated GPU, the checkpoint holds the initial weights. The program uses "
+              "the fixed MASTER_PORT 12355.",
+    ),
+    Program(
+        name="ddp_series_multigpu_torchrun",
+        title="DDP tutorial series: multigpu_torchrun.py (torchrun --standalone)",
+        repo=EXAMPLES,
+        files=(
+            SourceFile("distributed/ddp-tutorial-series/multigpu_torchrun.py",
+                       "f62b4aec7bff832fc65b59aa62d60e94ddd6b39e", "multigpu_torchrun.py",
+                       4025, "5a6c134e061f1b0decd23389c987e4e4de582259b549666ce3625613c8f531ae"),
+            SourceFile("distributed/ddp-tutorial-series/datautils.py",
+                       "a7e31a5df144e014866521dc97c0c1fb259b24ec", "datautils.py",
+                       693, "21681fe4c9bc6e844e9624da832cfd896b812772553957cf9bd6cc150fa4fce3"),
+        ),
+        licence=BSD3_EXAMPLES,
+        entry="multigpu_torchrun.py",
+        argv=("2", "1"),
+        torchrun=("--standalone", "--nproc-per-node", "2"),
+        exercises="started by `torchrun --standalone --nproc-per-node 2` (torch's elastic agent, "
+                  "c10d rendezvous, RANK/LOCAL_RANK/WORLD_SIZE in the environment): "
+                  "`init_process_group(backend=\"nccl\")` from the environment, "
+                  "`torch.cuda.set_device(LOCAL_RANK)`, `DDP(device_ids=[LOCAL_RANK])`, "
+                  "DistributedSampler with `set_epoch`, rank 0 saving a snapshot dict "
+                  "(`MODEL_STATE`, `EPOCHS_RUN`)",
+        compare_note="no CPU run (NCCL and one GPU per rank hard-coded, random data per rank); "
+                     "checked as for ddp_series_multigpu, with the snapshot's MODEL_STATE",
+        expect_stdout=(r"\[GPU0\] Epoch 0 \| Batchsize: 32 \| Steps: 32",
+                       r"\[GPU1\] Epoch 0 \| Batchsize: 32 \| Steps: 32",
+                       r"\[GPU0\] Epoch 1 \| Batchsize: 32 \| Steps: 32",
+                       r"\[GPU1\] Epoch 1 \| Batchsize: 32 \| Steps: 32",
+                       r"Epoch 1 \| Training snapshot saved at snapshot.pt"),
+        gpus_used=2,
+        ranks=Ranks(world=2, checkpoint="snapshot.pt", checkpoint_key="MODEL_STATE",
+                    unchanged=True),
+        notes="Same model and loss as multigpu.py (its gradients are 0, see there). torchrun "
+              "runs in the runner's process as `python -m torch.distributed.run` does; its "
+              "workers are new Python processes that see the simulated GPUs through devlab's "
+              "start-up hook.",
+    ),
+    Program(
+        name="ddp_series_multinode",
+        title="DDP tutorial series: multinode.py (torch.accelerator), on one node",
+        repo=EXAMPLES,
+        files=(
+            SourceFile("distributed/ddp-tutorial-series/multinode.py",
+                       "17f4f9a5d66c6da5b348d032cd6a6e2410760952", "multinode.py",
+                       4719, "98a72630510a6c2561799e3f032cac6c5918bcd11cf2f8f18928a2023da521b3"),
+            SourceFile("distributed/ddp-tutorial-series/datautils.py",
+                       "a7e31a5df144e014866521dc97c0c1fb259b24ec", "datautils.py",
+                       693, "21681fe4c9bc6e844e9624da832cfd896b812772553957cf9bd6cc150fa4fce3"),
+        ),
+        licence=BSD3_EXAMPLES,
+        entry="multinode.py",
+        argv=("2", "1"),
+        torchrun=("--standalone", "--nproc-per-node", "2"),
+        exercises="the device-generic API: `torch.accelerator.is_available()`, "
+                  "`current_accelerator()`, `device_index(rank)`, "
+                  "`torch.distributed.get_default_backend_for_device(device)` (nccl for cuda) "
+                  "passed to `init_process_group`; global RANK beside LOCAL_RANK, DDP, "
+                  "DistributedSampler with `set_epoch`, rank 0 saving a snapshot dict",
+        compare_note="no CPU run (on a CPU it takes its gloo branch, another program; and its "
+                     "data is random per rank); checked as for ddp_series_multigpu, with the "
+                     "snapshot's MODEL_STATE",
+        expect_stdout=(r"Running on rank 0 on device cuda:0",
+                       r"Running on rank 1 on device cuda:1",
+                       r"\[GPU0\] Epoch 1 \| Batchsize: 32 \| Steps: 32",
+                       r"\[GPU1\] Epoch 1 \| Batchsize: 32 \| Steps: 32",
+                       r"Epoch 1 \| Training snapshot saved at snapshot.pt"),
+        gpus_used=2,
+        ranks=Ranks(world=2, checkpoint="snapshot.pt", checkpoint_key="MODEL_STATE",
+                    unchanged=True),
+        notes="Written for several machines (torchrun on each, with a rendezvous endpoint); "
+              "run here on one, as torchrun --standalone runs it, which it supports unchanged "
+              "(ranks from RANK/LOCAL_RANK). Same model and loss as multigpu.py (its "
+              "gradients are 0, see there).",
+    ),
+    Program(
+        name="llms_from_scratch_ddp",
+        title="Build a Large Language Model (From Scratch), Appendix A: DDP-script.py",
+        repo="rasbt/LLMs-from-scratch",
+        files=(SourceFile("appendix-A/01_main-chapter-code/DDP-script.py",
+                          "75133605c5538a580b6996b46de7d066230f9e3f", "DDP-script.py",
+                          5988, "e64231ad39c152dd66e799b7ea4e061c9c5a148f351a75ae668743bfa4d8b6e9"),),
+        licence=APACHE_LLMS,
+        entry="DDP-script.py",
+        exercises="textbook chapter (Appendix A.9, training on several GPUs with DDP): "
+                  "`torch.cuda.device_count()`, `mp.spawn` of one process per GPU, "
+                  "`init_process_group(backend=\"nccl\")` (not Windows), "
+                  "`torch.cuda.set_device(rank)`, `DDP(model, device_ids=[rank])`, "
+                  "DistributedSampler with `set_epoch`, `pin_memory=True`, `drop_last=True`, "
+                  "3 epochs of SGD, accuracy on each rank",
+        compare=Compare(rf"^\[GPU(\d+)\] (?:Epoch: (\d+)/\d+ \| Batchsize (\d+) \| "
+                        rf"Train/Val Loss: ({FLOAT})|Training accuracy ({FLOAT})|"
+                        rf"Test accuracy ({FLOAT}))$", atol=0.011, by_process=r"^\[GPU(\d+)\]"),
+        compare_note="the CPU run is a replay (references.llms_from_scratch_ddp): the program's "
+                     "own network, data and accuracy function, in one CPU process, from rank 0's "
+                     "initial parameters as the observer recorded them (each spawned process "
+                     "draws its own random initial weights), each step applying the mean of the "
+                     "two ranks' gradients; compared: each rank's 3 losses (printed with 2 "
+                     "decimals, so within 0.011) and its training and test accuracy, and the "
+                     "final parameters (rtol 1e-5); the ranks must also start and end equal",
+        expect_stdout=(r"^CUDA available: True$", r"^Number of GPUs available: 2$"),
+        gpus_used=2,
+        ranks=Ranks(world=2, replay="llms_from_scratch_ddp"),
+        notes="The stored version's header puts the file under the Apache License 2.0, the "
+              "licence of the repository's later LICENSE.txt (earlier versions were MIT); the "
+              "notice is in programs/LICENSES.md. The program uses the fixed MASTER_PORT 12345.",
+    ),
+    Program(
+        name="llms_from_scratch_ddp_torchrun",
+        title="Build a Large Language Model (From Scratch), Appendix A: DDP-script-torchrun.py",
+        repo="rasbt/LLMs-from-scratch",
+        files=(SourceFile("appendix-A/01_main-chapter-code/DDP-script-torchrun.py",
+                          "d16863c7db81fb3de1131e4e9d4b84c32c450c5f", "DDP-script-torchrun.py",
+                          7113, "381df839d5fedbef9dc21150267547ada8afd9d26b7a966c150578aa8ff5e892"),),
+        licence=APACHE_LLMS,
+        entry="DDP-script-torchrun.py",
+        torchrun=("--standalone", "--nproc-per-node", "2"),
+        exercises="the torchrun version of DDP-script.py (`torchrun --nproc_per_node=2`, as its "
+                  "error message says): WORLD_SIZE/LOCAL_RANK from torchrun, MASTER_ADDR/PORT "
+                  "left to torchrun, `torch.manual_seed(123)` in every rank, "
+                  "`init_process_group(\"nccl\")`, `set_device(rank)`, "
+                  "`DDP(device_ids=[rank])`, DistributedSampler with `set_epoch`, accuracy on "
+                  "each rank",
+        compare=Compare(rf"^\[GPU(\d+)\] (?:Epoch: (\d+)/\d+ \| Batchsize (\d+) \| "
+                        rf"Train/Val Loss: ({FLOAT})|Training accuracy ({FLOAT})|"
+                        rf"Test accuracy ({FLOAT}))$", atol=0.011, by_process=r"^\[GPU(\d+)\]"),
+        compare_note="the CPU run is a replay (references.llms_from_scratch_ddp_torchrun) that "
+                     "takes nothing from the simulated run: every rank seeds its generator with "
+                     "123 before building the model, so the replay draws the same initial "
+                     "weights on the CPU, then trains as DDP defines; compared: each rank's 3 "
+                     "losses (2 decimals, within 0.011) and accuracies, and the initial and "
+                     "final parameters (rtol 1e-5); the ranks must also start and end equal",
+        expect_stdout=(r"^CUDA available: True$", r"^Number of GPUs available: 2$"),
+        gpus_used=2,
+        ranks=Ranks(world=2, replay="llms_from_scratch_ddp_torchrun"),
+        notes="Header and licence as DDP-script.py (Apache License 2.0).",
     ),
     Program(
         name="nanogpt",

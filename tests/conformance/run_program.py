@@ -14,11 +14,26 @@ devlab is not imported at all. At the end, failure included, the last stdout lin
 the error and the program line that raised it, and a notebook's per-cell outputs. The exit
 status is the program's: 0, 1 for an uncaught exception, or its SystemExit code.
 
+A program with `torchrun` arguments runs under torchrun, in this process as
+`python -m torch.distributed.run ARGS --log-dir DIR --redirects 3 entry ARGV` does: torchrun
+starts its workers with `python -u`, so two ranks' writes could interleave within a line on a
+shared stdout; with `--redirects 3` each rank's stdout and stderr go to its own file, which run
+mode copies to its stdout and stderr, rank by rank, once torchrun returns. For a program with `ranks`, the
+processes it starts (its ranks) are observed: before running it, run mode sets
+CONFORMANCE_OBSERVE to a temporary folder, where the observer (`observer/sitecustomize.py`, on
+the import path of every process) of each rank process writes its record at exit; the result
+line lists them (`processes`), and its `is_used` and `peak` cover them too (per GPU, the
+largest peak any process saw). Their stdout is block-buffered (PYTHONUNBUFFERED is removed for
+them), so that each rank's lines reach the shared pipe whole. Rank 0's checkpoint, if the
+manifest names one, is read back on the CPU into the result line. The CPU run of a program
+whose ranks are replayed (`--replay FILE`, the simulated run's records) runs the replay of
+`references.py` instead of the program.
+
 `run()` is the API the tests use: it starts run mode in a subprocess with PYTHONPATH set to the
-folder holding the devlab that `import devlab` resolves to here (plus the stand-ins), never
-passes on the caller's DEVLAB_SIMULATE_GPUS, applies the program's time limit, and returns the
-exit status, stdout, stderr and parsed result. The helpers below judge a run against the
-manifest; `--report` uses them to print what passes and fails.
+folder holding the devlab that `import devlab` resolves to here (plus the stand-ins and the
+observer), never passes on the caller's DEVLAB_SIMULATE_GPUS, applies the program's time limit,
+and returns the exit status, stdout, stderr and parsed result. The helpers below judge a run
+against the manifest; `--report` uses them to print what passes and fails.
 """
 
 from __future__ import annotations
@@ -51,6 +66,8 @@ import corpus  # noqa: E402
 import datagen  # noqa: E402
 
 MARKER = "CONFORMANCE-RESULT "
+OBSERVER = HERE / "observer"
+OBSERVE_VARIABLE = "CONFORMANCE_OBSERVE"
 
 
 # --------------------------------------------------------------------------- run mode (child)
@@ -134,14 +151,61 @@ def _simulation_report(simulate: int) -> dict[str, Any]:
     return out
 
 
-def run_here(name: str, simulate: int) -> int:
-    """Run mode: run program `name` in this process (see the module docstring)."""
+def _observed(folder: Path) -> list[dict[str, Any]]:
+    """The records the observer wrote in `folder`, one per observed process, by rank."""
+    records = []
+    for path in sorted(folder.glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            records.append(json.loads(path.read_text(encoding="utf-8")))
+    return sorted(records, key=lambda r: (r.get("rank") is None, r.get("rank") or 0, r["pid"]))
+
+
+def _include_processes(report: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """The result line's `is_used` and `peak` cover the observed processes too."""
+    report["processes"] = records
+    for rec in records:
+        report["is_used"] = bool(report.get("is_used")) or bool(rec.get("is_used"))
+        peaks = rec.get("peak") or []
+        mine = report.get("peak") or []
+        report["peak"] = [max(a, b) for a, b in zip(mine + [0] * (len(peaks) - len(mine)),
+                                                    peaks + [0] * (len(mine) - len(peaks)),
+                                                    strict=True)]
+
+
+def _checkpoint_values(path: Path, key: str | None) -> list[float]:
+    """The tensors of a saved state_dict (or of `key` in the dict saved), flattened in order,
+    read on the CPU."""
+    import torch
+
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    state = saved[key] if key is not None else saved
+    return [v for t in state.values() for v in t.detach().reshape(-1).tolist()]
+
+
+def _echo_rank_logs(logs: Path) -> None:
+    """Each torchrun worker's stdout.log and stderr.log (under logs/<run>/attempt_N/<rank>/),
+    onto this process's stdout and stderr, in the order of attempts and ranks."""
+    def order(folder: Path) -> tuple[str, int]:
+        return folder.parent.name, int(folder.name) if folder.name.isdigit() else -1
+
+    for folder in sorted((d for d in logs.glob("*/attempt_*/*") if d.is_dir()), key=order):
+        for name, stream in (("stdout.log", sys.stdout), ("stderr.log", sys.stderr)):
+            with contextlib.suppress(OSError):
+                stream.write((folder / name).read_text(encoding="utf-8", errors="replace"))
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def run_here(name: str, simulate: int, replay: str | None = None) -> int:
+    """Run mode: run program `name` in this process (see the module docstring); with `replay`
+    (the simulated run's records, a JSON file), the CPU replay of references.py instead."""
     program = corpus.get(name)
     if simulate:
         os.environ["DEVLAB_SIMULATE_GPUS"] = str(simulate)
     else:
         os.environ.pop("DEVLAB_SIMULATE_GPUS", None)
     workdir = Path(tempfile.mkdtemp(prefix=f"conformance-{name}-")).resolve()
+    observe = logs = None
     report: dict[str, Any] = {"program": name, "error": None, "error_at": None, "frames": []}
     code = 0
     start = time.perf_counter()
@@ -164,8 +228,25 @@ def run_here(name: str, simulate: int) -> int:
         entry = workdir / program.entry
         argv = program.argv if simulate or program.cpu_argv is None else program.cpu_argv
         sys.argv = [str(entry), *argv]
-        if program.is_notebook:
+        if program.ranks is not None and not replay:
+            observe = Path(tempfile.mkdtemp(prefix=f"conformance-{name}-ranks-")).resolve()
+            os.environ[OBSERVE_VARIABLE] = str(observe)
+            os.environ.pop("PYTHONUNBUFFERED", None)
+        if replay:
+            import references
+
+            assert program.ranks is not None and program.ranks.replay is not None
+            records = json.loads(Path(replay).read_text(encoding="utf-8"))
+            report["replay"] = references.REPLAYS[program.ranks.replay](workdir, records)
+        elif program.is_notebook:
             report["cells"] = _run_notebook(entry)
+        elif program.torchrun:
+            import runpy
+
+            logs = Path(tempfile.mkdtemp(prefix=f"conformance-{name}-logs-")).resolve()
+            sys.argv = ["torchrun", *program.torchrun, "--log-dir", str(logs), "--redirects",
+                        "3", str(entry), *argv]
+            runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
         else:
             import runpy
 
@@ -184,9 +265,17 @@ def run_here(name: str, simulate: int) -> int:
         report["error"] = _error_line(exc)
         report["error_at"], report["frames"] = _frames(exc, workdir)
     finally:
+        if logs is not None:
+            _echo_rank_logs(logs)
         report["seconds"] = round(time.perf_counter() - start, 2)
         try:
             report.update(_simulation_report(simulate))
+            if observe is not None:
+                _include_processes(report, _observed(observe))
+            ranks = program.ranks
+            if ranks is not None and ranks.checkpoint and (workdir / ranks.checkpoint).exists():
+                report["checkpoint"] = _checkpoint_values(workdir / ranks.checkpoint,
+                                                          ranks.checkpoint_key)
         except Exception as exc:  # the report must still be printed
             report["report_error"] = _error_line(exc)
         sys.stdout.flush()
@@ -194,6 +283,9 @@ def run_here(name: str, simulate: int) -> int:
         print(MARKER + json.dumps(report), flush=True)
         os.chdir(HERE)
         shutil.rmtree(workdir, ignore_errors=True)
+        for folder in (observe, logs):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
     return code
 
 
@@ -229,17 +321,29 @@ def devlab_root() -> Path:
 
 
 def run(name: str, simulate_gpus: int = 0, timeout: float | None = None,
-        root: Path | None = None) -> RunResult:
-    """Run program `name` in a fresh subprocess (run mode) and collect what it did."""
+        root: Path | None = None, replay_of: RunResult | None = None) -> RunResult:
+    """Run program `name` in a fresh subprocess (run mode) and collect what it did. The CPU run
+    of a program whose ranks are replayed needs the simulated run to replay (`replay_of`)."""
     program = corpus.get(name)
     env = dict(os.environ)
     env.pop("DEVLAB_SIMULATE_GPUS", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(root or devlab_root()), str(corpus.STANDINS)])
+    env.pop(OBSERVE_VARIABLE, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(root or devlab_root()), str(corpus.STANDINS),
+                                         str(OBSERVER)])
     env["MPLBACKEND"] = "Agg"
     env["PYTHONUNBUFFERED"] = "1"
     cmd = [sys.executable, str(Path(__file__).resolve()), name]
     if simulate_gpus:
         cmd += ["--simulate-gpus", str(simulate_gpus)]
+    records = None
+    if not simulate_gpus and program.replays:
+        if replay_of is None or replay_of.report is None:
+            raise ValueError(f"{name}: the CPU run replays the simulated run's ranks; "
+                             "pass the simulated run (with its result line) as replay_of")
+        fd, records = tempfile.mkstemp(prefix=f"conformance-{name}-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(replay_of.report.get("processes") or [], f)
+        cmd += ["--replay", records]
     limit = timeout if timeout is not None else program.timeout
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=str(HERE), stdout=subprocess.PIPE,
@@ -252,6 +356,9 @@ def run(name: str, simulate_gpus: int = 0, timeout: float | None = None,
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
+    finally:
+        if records is not None:
+            os.unlink(records)
     seconds = time.perf_counter() - start
     report = None
     lines = out.splitlines(keepends=True)
@@ -267,6 +374,12 @@ def run(name: str, simulate_gpus: int = 0, timeout: float | None = None,
 def numbers(text: str, spec: corpus.Compare) -> list[float]:
     """The numbers `spec` takes from a run's stdout (see corpus.Compare)."""
     lines = text.splitlines(keepends=True)
+    if spec.by_process:
+        def process(line: str) -> str:
+            m = re.search(spec.by_process, line)
+            return m.group(1) if m else ""
+
+        lines = sorted(lines, key=process)  # stable: each process's lines keep their order
     start, stop = 0, len(lines)
     if spec.after:
         start = next((i for i, ln in enumerate(lines) if re.search(spec.after, ln)), len(lines))
@@ -327,6 +440,63 @@ def notebook_mismatches(program: corpus.Program, report: dict[str, Any]) -> list
     return problems
 
 
+def rank_problems(program: corpus.Program, report: dict[str, Any],
+                  replay: dict[str, Any] | None = None) -> list[str]:
+    """What the observed rank processes of a simulated run (`report`, its result line) break of
+    the manifest's `ranks` (see corpus.Ranks); `replay`: the CPU replay's result line."""
+    ranks = program.ranks
+    assert ranks is not None
+    records = [r for r in report.get("processes") or [] if r.get("rank") is not None]
+    found = sorted(r["rank"] for r in records)
+    if found != list(range(ranks.world)):
+        return [f"observed ranks {found} (processes: {len(report.get('processes') or [])}), "
+                f"expected ranks 0..{ranks.world - 1}"]
+    out = [f"rank {r['rank']}: observer error {e}" for r in records for e in r["errors"]]
+    for r in records:
+        peaks = r.get("peak") or []
+        if not r.get("is_used") or r["rank"] >= len(peaks) or not peaks[r["rank"]]:
+            out.append(f"rank {r['rank']} did not hold tensors on cuda:{r['rank']}: peaks {peaks}")
+        if not r["steps"] or r["initial"] is None or r["final"] is None:
+            out.append(f"rank {r['rank']} never stepped its optimizer")
+    if out:
+        return out
+    rank0 = records[0]
+    for r in records[1:]:
+        if r["initial"] != rank0["initial"]:
+            out.append(f"rank {r['rank']} started from other parameters than rank 0 "
+                       "(DDP broadcasts rank 0's)")
+        if r["final"] != rank0["final"]:
+            out.append(f"rank {r['rank']} ended with other parameters than rank 0")
+    if ranks.unchanged and rank0["final"] != rank0["initial"]:
+        out.append("the final parameters differ from the initial ones (the loss's gradient is 0)")
+    if ranks.checkpoint:
+        saved = report.get("checkpoint")
+        if saved is None:
+            out.append(f"no checkpoint {ranks.checkpoint} could be read: "
+                       f"{report.get('report_error')}")
+        elif saved != rank0["final"]:
+            out.append(f"{ranks.checkpoint} does not hold rank 0's final parameters")
+    if ranks.replay:
+        replayed = (replay or {}).get("replay") or {}
+        if replayed.get("final") is None:
+            out.append("the CPU replay gave no final parameters")
+        for which in ("initial", "final"):
+            values = replayed.get(which)
+            if values is None:
+                continue
+            if len(values) != len(rank0[which]):
+                out.append(f"{len(values)} {which} parameters in the CPU replay, "
+                           f"{len(rank0[which])} on rank 0")
+                continue
+            bad = [i for i, (s, c) in enumerate(zip(rank0[which], values, strict=True))
+                   if not math.isclose(s, c, rel_tol=ranks.rtol, abs_tol=ranks.atol)]
+            if bad:
+                out.append(f"{len(bad)} of {len(values)} {which} parameters differ from the CPU "
+                           f"replay's, e.g. #{bad[0]}: {rank0[which][bad[0]]} vs "
+                           f"{values[bad[0]]}")
+    return out
+
+
 def problems(program: corpus.Program, sim: RunResult, cpu: RunResult | None) -> list[str]:
     """Everything about a simulated run (and its CPU twin) that breaks the manifest."""
     out: list[str] = []
@@ -355,6 +525,8 @@ def problems(program: corpus.Program, sim: RunResult, cpu: RunResult | None) -> 
             out.append(f"stdout lacks {pattern!r}")
     if program.notebook_cells:
         out.extend(notebook_mismatches(program, rep))
+    if program.ranks is not None:
+        out.extend(rank_problems(program, rep, cpu.report if cpu is not None else None))
     if program.compare is not None:
         if cpu is None or cpu.returncode != 0:
             out.append("the CPU run failed: " + (cpu.describe() if cpu else "not run"))
@@ -373,8 +545,9 @@ def _report(names: list[str], gpus: int, json_path: str | None) -> int:
     total = 0.0
     for name in names or [p.name for p in corpus.CORPUS]:
         program = corpus.get(name)
-        cpu = run(name, 0) if program.compare is not None else None
         sim = run(name, gpus)
+        cpu = (run(name, 0, replay_of=sim) if program.replays
+               else run(name, 0) if program.compare is not None else None)
         total += sim.seconds + (cpu.seconds if cpu else 0.0)
         found = problems(program, sim, cpu)
         rep = sim.report or {}
@@ -403,12 +576,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true",
                         help="run each program on the CPU and on N (default 2) simulated GPUs")
     parser.add_argument("--json", help="with --report: write the results here")
+    parser.add_argument("--replay", metavar="FILE",
+                        help="the CPU run of a program whose ranks are replayed: the simulated "
+                             "run's observed processes (JSON)")
     args = parser.parse_args(argv)
     if args.report:
         return _report(args.names, args.simulate_gpus or 2, args.json)
     if len(args.names) != 1:
         parser.error("give one program name (or --report)")
-    return run_here(args.names[0], args.simulate_gpus)
+    if args.replay and args.simulate_gpus:
+        parser.error("--replay is a CPU run: without --simulate-gpus")
+    return run_here(args.names[0], args.simulate_gpus, args.replay)
 
 
 if __name__ == "__main__":

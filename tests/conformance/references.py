@@ -1,0 +1,104 @@
+"""CPU replays: the CPU run of a corpus program that cannot run on a CPU as it is.
+
+A DDP program hard-codes `init_process_group("nccl")` and one GPU per rank, so it has no CPU
+run. Its replay computes on the CPU, in one process, what DDP defines its ranks to compute:
+every rank starts from the same parameters (DDP broadcasts rank 0's), takes its own batches
+(DistributedSampler with that rank's number), and every step applies the mean of the ranks'
+gradients. It starts from the initial parameters the program's ranks draw: from the same seed
+where the program seeds its ranks, else from those the observer recorded in the simulated
+run's rank 0 (each new process's random generator starts from a different seed, so no other
+process can draw the same ones). It uses the program's own classes and functions (its file is
+run with a name other than `__main__`, so its launching code does not run), prints the lines
+the program prints, and returns the initial and final parameters. Everything runs on the CPU;
+devlab is not imported.
+"""
+
+from __future__ import annotations
+
+import runpy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def _initial(records: list[dict[str, Any]]) -> tuple[list[float], int]:
+    """Rank 0's initial parameters and the world size, from the observer's records."""
+    (rank0,) = [r for r in records if r.get("rank") == 0]
+    return rank0["initial"], int(rank0["world_size"])
+
+
+def _llms_ddp(folder: Path, entry: str, records: list[dict[str, Any]],
+              seed: int | None) -> dict[str, Any]:
+    """LLMs-from-scratch's DDP scripts (appendix A): 3 epochs of SGD (lr 0.5) on their toy
+    data, batch size 2 per rank with drop_last, then each rank's training and test accuracy.
+    With `seed`, the initial parameters are drawn on the CPU as each rank draws them (the
+    script seeds every rank with it before building the model); else rank 0's recorded ones."""
+    program = runpy.run_path(str(folder / entry), run_name="conformance_replay")
+    recorded, world = _initial(records)
+    num_epochs = 3  # as the program's __main__ block sets it
+    if seed is not None:
+        torch.manual_seed(seed)
+    # prepare_dataset() builds a DistributedSampler, which needs a process group: a
+    # one-process group gives it one; only its datasets are used.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        train_loader, test_loader = program["prepare_dataset"]()
+    finally:
+        dist.destroy_process_group()
+    train_ds = train_loader.dataset
+    loaders = [DataLoader(train_ds, batch_size=2, shuffle=False, drop_last=True,
+                          sampler=DistributedSampler(train_ds, num_replicas=world, rank=r))
+               for r in range(world)]
+    model = program["NeuralNetwork"](num_inputs=2, num_outputs=2)
+    if seed is None:
+        torch.nn.utils.vector_to_parameters(torch.tensor(recorded), model.parameters())
+    initial = torch.nn.utils.parameters_to_vector(model.parameters()).tolist()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    lines: list[list[str]] = [[] for _ in range(world)]
+    for epoch in range(num_epochs):
+        for loader in loaders:
+            loader.sampler.set_epoch(epoch)
+        model.train()
+        for batches in zip(*loaders, strict=True):
+            optimizer.zero_grad()
+            for rank, (features, labels) in enumerate(batches):
+                loss = F.cross_entropy(model(features), labels)
+                (loss / world).backward()  # DDP: the mean of the ranks' gradients
+                lines[rank].append(f"[GPU{rank}] Epoch: {epoch+1:03d}/{num_epochs:03d}"
+                                   f" | Batchsize {labels.shape[0]:03d}"
+                                   f" | Train/Val Loss: {loss:.2f}")
+            optimizer.step()
+    model.eval()
+    for rank in range(world):
+        train_acc = program["compute_accuracy"](model, loaders[rank], device="cpu")
+        lines[rank].append(f"[GPU{rank}] Training accuracy {train_acc}")
+        test_acc = program["compute_accuracy"](model, test_loader, device="cpu")
+        lines[rank].append(f"[GPU{rank}] Test accuracy {test_acc}")
+    for rank_lines in lines:
+        print("\n".join(rank_lines), flush=True)
+    return {"initial": initial,
+            "final": torch.nn.utils.parameters_to_vector(model.parameters()).tolist()}
+
+
+def llms_from_scratch_ddp(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """DDP-script.py: its ranks, started by mp.spawn, draw their initial weights unseeded (the
+    script seeds only the parent), so the replay starts from rank 0's recorded ones."""
+    return _llms_ddp(folder, "DDP-script.py", records, seed=None)
+
+
+def llms_from_scratch_ddp_torchrun(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """DDP-script-torchrun.py: every rank calls torch.manual_seed(123) before building the
+    model, so the replay draws the same initial weights on the CPU: nothing is taken from the
+    simulated run but the world size."""
+    return _llms_ddp(folder, "DDP-script-torchrun.py", records, seed=123)
+
+
+REPLAYS: dict[str, Callable[[Path, list[dict[str, Any]]], dict[str, Any]]] = {
+    "llms_from_scratch_ddp": llms_from_scratch_ddp,
+    "llms_from_scratch_ddp_torchrun": llms_from_scratch_ddp_torchrun,
+}
