@@ -199,10 +199,15 @@ def _elastic(nprocs: int, method: str, run_id: str, run_dir: Path, spec: dict[st
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    # A stopped rank gets 3 s to exit before it is killed; torch 2.11's LaunchConfig has no
+    # such field, and gives its default (30 s).
+    quick = ({"shutdown_timeout": 3}
+             if any(f.name == "shutdown_timeout" for f in dataclasses.fields(LaunchConfig))
+             else {})
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=run_id,
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-        monitor_interval=0.05, start_method=method, shutdown_timeout=3,
+        monitor_interval=0.05, start_method=method, **quick,
         logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "torchelastic"), redirects=Std.ALL,
                                     tee=Std.ALL),
         log_line_prefix_template="[rank${rank}] ")

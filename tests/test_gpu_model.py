@@ -168,8 +168,9 @@ def test_attribute_reads_and_writes_launch_no_kernel(t4) -> None:
     other = torch.randn(256, 256, device="cuda:1")
 
     def metadata() -> None:
-        p.grad.shape, p.dtype, p.requires_grad
+        read = (p.grad.shape, p.dtype, p.requires_grad)
         p.grad = None  # what zero_grad does
+        assert read == ((256, 256), torch.float32, True)
         p.data = other  # what Module._apply does across devices, as on CUDA
 
     assert simulated.explain(metadata).ops == []

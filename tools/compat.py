@@ -35,7 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 UNIT_MARKERS = "not notebook and not browser and not binder"
 NOTEBOOK_TESTS = ["tests/test_simulated_notebook.py"]
-TEST_TOOLS = ["pytest>=7", "hypothesis>=6", "nbclient>=0.9", "nbformat>=5.9", "nbconvert>=7", "ipykernel>=6"]
+# pyproject's `test` extra without the browser and Binder tools these tests leave out.
+TEST_TOOLS = ["pytest>=7", "hypothesis>=6", "nbclient>=0.9", "nbformat>=5.9", "nbconvert>=7",
+              "ipykernel>=6", "setuptools>=70.1"]
 # torch's requirements that only a CUDA build has, and that torch imports without.
 CUDA_ONLY = re.compile(r"^(nvidia-|triton|cuda-)", re.I)
 
