@@ -13,7 +13,9 @@ the simulated GPUs: the way coverage.py measures subprocesses.
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Callable
 from importlib.abc import MetaPathFinder
 from importlib.machinery import ModuleSpec
 from types import ModuleType
@@ -32,13 +34,18 @@ def _start() -> None:
 
 class AfterTorch(MetaPathFinder):
     """Finds nothing itself: when `torch` is imported, it wraps the loader that will execute
-    it, so that devlab starts as soon as torch is complete."""
+    it, so that `then()` runs as soon as torch is complete. (The conformance corpus's observer
+    of rank processes uses one too.)"""
+
+    def __init__(self, then: Callable[[], None]) -> None:
+        self.then = then
 
     def find_spec(self, name: str, path: Any = None, target: ModuleType | None = None
                   ) -> ModuleSpec | None:
         if name != "torch":
             return None
-        uninstall()
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find is not None else None
@@ -50,16 +57,17 @@ class AfterTorch(MetaPathFinder):
         exec_module = getattr(loader, "exec_module", None)
         if exec_module is None:
             return spec
+        then = self.then
 
-        def exec_then_start(module: ModuleType) -> None:
+        def exec_then(module: ModuleType) -> None:
             exec_module(module)
-            _start()
+            then()
 
-        loader.exec_module = exec_then_start  # type: ignore[union-attr]  # this spec's loader
+        loader.exec_module = exec_then  # type: ignore[union-attr]  # this spec's loader
         return spec
 
 
-_finder = AfterTorch()
+_finder = AfterTorch(_start)
 
 
 def install() -> None:
@@ -75,4 +83,5 @@ def uninstall() -> None:
         sys.meta_path.remove(_finder)
 
 
-install()
+if os.environ.get(VARIABLE, "").strip() not in ("", "0"):  # as the .pth line asks
+    install()

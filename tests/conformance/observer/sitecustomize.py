@@ -93,38 +93,6 @@ class _Observer:
         os.replace(path + ".tmp", path)
 
 
-class _AfterTorch:
-    """A meta path finder that finds nothing itself: when `torch` is imported, it wraps the
-    loader that executes it, so the observer starts once torch is complete (devlab's start-up
-    hook, which does the same, keeps working: this wraps its wrapper)."""
-
-    def __init__(self, observer: _Observer) -> None:
-        self.observer = observer
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch":
-            return None
-        sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        exec_module = getattr(spec.loader, "exec_module", None)
-        if exec_module is None:
-            return spec
-        observer = self.observer
-
-        def exec_then_observe(module: Any) -> None:
-            exec_module(module)
-            observer.start()
-
-        spec.loader.exec_module = exec_then_observe
-        return spec
-
-
 if _FOLDER:
     import atexit
 
@@ -133,4 +101,8 @@ if _FOLDER:
     if "torch" in sys.modules:
         _observer.start()
     else:
-        sys.meta_path.insert(0, _AfterTorch(_observer))
+        # devlab's start-up hook waits for torch the same way (its finder is on the path, as
+        # devlab is): this one goes first and wraps the hook's wrapper.
+        from _devlab_autostart import AfterTorch
+
+        sys.meta_path.insert(0, AfterTorch(_observer.start))
