@@ -149,6 +149,10 @@ class Program:
 
 TUTORIALS = "pytorch/tutorials"
 EXAMPLES = "pytorch/examples"
+# The DDP tutorial series' data helper, read by each of its programs.
+DDP_SERIES_DATAUTILS = SourceFile(
+    "distributed/ddp-tutorial-series/datautils.py", "a7e31a5df144e014866521dc97c0c1fb259b24ec",
+    "datautils.py", 693, "21681fe4c9bc6e844e9624da832cfd896b812772553957cf9bd6cc150fa4fce3")
 
 CORPUS: tuple[Program, ...] = (
     Program(
@@ -315,9 +319,7 @@ CORPUS: tuple[Program, ...] = (
             SourceFile("distributed/ddp-tutorial-series/single_gpu.py",
                        "11902294ca8f334cc12f94b367d7b1ee2cab1283", "single_gpu.py",
                        2784, "f30eeeb5b713c8f290d78f78bc8ebfbd22f518fa239aea111e9b32e32e99be03"),
-            SourceFile("distributed/ddp-tutorial-series/datautils.py",
-                       "a7e31a5df144e014866521dc97c0c1fb259b24ec", "datautils.py",
-                       693, "21681fe4c9bc6e844e9624da832cfd896b812772553957cf9bd6cc150fa4fce3"),
+            DDP_SERIES_DATAUTILS,
         ),
         licence=BSD3_EXAMPLES,
         entry="single_gpu.py",
@@ -338,9 +340,7 @@ CORPUS: tuple[Program, ...] = (
             SourceFile("distributed/ddp-tutorial-series/multigpu.py",
                        "f62b4aec7bff832fc65b59aa62d60e94ddd6b39e", "multigpu.py",
                        3678, "faeb2eb580ec0d9e5f8ffd6b507bc6b9908c0bc03bbfc8c8e7aae0b472b3a99d"),
-            SourceFile("distributed/ddp-tutorial-series/datautils.py",
-                       "a7e31a5df144e014866521dc97c0c1fb259b24ec", "datautils.py",
-                       693, "21681fe4c9bc6e844e9624da832cfd896b812772553957cf9bd6cc150fa4fce3"),
+            DDP_SERIES_DATAUTILS,
         ),
         licence=BSD3_EXAMPLES,
         entry="multigpu.py",
@@ -379,9 +379,7 @@ CORPUS: tuple[Program, ...] = (
             SourceFile("distributed/ddp-tutorial-series/multigpu_torchrun.py",
                        "f62b4aec7bff832fc65b59aa62d60e94ddd6b39e", "multigpu_torchrun.py",
                        4025, "5a6c134e061f1b0decd23389c987e4e4de582259b549666ce3625613c8f531ae"),
-            SourceFile("distributed/ddp-tutorial-series/datautils.py",
-                       "a7e31a5df144e014866521dc97c0c1fb259b24ec", "datautils.py",
-                       693, "21681fe4c9bc6e844e9624da832cfd896b812772553957cf9bd6cc150fa4fce3"),
+            DDP_SERIES_DATAUTILS,
         ),
         licence=BSD3_EXAMPLES,
         entry="multigpu_torchrun.py",
@@ -416,9 +414,7 @@ CORPUS: tuple[Program, ...] = (
             SourceFile("distributed/ddp-tutorial-series/multinode.py",
                        "17f4f9a5d66c6da5b348d032cd6a6e2410760952", "multinode.py",
                        4719, "98a72630510a6c2561799e3f032cac6c5918bcd11cf2f8f18928a2023da521b3"),
-            SourceFile("distributed/ddp-tutorial-series/datautils.py",
-                       "a7e31a5df144e014866521dc97c0c1fb259b24ec", "datautils.py",
-                       693, "21681fe4c9bc6e844e9624da832cfd896b812772553957cf9bd6cc150fa4fce3"),
+            DDP_SERIES_DATAUTILS,
         ),
         licence=BSD3_EXAMPLES,
         entry="multinode.py",
