@@ -314,14 +314,9 @@ def reset_peak(index: int) -> None:
 
 def synchronize(index: int | None = None) -> None:
     """Wait for queued work on simulated GPU `index` (all GPUs if None)."""
-    if index is None:
-        _workers.wait_all()
-    else:
+    if index is not None:
         _device(index)
-        _workers.wait(index)
-    sess = _session.session
-    if sess is not None and sess.clock is not None:
-        sess.clock.sync(index)
+    _workers.host_sync(index)
 
 
 def explain(fn: Any) -> Any:

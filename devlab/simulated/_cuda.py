@@ -34,13 +34,6 @@ def device_name(index: int) -> str:
     return f"Simulated GPU {index} ({modeled}CPU-backed)"
 
 
-def _clock_sync(index: int | None) -> None:
-    """With a performance model, the host's modeled clock waits for the GPU(s) too."""
-    sess = _session.session
-    if sess is not None and sess.clock is not None:
-        sess.clock.sync(index)
-
-
 def total_memory(index: int) -> int:
     """A simulated GPU's capacity: its limit, or the host's memory when unlimited."""
     lim = _gpu(index).limit
@@ -131,14 +124,8 @@ def synchronize(device: Any = None) -> None:
     CUDA's synchronize() waits for the current device only, but d2l and most timing code
     call it meaning "wait for the GPUs", and waiting for all keeps such timings honest here.
     """
-    if device is None:
-        _devices.cuda_index(None)
-        _workers.wait_all()
-        _clock_sync(None)
-    else:
-        index = _devices.cuda_index(device)
-        _workers.wait(index)
-        _clock_sync(index)
+    index = _devices.cuda_index(device)
+    _workers.host_sync(None if device is None else index)
 
 
 @entry
@@ -325,8 +312,7 @@ class Stream:
 
     @entry
     def synchronize(self) -> None:
-        _workers.wait(self.device_index)
-        _clock_sync(self.device_index)
+        _workers.host_sync(self.device_index)
 
     def query(self) -> bool:
         return _workers.idle(self.device_index)
@@ -395,8 +381,7 @@ class Event:
     @entry
     def synchronize(self) -> None:
         if self.device_index is not None:
-            _workers.wait(self.device_index)
-            _clock_sync(self.device_index)
+            _workers.host_sync(self.device_index)
 
     def wait(self, stream: Any = None) -> None:
         """See Stream.wait_stream."""

@@ -33,21 +33,11 @@ Tensor = torch.Tensor
 _DisableTF = torch._C.DisableTorchFunction
 
 
-def _tensors(values: Any) -> list[Tensor]:
-    out: list[Tensor] = []
-    for v in values:
-        if isinstance(v, Tensor):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            out.extend(t for t in v if isinstance(t, Tensor))
-    return out
-
-
 def _place(func: Any, args: tuple, kwargs: dict) -> tuple[int | None, list]:
     """(the device of an op torch issued from C++, the storages of its host inputs), adopting
     the host tensors it made for a GPU."""
     current = getattr(tls, "index", None)
-    ts = _tensors((*args, *kwargs.values()))
+    ts = _ops.tensors_of(args, kwargs)
     storages = [storage_of(t) for t in ts]
     marks = [live_mark(s) for s in storages]
     first = next((m.index for m in marks if m is not None), None)

@@ -15,6 +15,7 @@ torch.distributed is answered here:
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from typing import Any
@@ -51,6 +52,7 @@ def _with_gloo(original: Any, position: int) -> Any:
     """`original` with its backend argument (keyword `backend`, or positional `position`)
     mapped through `gloo_for_nccl`."""
 
+    @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
         if "backend" in kwargs:
@@ -65,10 +67,6 @@ def _with_gloo(original: Any, position: int) -> Any:
                 _tell_once()
         return original(*args, **kwargs)
 
-    patched.__name__ = original.__name__
-    patched.__qualname__ = original.__qualname__
-    patched.__doc__ = original.__doc__
-    patched.__wrapped__ = original  # type: ignore[attr-defined]
     return patched
 
 

@@ -39,9 +39,9 @@ class Explanation:
     @property
     def bound(self) -> str:
         """What limits the work as a whole: the part with the largest share of the time."""
-        parts = self.parts()
         if not self.ops:
             return LAUNCH
+        parts = self.parts()
         return max(parts, key=parts.__getitem__)
 
     def parts(self) -> dict[str, float]:

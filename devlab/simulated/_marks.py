@@ -162,7 +162,7 @@ def mark_one(s: torch.UntypedStorage, index: int) -> None:
     sess = _session.session
     if sess is None:
         return
-    nb = (s.nbytes() + BLOCK - 1) & -BLOCK
+    nb = rounded(s.nbytes())
     with _session.lock:
         _charge(sess.devices[index], nb)
     setattr(s, MARK, Mark(s, index, sess, nb))

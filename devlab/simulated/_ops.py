@@ -141,8 +141,7 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
         index, host = common_device(func, args, kwargs)
     if index is None:
         return call(None, func, args, kwargs)
-    if _workers._pending_total or _workers._has_error:  # the op may read a queued op's output
-        _workers.wait(index)
+    _workers.wait(index)  # the op may read a queued op's output
     out = call(index, func, args, kwargs)
     fresh = mark_outputs(out, index, host)
     charges = _session.session.charges  # type: ignore[union-attr]  # a GPU op: one runs

@@ -31,7 +31,7 @@ import torch
 from . import _devices
 from ._devices import DEVICE_TYPE
 from ._errors import entry
-from ._marks import mark_of
+from ._marks import index_of
 from ._patcher import Patcher
 
 _orig_group = torch._C._group_tensors_by_device_and_dtype
@@ -50,7 +50,7 @@ def group_tensors_by_device_and_dtype(
     """
     if not tensorlistlist or not tensorlistlist[0]:
         return _orig_group(tensorlistlist, with_indices)
-    places = [_index(t) for t in tensorlistlist[0]]
+    places = [None if t is None else index_of(t) for t in tensorlistlist[0]]
     if len(set(places)) == 1:  # one device: C++ groups by dtype, the keys get the device
         grouped = _orig_group(tensorlistlist, with_indices)
         if places[0] is None:
@@ -67,14 +67,6 @@ def group_tensors_by_device_and_dtype(
             result[(device, dtype)] = (lists, [picked[i] for i in indices] if with_indices
                                        else [])
     return result
-
-
-def _index(t: torch.Tensor | None) -> int | None:
-    if t is None:
-        return None
-    m = mark_of(t)
-    return None if m is None else m.index
-
 
 
 class _StandIn(type):

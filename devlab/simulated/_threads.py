@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode, _pop_mode, _push_mode
@@ -33,46 +32,33 @@ def push_routing() -> SimulationMode:
     return mode
 
 
-class _Stack:
-    """A mode stack of this thread, through torch's own push, pop and length."""
-
-    def __init__(self, push: Any, pop: Any, length: Any) -> None:
-        self.push, self.pop, self.length = push, pop, length
-
-    def remove(self, mode: object) -> bool:
-        """Take `mode` off the stack, keeping the modes above it in order."""
-        above = []
-        found = False
-        while self.length():
-            m = self.pop()
-            if m is mode:
-                found = True
-                break
-            above.append(m)
-        for m in reversed(above):
-            self.push(m)
-        return found
-
-    def restore(self, stack: list) -> None:
-        """Make the stack `stack` again (bottom first), keeping any mode pushed on top
-        meanwhile above it."""
-        extra = []
-        while self.length():
-            m = self.pop()
-            if not any(m is s for s in stack):
-                extra.append(m)
-        for m in stack:
-            self.push(m)
-        for m in reversed(extra):
-            self.push(m)
-
-
-FUNCTION_MODES = _Stack(_push_mode, _pop_mode, torch._C._len_torch_function_stack)
-
-
 def remove_mode(mode: TorchFunctionMode) -> bool:
     """Take `mode` off this thread's function mode stack, keeping the modes above it."""
-    return FUNCTION_MODES.remove(mode)
+    above = []
+    found = False
+    while torch._C._len_torch_function_stack():
+        m = _pop_mode()
+        if m is mode:
+            found = True
+            break
+        above.append(m)
+    for m in reversed(above):
+        _push_mode(m)
+    return found
+
+
+def _restore(stack: list) -> None:
+    """Make this thread's function mode stack `stack` again (bottom first), keeping any mode
+    pushed on top meanwhile above it."""
+    extra = []
+    while torch._C._len_torch_function_stack():
+        m = _pop_mode()
+        if not any(m is s for s in stack):
+            extra.append(m)
+    for m in stack:
+        _push_mode(m)
+    for m in reversed(extra):
+        _push_mode(m)
 
 
 def pop_routing(mode: SimulationMode) -> None:
@@ -92,7 +78,7 @@ def suspended() -> Iterator[None]:
     try:
         yield
     finally:
-        FUNCTION_MODES.restore(functions)
+        _restore(functions)
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from devlab.host import cpu_cores
 
 from . import _session
 
-# Launched-but-unfinished ops over all workers, and whether a worker holds an error: busy()
+# Launched-but-unfinished ops over all workers, and whether a worker holds an error: wait()
 # reads just these two on every op.
 _pending_total = 0
 _has_error = False
@@ -90,11 +90,6 @@ class _Worker:
             raise err
 
 
-def busy() -> bool:
-    """True while any GPU has queued work or an error not yet reported."""
-    return bool(_pending_total or _has_error)
-
-
 def submit(index: int, fn: Callable[[], None]) -> None:
     """Queue fn on simulated GPU `index`'s worker (started on first use)."""
     w = _workers.get(index)
@@ -131,6 +126,18 @@ def at_queue_end(index: int, fn: Callable[[], None]) -> None:
 def wait_all() -> None:
     for w in list(_workers.values()):
         w.wait()
+
+
+def host_sync(index: int | None = None) -> None:
+    """The host waits for simulated GPU `index` (every GPU's if None), as `synchronize()`
+    does: for its queued work, and on a modeled GPU for the modeled clock's queue too."""
+    if index is None:
+        wait_all()
+    else:
+        wait(index)
+    sess = _session.session
+    if sess is not None and sess.clock is not None:
+        sess.clock.sync(index)
 
 
 def shutdown() -> None:
