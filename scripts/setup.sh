@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv at the repo root and installs devlab with its extras.
-# torch is pinned to the CPU build first so that resolving devlab's `torch>=2.1`
+# torch is pinned to the CPU build first so that resolving devlab's `torch>=2.11,<2.16`
 # installs nothing more (a bare `torch` requirement would pull a multi-GB CUDA build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
