@@ -158,13 +158,6 @@ class TimingResult:
     modeled: str | None = None  # the real GPU whose specifications gave these times
 
     @property
-    def model_note(self) -> str | None:
-        """For modeled times: where they come from."""
-        if self.modeled is None:
-            return None
-        return f"{self.label}: modeled from {self.modeled} specifications, not measured"
-
-    @property
     def median(self) -> float:
         return statistics.median(self.times)
 
@@ -212,7 +205,7 @@ class TimingResult:
         return str(self)
 
     def __str__(self) -> str:
-        modeled = f" [{self.model_note}]" if self.modeled else ""
+        modeled = f" [modeled from {self.modeled} specifications, not measured]" if self.modeled else ""
         return (f"{self.label}: {format_seconds(self.median)} per call (median), "
                 f"IQR {format_seconds(self.iqr)}, {self.repeats} x {self.number} calls{modeled}")
 
