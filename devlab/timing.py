@@ -242,6 +242,24 @@ def _mismatch(named: str, device: torch.device, ran: set[torch.device]) -> Devic
         f"tensors {make}.")
 
 
+def _drop_own_frames(err: BaseException) -> None:
+    """A `DeviceMismatch` is the caller's mistake: its traceback ends at the caller's line,
+    without this module's frames (a bare `raise` keeps the edited traceback on 3.11+)."""
+    if not isinstance(err, DeviceMismatch):
+        return
+    kept = []
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename != __file__:
+            kept.append(tb)
+        tb = tb.tb_next
+    for outer, inner in zip(kept, kept[1:], strict=False):
+        outer.tb_next = inner
+    if kept:
+        kept[-1].tb_next = None
+    err.__traceback__ = kept[0] if kept else None
+
+
 def _check_where(named: str, device: torch.device, ran: set[torch.device]) -> None:
     """Refuse work that did not run on `device`; accept work on it (and on others too)."""
     gpus = {d for d in ran if d.type != "cpu"}
@@ -494,12 +512,13 @@ def time_on_device(
                 if progress is not None and clock() - last_report > 0.1:
                     last_report = clock()
                     progress(min(1.0, max(len(times) / repeats, measured / max(min_time, 1e-9))))
-    except BaseException:
+    except BaseException as e:
         # Whatever stopped the timing (an error in fn, a refusal, an interrupt), the work it
         # queued is finished now, not in whatever runs next. The error itself is what shows.
         _add(waited, set_up.devices | seen.devices)  # as far as they were seen
         with contextlib.suppress(Exception):
             _sync_all(waited)()
+        _drop_own_frames(e)
         raise
     if progress is not None:
         progress(1.0)
@@ -670,7 +689,11 @@ def compare(
         raise ValueError("no devices to compare")
     comparison = Comparison()
     for device, f in pairs:
-        result = comparison.add(time_on_device(f, device, **timing))
+        try:
+            result = comparison.add(time_on_device(f, device, **timing))
+        except DeviceMismatch as e:
+            _drop_own_frames(e)
+            raise
         if on_result is not None:
             on_result(result)
     return comparison

@@ -219,6 +219,15 @@ def test_matmul_times_every_size_on_the_cpu_and_a_simulated_gpu() -> None:
     json.dumps(d)  # plain Python
 
 
+def test_the_matmul_plot_names_the_devices_as_the_table_does() -> None:
+    devlab.config.simulate_gpus(1, model="T4")
+    r = exercises.matmul_cpu_vs_gpu(sizes=(8, 16), **FAST)
+    legend = [t.get_text() for t in r.plot().axes[0].get_legend().get_texts()]
+    assert legend[:2] == ["CPU:0", "GPU:0 (modeled T4)"]
+    assert "GPU:0 (modeled T4) time" in r.headers
+    assert not any("simulated" in t for t in legend)
+
+
 def test_matmul_takes_tensorflow_names_for_the_gpu() -> None:
     devlab.config.simulate_gpus(2)
     r = exercises.matmul_cpu_vs_gpu(sizes=(8,), device="/device:GPU:1", **FAST)
