@@ -492,11 +492,16 @@ def time_on_device(
                 fn()
             sync()
             if number is None:
-                t0 = clock()
-                fn()
-                sync()
-                one = clock() - t0
-                # The call above is one more warm-up; it sizes the blocks.
+                # One more warm-up call sizes the blocks; a quick one is tried thrice, so one
+                # call that waited for the machine does not shrink every block to one call.
+                one = math.inf
+                for _ in range(3):
+                    t0 = clock()
+                    fn()
+                    sync()
+                    one = min(one, clock() - t0)
+                    if one >= _BLOCK_TIME:
+                        break
                 number = max(1, min(int(_BLOCK_TIME / max(one, 1e-9)), 1_000_000))
             measured = 0.0
             last_report = clock()

@@ -15,8 +15,10 @@ from devlab.timing import Comparison, TimingResult, compare, format_seconds, tim
 
 
 def test_median_of_a_known_duration():
+    # Bounds load cannot move: sleep overshoots (more on a busy machine), never undershoots.
+    # How close devlab comes to torch's own Timer is benchmarks/timing.py's to print.
     r = time_on_device(lambda: time.sleep(0.002), "cpu", min_time=0.1)
-    assert 0.002 <= r.median < 0.005  # sleep overshoots a little, never undershoots
+    assert 0.002 <= r.min <= r.median
     assert r.q1 <= r.median <= r.q3 and r.iqr >= 0
     assert r.number == 1  # a 2 ms call is its own block
     assert r.total >= 0.1 and r.repeats >= 5
@@ -34,7 +36,7 @@ def test_tiny_calls_are_grouped_into_blocks():
     x = torch.ones(4)
     r = time_on_device(lambda: x.add_(1), "cpu", min_time=0.05)
     assert r.number > 10  # microsecond calls: many per block, so the clock is exact
-    assert r.median < 1e-4
+    assert r.min < 1e-4  # the fastest block: what load cannot slow down
 
 
 def test_repeats_until_min_time():
@@ -138,16 +140,16 @@ def test_synchronize_makes_asynchronous_work_count(monkeypatch):
     monkeypatch.setattr(timing, "_on_device", lambda name, d: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", dev.synchronize)
 
-    # What %timeit sees: the launch only.
-    t0 = time.perf_counter()
+    # What %timeit sees: the launch only (the fastest of ten, as load only adds time).
+    launches = []
     for _ in range(10):
+        t0 = time.perf_counter()
         dev.launch()
-    naive = (time.perf_counter() - t0) / 10
+        launches.append(time.perf_counter() - t0)
     dev.synchronize()
 
     r = time_on_device(dev.launch, torch.device("cuda", 0), min_time=0.05)
-    assert naive < 0.0005
-    assert 0.003 <= r.median < 0.008
+    assert min(launches) < 0.003 <= r.min  # every timed call waited for its 3 ms of work
     assert dev.syncs >= 2 * r.repeats
     assert r.synchronize == "torch.cuda.synchronize"
 
@@ -195,7 +197,7 @@ def test_compare_runs_each_device_and_reports_as_it_goes():
     assert [r.label for r in c.results] == ["CPU:0", "CPU:0 #2"]  # one device, two runs
     assert c.speedups[c.results[1].label] == pytest.approx(c.results[0].median
                                                            / c.results[1].median)
-    assert 2 < c.results[0].median / c.results[1].median < 6
+    assert c.results[0].min >= 0.004 and c.results[1].min >= 0.001  # each timed its own work
 
 
 def test_compare_argument_errors():
