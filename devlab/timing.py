@@ -461,7 +461,7 @@ def time_on_device(
     docstring), so GPU times are the device's real times. On a simulated GPU with a
     performance model (`simulate_gpus(2, model="T4")`) the clock is the modeled one: the times
     are modeled from that GPU's specifications, not measured, and the same on every run, so
-    `min_time` does not apply.
+    `min_time` does not apply, and two blocks that took the same time end the measurement.
     """
     __tracebackhide__ = True  # noqa: F841 - an error in fn shows fn's frames, not these
     check_options(warmup=warmup, repeats=repeats, min_time=min_time, max_repeats=max_repeats,
@@ -514,6 +514,9 @@ def time_on_device(
                 elapsed = clock() - t0
                 times.append(elapsed / number)
                 measured += elapsed
+                if spec is not None and len(times) >= 2 and math.isclose(
+                        times[-1], times[-2], rel_tol=1e-9, abs_tol=1e-15):
+                    break  # a modeled clock: every further block would take the same time
                 if progress is not None and clock() - last_report > 0.1:
                     last_report = clock()
                     progress(min(1.0, max(len(times) / repeats, measured / max(min_time, 1e-9))))

@@ -387,3 +387,16 @@ def test_a_modeled_result_shows_no_spread(monkeypatch):
     assert "none: the modeled clock gives every block the same time" in r._repr_html_()
     c = Comparison([_result("CPU:0", [1e-4] * 3), r])
     assert "none (modeled: every block the same)" in c._repr_html_()
+
+
+def test_a_modeled_clock_stops_at_two_equal_blocks():
+    import devlab
+
+    devlab.config.simulate_gpus(1, model="T4")
+    try:
+        x = torch.rand(256, 256, device="cuda:0")
+        r = time_on_device(lambda: x @ x, "/GPU:0", repeats=5, number=3)
+        assert r.repeats == 2 and r.times[0] == pytest.approx(r.times[1], rel=1e-9)
+        assert r.modeled and r.steady
+    finally:
+        devlab.config.stop_simulation()
