@@ -127,9 +127,10 @@ def norm_logging(
     headers = ["version", "median time", "per step", "host syncs", "copies", "bytes copied"]
     rows = [[v["version"], format_seconds(v["time"]), format_seconds(v["time_per_step"]),
              str(v["syncs"]), str(v["copies"]), format_bytes(v["bytes"])] for v in versions]
+    how = ("modeled, the same every run" if info.modeled else
+           f"medians of at least {repeats} runs, synchronized")
     notes = [f"Host syncs and copies were counted by the placement log over one full run of "
-             f"each version, which also warmed it up; times are medians of {repeats} runs, "
-             "synchronized (devlab.timing).",
+             f"each version, which also warmed it up; times are {how} (devlab.timing).",
              f"Both versions log the same norms (largest difference {diff:.2g})."]
     if dev.type == "cpu":
         notes.append("On the CPU there is no device to wait for, so neither version syncs. "

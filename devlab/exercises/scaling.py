@@ -219,8 +219,10 @@ def two_gpu_scaling(
     notes.append(f"Launch check: a {size}x{size} product on {infos[0].name} returned after "
                  f"{format_seconds(launch)}, the device finished it after {format_seconds(work)} "
                  f"({'asynchronous' if asynchronous else 'synchronous'} launch).")
-    notes.append(f"Medians of at least {repeats} calls after {warmup} warm-up; each call waits "
-                 "for its devices (devlab.timing).")
+    timed = ("Modeled times, the same every call" if infos[0].modeled else
+             f"Medians of at least {repeats} calls")
+    notes.append(f"{timed}, after {max(warmup, 1)} warm-up; each call waits for its devices "
+                 "(devlab.timing).")
     n0, n1 = infos[0].name, infos[1].name
     headers = ["work", "median time", "IQR"]
     rows = [
