@@ -172,7 +172,8 @@ class _DevicesSeen(TorchFunctionMode):
     Watches one untimed call (the first warm-up call), so the timed ones pay nothing. Sees
     the Python-level calls, as the simulation and `torch.device` do; what C++ runs from them
     (a backward pass) runs where they ran. A 0-dim CPU tensor does not count: torch lets one
-    join work on any device, as a Python number would.
+    join work on any device, as a Python number would; nor does a meta tensor, which has no
+    data and runs nowhere.
     """
 
     def __init__(self) -> None:
@@ -196,7 +197,7 @@ class _DevicesSeen(TorchFunctionMode):
 
     def _note(self, t: torch.Tensor) -> None:
         device = t.device  # the simulation's mark, for a simulated GPU's tensor
-        if device.type == "cpu" and t.dim() == 0:
+        if device.type == "meta" or (device.type == "cpu" and t.dim() == 0):
             return
         if device.index is None and device.type != "cpu":
             device = torch.device(device.type, 0)

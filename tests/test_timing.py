@@ -324,8 +324,13 @@ def test_work_on_two_gpus_is_timed_on_both_and_labelled_with_both(two_gpus, sync
 def test_work_made_on_the_default_device_runs_there(two_gpus):
     r = time_on_device(lambda: torch.ones(8, 8) @ torch.ones(8, 8), "/GPU:1", min_time=0)
     assert r.label == "GPU:1 (simulated)" and r.ran_on == ("cuda:1",)
-    # Work without tensors says nothing about its device, and is not refused.
+    # Work without tensors says nothing about its device, and is not refused; nor do a
+    # host scalar joining GPU work (as a Python number would) or a meta tensor (no data).
     assert time_on_device(lambda: None, "/GPU:0", min_time=0).ran_on == ()
+    x = torch.rand(8, 8, device="cuda:0")
+    r = time_on_device(lambda: (x * torch.tensor(2.0, device="cpu"), torch.empty(3, device="meta")),
+                       "/GPU:0", min_time=0)
+    assert r.ran_on == ("cuda:0",)
 
 
 def test_only_the_first_warm_up_call_is_watched():
