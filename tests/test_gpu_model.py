@@ -250,7 +250,8 @@ def test_timing_the_cpu_runs_without_the_simulations_modes(t4) -> None:
     before = (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack())
     assert before == (1, 0)
     timing.time_on_device(fn, "cpu", warmup=0, repeats=1, min_time=0, number=1)
-    assert set(seen) == {(0, 0)}
+    # The first, untimed call runs under devlab.timing's own watch of where the work runs.
+    assert seen[0] == (1, 0) and set(seen[1:]) == {(0, 0)}
     assert (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()) == before
 
 
@@ -273,7 +274,21 @@ def test_the_environment_chooses_a_model(monkeypatch) -> None:
 
 # --- the chapter's lessons, on a modeled T4, whatever this machine's cores -----------------
 
-def test_the_crossover_lies_between_64_and_2048(t4) -> None:
+def test_the_crossover_lies_between_64_and_2048(t4, monkeypatch) -> None:
+    # The CPU's side from a fixed table (a CPU like CI's: 2 µs a call, 60 GFLOP/s), so load
+    # on the machine cannot move the crossover; the T4's side is the model's own.
+    import importlib
+
+    matmul = importlib.import_module("devlab.exercises.matmul")
+    modeled = matmul._time_product
+
+    def cpu_table(a, device, options):
+        if device.type != "cpu":
+            return modeled(a, device, options)
+        per_call = 2e-6 + 2 * a.shape[0] ** 3 / 60e9
+        return timing.TimingResult("CPU:0", "cpu", [per_call] * 3, 1, 1, "none")
+
+    monkeypatch.setattr(matmul, "_time_product", cpu_table)
     r = exercises.matmul_cpu_vs_gpu(sizes=(16, 32, 64, 128, 256, 512, 1024, 2048),
                                     min_time=0.05, progress=False)
     assert r.data["crossover"] is not None and 64 <= r.data["crossover"] <= 2048, r

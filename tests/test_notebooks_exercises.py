@@ -60,8 +60,10 @@ def test_03_compare_devices_times_a_cell_on_each_device(nb03) -> None:
     assert widgets(cell), "the live timing chart"
     shown = text(cell)
     assert re.search(r"CPU:0: .* per call \(median\).* 1\.00x vs CPU:0", shown), shown
-    assert re.search(r"GPU:0 \(modeled T4\): .* per call \(median\).*x vs CPU:0", shown), shown
-    assert "modeled from NVIDIA T4 (16 GB, PCIe) specifications, not measured" in shown
+    # A modeled time is one number: no median of a spread, no IQR.
+    assert re.search(r"GPU:0 \(modeled T4\): [0-9.]+ µs per call, \d+ x \d+ calls \[modeled "
+                     r"from NVIDIA T4 \(16 GB, PCIe\) specifications, not measured: the same "
+                     r"every run\] — [0-9.]+x vs CPU:0", shown), shown
     assert "speed-up vs CPU:0" in html(cell)
 
 
@@ -105,7 +107,9 @@ def test_03_every_plot_is_a_png(nb03) -> None:
 
 def test_03_results_are_measured(nb03) -> None:
     matmul = html(cell_with(nb03, "exercises.matmul_cpu_vs_gpu("))
-    assert re.search(r"wins from n=\d+ on|faster at every size tried|No crossover in this range", matmul)
+    assert re.search(r"wins from n=\d+ on|faster at every size tried|No crossover in this range"
+                     r"|No crossover can be called: at n=\d+ the measurements were too noisy",
+                     matmul)
     norms = html(cell_with(nb03, "exercises.norm_logging("))
     assert "made the host wait 1000 times, the on-device version 1" in norms
     summary = text(nb03.cells[-1])
@@ -115,11 +119,21 @@ def test_03_results_are_measured(nb03) -> None:
 
 
 def test_03_a_modeled_t4_teaches_the_chapters_three_lessons(nb03) -> None:
-    # The crossover: the CPU wins small products, the T4 large ones.
+    # The crossover: the CPU wins small products, the T4 large ones. Which side wins where
+    # is read from this machine's CPU, so the lesson is asserted from what load cannot move:
+    # the modeled side, and the exercise's claims agreeing with its own steady measurements
+    # (tests/test_gpu_model.py checks the range of the crossover against a fixed CPU table).
     matmul = html(cell_with(nb03, "exercises.matmul_cpu_vs_gpu("))
-    crossover = int(re.search(r"wins from n=(\d+) on \(crossover\)", matmul).group(1))
-    assert 64 <= crossover <= 2048
     assert "launch-bound" in matmul and "compute-bound" in matmul
+    rows = re.findall(r"<tr><td[^>]*>(\d+)</td>(.*?)</tr>", matmul)
+    calls = [re.findall(r">([^<]*)</td>", row)[-2] for _, row in rows]  # "faster"
+    assert calls[-1] in ("GPU:0", "too noisy to call")  # the T4 is never beaten at n=1024
+    called = re.search(r"wins from n=(\d+) on \(crossover\)", matmul)
+    if called:
+        at = [n for n, _ in rows].index(called.group(1))
+        assert calls[at:] == ["GPU:0"] * (len(rows) - at) and calls[at - 1] == "CPU:0"
+    else:
+        assert "No crossover can be called" in matmul and "Run it again" in matmul
     # A host sync per step costs at least twice keeping the log on the device.
     norms = html(cell_with(nb03, "exercises.norm_logging("))
     ratio = float(re.search(r"keeping the log on the device was ([0-9.]+)x faster", norms).group(1))

@@ -13,6 +13,10 @@ import torch
 from devlab import config, d2l, scope, simulated
 from devlab.host import cpu_cores
 
+# A measurement that was not steady (`TimingResult.steady`) is taken again at most this many
+# more times before the exercise says it is too noisy to call.
+RETRIES = 2
+
 SIMULATED_WARNING = (
     "Simulated GPUs are CPU-backed: their tensors live in host memory and every value is "
     "computed by the CPU, so their speeds say nothing about a real GPU."
@@ -85,13 +89,16 @@ def load_average() -> float | None:
         return None
 
 
-def busy_note(load: float | None) -> str | None:
-    """A warning when other work competed for the CPU while timing, else None."""
+def busy_note(load: float | None, steady: bool = False) -> str | None:
+    """A warning when other work competed for the CPU while timing, else None. `steady`: the
+    measurements the result's claims rest on were steady all the same."""
     cores = cpu_cores()
     if load is None or load <= cores:
         return None
-    return (f"The machine was busy while timing (1-minute load average {load:.1f} on {cores} "
-            "cores): the times include waiting for CPU time. Run again on a quieter machine "
+    busy = f"The machine was busy while timing (1-minute load average {load:.1f} on {cores} cores)"
+    if steady:
+        return f"{busy}, but the measurements the results rest on were steady."
+    return (f"{busy}: the times include waiting for CPU time. Run again on a quieter machine "
             "before drawing conclusions.")
 
 
@@ -250,6 +257,12 @@ class Progress:
         if self.widget is not None:
             self._bar.value = self.done
             self._label.value = label
+
+    def extend(self, n: int) -> None:
+        """`n` more steps than first thought (sizes measured again)."""
+        self.total += n
+        if self.widget is not None:
+            self._bar.max = self.total
 
     def finish(self, failed: bool = False) -> None:
         if self.widget is not None:

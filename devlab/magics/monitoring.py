@@ -101,7 +101,9 @@ class MonitoringMagics(Magics):
         """Time the cell on each device and chart the times side by side, with speed-ups.
 
         Each device runs the cell as its default device (`devlab.device(NAME)`): tensors the
-        cell creates land there. Timing is devlab.timing's: warm-up runs, the device
+        cell creates land there. A cell whose tensors live on another device (made before,
+        outside --setup) is refused with a UsageError naming both devices, rather than timed
+        under the wrong name; one that runs on several devices is timed on all of them. Timing is devlab.timing's: warm-up runs, the device
         synchronized before each clock stops (unlike %timeit, which times only the launch
         of GPU work), repeats until --min-time, median and interquartile range. The cell
         runs in a copy of the notebook's namespace: it reads your variables, and what it
@@ -113,7 +115,7 @@ class MonitoringMagics(Magics):
             y = x @ x
         """
         from devlab.scope import resolve_device
-        from devlab.timing import check_options, time_on_device
+        from devlab.timing import DeviceMismatch, check_options, time_on_device
         from devlab.widgets import TimingChart
 
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
@@ -146,6 +148,12 @@ class MonitoringMagics(Magics):
                 result = time_on_device(
                     run, name, setup=prepare, warmup=args.warmup, min_time=args.min_time,
                     repeats=args.repeats, progress=chart.progress)
+            except DeviceMismatch as e:
+                # The cell's tensors live elsewhere than the device named: a mistake in how
+                # the magic was used, said in one line.
+                chart.stopped(f"stopped on {name}: the cell ran elsewhere")
+                raise UsageError(f"{e} Tensors made in --setup or in the cell itself are made "
+                                 "on each device in turn.") from None
             except BaseException as e:
                 chart.stopped(f"stopped on {name}: {type(e).__name__}")
                 raise
