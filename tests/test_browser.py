@@ -24,6 +24,7 @@ import nbformat
 import pytest
 from browser_support import (
     ARTIFACTS,
+    BIDI_PROBE,
     CHROMIUM,
     PROMPT_DONE,
     LabServer,
@@ -272,3 +273,45 @@ def check_devlab(server: LabServer, page: Any) -> None:
 
     assert "browser test: all cells ran" in cell(page, LAST).inner_text()
     assert shot.stat().st_size > 20_000, f"screenshot looks empty: {shot}"
+
+
+# -- a lesson in Persian, right to left ----------------------------------------------------------
+
+PERSIAN = sorted((Path(__file__).resolve().parents[1] / "notebooks" / "fa").glob("*.ipynb"))
+
+
+def open_quietly(page: Any, server: LabServer, notebook: str) -> Any:
+    """Open a notebook without running it; wait until its markdown is drawn."""
+    open_notebook(page, server, notebook)
+    panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+    panel.locator(".jp-MarkdownCell .jp-RenderedMarkdown").first.wait_for(state="visible")
+    page.wait_for_timeout(500)
+    return panel
+
+
+@pytest.mark.parametrize("path", PERSIAN, ids=lambda p: p.stem)
+def test_persian_lesson_reads_right_to_left(server: LabServer, tab: Tab, path: Path) -> None:
+    """notebooks/fa/: prose right to left in JupyterLab, code blocks, code cells and every inline
+    code span (device names, API names, values) left to right. The same notebook with the
+    inline code spans not isolated shows that the check sees what a reader would."""
+    (server.root / "fa").mkdir(exist_ok=True)
+    shutil.copy(path, server.root / "fa" / path.name)
+    plain = nbformat.read(path, as_version=4)
+    for c in plain.cells:
+        c.source = re.sub(r'<span dir="ltr">(`+[^`]+`+)</span>', r"\1", c.source)
+    nbformat.write(plain, server.root / "fa" / f"unisolated-{path.name}")
+    with screenshot_on_failure(tab, f"fa-{path.stem}"):
+        panel = open_quietly(tab.page, server, f"fa/{path.name}")
+        shot = screenshot_whole_notebook(tab.page, ARTIFACTS / f"fa-{path.stem}.png")
+        found = panel.evaluate(BIDI_PROBE)
+        assert_clean(tab.page)
+    assert found["blocks"] > 0 and found["notRtl"] == [], found
+    assert found["preNotLtr"] == [] and found["codeNotLtr"] == 0, found
+    assert found["code"] > 0 and found["reversed"] == [], found
+    assert shot.stat().st_size > 20_000, f"screenshot looks empty: {shot}"
+
+    tab.page.set_viewport_size({"width": 1280, "height": 900})
+    panel = open_quietly(tab.page, server, f"fa/unisolated-{path.name}")
+    control = panel.evaluate(BIDI_PROBE)
+    assert control["reversed"], ("without isolation some inline code should come out reversed "
+                                 f"in a right-to-left line; the probe saw none: {control}")
