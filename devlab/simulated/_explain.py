@@ -84,8 +84,7 @@ class Explanation:
 
     @property
     def note(self) -> str:
-        return (f"Modeled from {self.gpu} specifications and measured kernels, not measured "
-                f"here. Times: {self.timing}.")
+        return f"Modeled from {self.gpu} specifications, not measured. Times: {self.timing}."
 
     def rows(self) -> list[list[str]]:
         return [[op.op, f"GPU:{op.device}", _us(op.launch + op.sync), _us(op.gpu),
