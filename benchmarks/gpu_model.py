@@ -14,7 +14,8 @@ Prints, with nothing run on a GPU (every model figure is modeled, not measured):
 4. the model beside other published measurements (matmul TFLOPS in FP16/BF16/TF32, memory
    bandwidth, copies, launch and sync latencies), timed the way each benchmark timed them.
 
-`--markdown` prints the tables docs/gpu-models.md shows (between its markers); `--fit` fits
+`--markdown` prints the tables docs/gpu-models.md shows (between its markers), `--docs` writes
+them there; `--fit` fits
 the calibration again from the measurements and prints `devlab/gpu_model/calibration.py`'s
 fitted part (about two minutes).
 """
@@ -535,6 +536,16 @@ def main() -> None:
         print(f"# the rule on every GPU: {rule_text(rule)}")
         return
     found = sections()
+    if "--docs" in sys.argv:
+        doc = Path(__file__).resolve().parents[1] / "docs" / "gpu-models.md"
+        text = doc.read_text(encoding="utf-8")
+        for name, table in found.items():
+            head, rest = text.split(f"<!-- {name}:start -->")
+            _, tail = rest.split(f"<!-- {name}:end -->")
+            text = f"{head}<!-- {name}:start -->\n{table}\n<!-- {name}:end -->{tail}"
+        doc.write_text(text, encoding="utf-8")
+        print(f"wrote {len(found)} tables into {doc}")
+        return
     if "--markdown" in sys.argv:
         for name, text in found.items():
             print(f"<!-- {name}:start -->\n{text}\n<!-- {name}:end -->\n")
