@@ -34,7 +34,7 @@ from .calibration import (
     Calibration,
     GemmFit,
 )
-from .specs import GpuSpec
+from .specs import SPECS, GpuSpec
 
 GEMM, ELEMENTWISE, REDUCTION, SOFTMAX, LAYER_NORM, EMBEDDING, COPY = (
     "matrix product", "element-wise", "reduction", "softmax", "layer norm", "embedding", "copy")
@@ -125,16 +125,18 @@ def gemm(spec: GpuSpec, batch: int, m: int, n: int, k: int, dtype: str, itemsize
     """`batch` products of (m x k) by (k x n): tiles over the SMs in waves, each tile's
     multiply-adds at the achieved rate, or the operands' bytes if those take longer.
     `cal`: other constants than the GPU's stored ones (for fitting)."""
-    if cal is None:  # the same shapes come back every training step
-        return _stored_gemm(spec, batch, m, n, k, dtype, itemsize, batched, extra_bytes)
-    return _gemm(spec, batch, m, n, k, dtype, itemsize, batched, extra_bytes, cal)
+    if cal is None and SPECS.get(spec.name) is spec:  # the same shapes come back every step
+        return _stored_gemm(spec.name, batch, m, n, k, dtype, itemsize, batched, extra_bytes)
+    return _gemm(spec, batch, m, n, k, dtype, itemsize, batched, extra_bytes,
+                 cal or CALIBRATION[spec.name])
 
 
 @lru_cache(maxsize=8192)
-def _stored_gemm(spec: GpuSpec, batch: int, m: int, n: int, k: int, dtype: str, itemsize: int,
+def _stored_gemm(name: str, batch: int, m: int, n: int, k: int, dtype: str, itemsize: int,
                  batched: bool, extra_bytes: int) -> Kernel:
-    return _gemm(spec, batch, m, n, k, dtype, itemsize, batched, extra_bytes,
-                 CALIBRATION[spec.name])
+    # Keyed by the GPU's name: hashing a whole GpuSpec would cost more than the lookup saves.
+    return _gemm(SPECS[name], batch, m, n, k, dtype, itemsize, batched, extra_bytes,
+                 CALIBRATION[name])
 
 
 def _gemm(spec: GpuSpec, batch: int, m: int, n: int, k: int, dtype: str, itemsize: int,
@@ -186,14 +188,14 @@ def _gemm(spec: GpuSpec, batch: int, m: int, n: int, k: int, dtype: str, itemsiz
 def memory_bound(spec: GpuSpec, family: str, nbytes: int,
                  cal: Calibration | None = None) -> Kernel:
     """A kernel that moves `nbytes` (read + written) at the achieved bandwidth of its kind."""
-    if cal is None:
-        return _stored_memory_bound(spec, family, nbytes)
-    return _memory_bound(spec, family, nbytes, cal)
+    if cal is None and SPECS.get(spec.name) is spec:
+        return _stored_memory_bound(spec.name, family, nbytes)
+    return _memory_bound(spec, family, nbytes, cal or CALIBRATION[spec.name])
 
 
 @lru_cache(maxsize=8192)
-def _stored_memory_bound(spec: GpuSpec, family: str, nbytes: int) -> Kernel:
-    return _memory_bound(spec, family, nbytes, CALIBRATION[spec.name])
+def _stored_memory_bound(name: str, family: str, nbytes: int) -> Kernel:
+    return _memory_bound(SPECS[name], family, nbytes, CALIBRATION[name])
 
 
 def _memory_bound(spec: GpuSpec, family: str, nbytes: int, cal: Calibration) -> Kernel:

@@ -58,7 +58,8 @@ class Clock:
 
     def kernel(self, t: OpTime, times: int = 1) -> None:
         """`times` kernels of cost `t`, launched one after the other."""
-        device, launch, work = t.device, t.launch, t.floor + t.work
+        compute, memory = t.compute, t.memory
+        device, launch, work = t.device, t.launch, t.floor + (compute if compute > memory else memory)
         free = self.free
         with self.lock:
             for _ in range(times):

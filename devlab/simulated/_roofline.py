@@ -91,7 +91,31 @@ def _op(spec: GpuSpec, index: int, name: str, k: Kernel) -> OpTime:
                   k.nbytes, 0.0, k.floor, k)
 
 
-_gemm, _memory = gemm, memory_bound  # both cached by their arguments in the model
+# The model's kernels by their arguments (the model caches them too; a plain dict is the
+# cheapest lookup on this path, which runs for every op on a modeled GPU). The session's spec
+# is always one of the model's own (`gpu_model.gpu(name)`), so its name identifies it.
+_kernels: dict[tuple, Kernel] = {}
+
+
+def _memory(spec: GpuSpec, kind: str, nbytes: int) -> Kernel:
+    key = (spec.name, kind, nbytes)
+    k = _kernels.get(key)
+    if k is None:
+        if len(_kernels) > 65536:
+            _kernels.clear()
+        k = _kernels[key] = memory_bound(spec, kind, nbytes)
+    return k
+
+
+def _gemm(spec: GpuSpec, batch: int, m: int, n: int, k: int, dtype: str, itemsize: int,
+          batched: bool) -> Kernel:
+    key = (spec.name, batch, m, n, k, dtype, itemsize, batched)
+    kern = _kernels.get(key)
+    if kern is None:
+        if len(_kernels) > 65536:
+            _kernels.clear()
+        kern = _kernels[key] = gemm(spec, batch, m, n, k, dtype, itemsize, batched)
+    return kern
 
 
 def _tensors(values: Any) -> tuple[int, torch.dtype | None, int]:
