@@ -515,10 +515,12 @@ def markdown(table: list[Row]) -> str:
 
 # --- the whole report --------------------------------------------------------------------------
 
-def sections(data: list[gm.Row] | None = None) -> dict[str, str]:
-    """Each table docs/gpu-models.md shows, by its marker name."""
+def sections(data: list[gm.Row] | None = None,
+             held_out: tuple[list[gm.Score], gm.Rule] | None = None) -> dict[str, str]:
+    """Each table docs/gpu-models.md shows, by its marker name (`held_out`: the held-out
+    scores and rule, if already computed)."""
     data = data if data is not None else gm.load()
-    held, rule = gm.held_out(data)
+    held, rule = held_out or gm.held_out(data)
     return {
         "calibration-table": calibration_markdown(),
         "neusight-table": scores_markdown(gm.table(data)),
