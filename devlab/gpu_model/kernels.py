@@ -16,7 +16,7 @@ peaks (`calibration`):
 Two ways of timing one op, both modeled: `Kernel.seconds` is the GPU's time when ops run back
 to back in a queue (what a modeled clock charges; the host pays its launch latency beside it);
 `Kernel.alone` is what one op shows timed alone with CUDA events on an idle GPU, where the
-host's own work before the launch is on the clock too (a floor of about 13 to 24 µs on the
+host's own work before the launch is on the clock too (a floor of about 12 to 24 µs on the
 GPUs measured).
 """
 
@@ -41,7 +41,7 @@ GEMM, ELEMENTWISE, REDUCTION, SOFTMAX, LAYER_NORM, EMBEDDING, COPY = (
 LAUNCH, COMPUTE, MEMORY = "launch-bound", "compute-bound", "memory-bound"
 QUEUED = ("queued back to back: each op costs the host its launch latency and the GPU its "
           "kernel time; one op timed alone with CUDA events on an idle GPU shows more (its "
-          "floor of about 13 to 24 µs)")
+          "floor of about 12 to 24 µs)")
 ALONE = "one op timed alone with CUDA events on an idle GPU (the floor included)"
 
 
