@@ -108,6 +108,8 @@ def test_a_products_backward_is_two_products_and_a_convolution_is_one() -> None:
     conv = gpu_model.predict("conv2d", ((8, 64, 32, 32), (128, 64, 3, 3)), "float32", "T4",
                              out=(8, 128, 32, 32))
     assert conv.family == GEMM and conv.flops == 2 * (8 * 32 * 32) * 128 * (64 * 9)
+    up = gpu_model.predict("conv_transpose2d", ((8, 64, 16, 16), (64, 32, 4, 4)), "float32", "T4")
+    assert up.family == GEMM and up.flops == 2 * (8 * 16 * 16) * 64 * (32 * 16)
     soft = gpu_model.ops.backward("softmax", ((64, 64),), "float32", "T4")
     assert soft[0].nbytes == 1.5 * gpu_model.predict("softmax", ((64, 64),), "float32",
                                                      "T4").nbytes

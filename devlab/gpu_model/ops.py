@@ -30,8 +30,8 @@ Shape = Sequence[int]
 
 _FAMILIES: dict[str, str] = {
     **dict.fromkeys(("mm", "addmm", "bmm", "baddbmm", "addbmm", "linear", "matmul", "dot",
-                     "mv", "addmv", "einsum", "conv1d", "conv2d", "conv3d", "convolution",
-                     "_convolution", "conv_transpose1d", "conv_transpose2d",
+                     "mv", "addmv", "conv1d", "conv2d", "conv3d", "convolution",
+                     "_convolution", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
                      "scaled_dot_product_attention"), GEMM),
     **dict.fromkeys(("softmax", "_softmax", "log_softmax", "_log_softmax", "cross_entropy",
                      "cross_entropy_loss", "nll_loss"), SOFTMAX),
@@ -70,6 +70,12 @@ def gemm_dims(op: str, shapes: Sequence[Shape], out: Shape | None = None
     name = op.removeprefix("aten::").split(".")[0].rstrip("_")
     if name in ("addmm", "baddbmm", "addbmm", "addmv"):
         shapes = shapes[1:]
+    if name.startswith("conv_transpose"):
+        # Its weight is (in, out / groups, *kernel): each input pixel spreads over the
+        # kernel's pixels of every output channel (the gradient of a convolution).
+        x, w = shapes[0], shapes[1]
+        groups = max(1, x[1] // max(1, w[0]))
+        return groups, x[0] * prod(x[2:]), w[1] * prod(w[2:]), w[0] // groups, False
     if name.startswith("conv") or name in ("convolution", "_convolution"):
         x, w = shapes[0], shapes[1]
         if out is None:
