@@ -122,6 +122,8 @@ def predict(op: str, shapes: Sequence[Shape], dtype: str = "float32",
         return gemm(spec, batch, m, n, k, dtype, itemsize, batched, extra)
     if out is None:
         out = max(shapes, key=prod) if kind != REDUCTION else ()
+    if kind == EMBEDDING:  # a lookup reads the rows it gathers, not the whole table
+        return memory_bound(spec, kind, 2 * prod(out) * itemsize)
     return memory_bound(spec, kind, _nbytes(shapes, out, itemsize))
 
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from devlab.gpu_model import Kernel, gemm, memory_bound
-from devlab.gpu_model.kernels import COMPUTE, GEMM, LAUNCH, MEMORY
+from devlab.gpu_model.kernels import COMPUTE, EMBEDDING, GEMM, LAUNCH, MEMORY
 from devlab.gpu_model.ops import BACKWARD_BYTES, family, gemm_backward, gemm_dims
 
 from ._gpu_specs import GpuSpec
@@ -183,6 +183,10 @@ def call_cost(spec: GpuSpec, index: int, func: Callable, args: tuple, kwargs: di
                                 grads - sum(operands), operands)
             return cost, back
         kind = "element-wise"  # arguments of a form the product rule does not read
+    elif kind == EMBEDDING and isinstance(out, Tensor):
+        # A lookup reads the rows it gathers (and the indices), not the whole table.
+        nbytes = 2 * out.nbytes + sum(t.nbytes for t in _tensor_args(args, kwargs)
+                                      if not t.is_floating_point())
     cost = _op(spec, index, name, _memory(spec, kind, nbytes))
     back = Backward(name, index, None, "", 0, kind, nbytes, grads) if grads else None
     return cost, back
