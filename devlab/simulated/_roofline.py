@@ -91,31 +91,26 @@ def _op(spec: GpuSpec, index: int, name: str, k: Kernel) -> OpTime:
                   k.nbytes, 0.0, k.floor, k)
 
 
-# The model's kernels by their arguments (the model caches them too; a plain dict is the
-# cheapest lookup on this path, which runs for every op on a modeled GPU). The session's spec
-# is always one of the model's own (`gpu_model.gpu(name)`), so its name identifies it.
-_kernels: dict[tuple, Kernel] = {}
+# What an op of one kind and shape costs on one GPU, finished (`OpTime`): the same ops come back
+# every training step, and this path runs for every op on a modeled GPU, so a plain dict keyed
+# by the GPU's name, the device, the op's name and its shape is the cheapest lookup (the
+# session's spec is always one of the model's own, so its name identifies it).
+_costs: dict[tuple, Any] = {}
 
 
-def _memory(spec: GpuSpec, kind: str, nbytes: int) -> Kernel:
-    key = (spec.name, kind, nbytes)
-    k = _kernels.get(key)
-    if k is None:
-        if len(_kernels) > 65536:
-            _kernels.clear()
-        k = _kernels[key] = memory_bound(spec, kind, nbytes)
-    return k
+def _store(key: tuple, value: Any) -> Any:
+    if len(_costs) > 65536:
+        _costs.clear()
+    _costs[key] = value
+    return value
 
 
-def _gemm(spec: GpuSpec, batch: int, m: int, n: int, k: int, dtype: str, itemsize: int,
-          batched: bool) -> Kernel:
-    key = (spec.name, batch, m, n, k, dtype, itemsize, batched)
-    kern = _kernels.get(key)
-    if kern is None:
-        if len(_kernels) > 65536:
-            _kernels.clear()
-        kern = _kernels[key] = gemm(spec, batch, m, n, k, dtype, itemsize, batched)
-    return kern
+def _memory(spec: GpuSpec, index: int, name: str, kind: str, nbytes: int) -> OpTime:
+    key = (spec.name, index, name, kind, nbytes)
+    cost = _costs.get(key)
+    if cost is None:
+        cost = _store(key, _op(spec, index, name, memory_bound(spec, kind, nbytes)))
+    return cost
 
 
 def _tensors(values: Any) -> tuple[int, torch.dtype | None, int]:
@@ -169,17 +164,21 @@ def call_cost(spec: GpuSpec, index: int, func: Callable, args: tuple, kwargs: di
     kind = _family(func, name)
     if kind == GEMM and isinstance(out, Tensor):
         tensors = _tensor_args(args, kwargs)
-        dims = _call_dims(name, tensors, out)
+        shapes = tuple(tuple(t.shape) for t in tensors)
+        itemsize = out.element_size()
+        mdtype = model_dtype(spec, dtype)
+        key = (spec.name, index, name, shapes, tuple(out.shape), mdtype, itemsize)
+        found = _costs.get(key)
+        if found is None:
+            found = _store(key, _product(spec, index, name, shapes, out, mdtype, itemsize))
+        dims, cost = found
         if dims is not None:
-            mdtype = model_dtype(spec, dtype)
-            k = _gemm(spec, *dims[:4], mdtype, out.element_size(), dims[4])
-            cost = _op(spec, index, name, k)
             back = None
             if grads:
                 first = 1 if name in _ADDED else 0  # addmm(bias, a, b): the bias is not an operand
                 a, b = tensors[first], tensors[first + 1]
                 operands = (a.requires_grad, b.requires_grad)
-                back = Backward(name, index, dims, mdtype, out.element_size(), GEMM, out.nbytes,
+                back = Backward(name, index, dims, mdtype, itemsize, GEMM, out.nbytes,
                                 grads - sum(operands), operands)
             return cost, back
         kind = "element-wise"  # arguments of a form the product rule does not read
@@ -187,13 +186,34 @@ def call_cost(spec: GpuSpec, index: int, func: Callable, args: tuple, kwargs: di
         # A lookup reads the rows it gathers (and the indices), not the whole table.
         nbytes = 2 * out.nbytes + sum(t.nbytes for t in _tensor_args(args, kwargs)
                                       if not t.is_floating_point())
-    cost = _op(spec, index, name, _memory(spec, kind, nbytes))
+    cost = _memory(spec, index, name, kind, nbytes)
     back = Backward(name, index, None, "", 0, kind, nbytes, grads) if grads else None
     return cost, back
 
 
+def _product(spec: GpuSpec, index: int, name: str, shapes: tuple, out: Tensor, dtype: str,
+             itemsize: int) -> tuple[tuple | None, OpTime | None]:
+    """(batch, m, n, k, batched) and the kernel of a product or convolution call, or
+    (None, None) if its arguments are not the tensors the rule reads."""
+    if len(shapes) < 2 + (name in _ADDED):
+        return None, None
+    try:
+        dims = gemm_dims(name, shapes, tuple(out.shape))
+    except (IndexError, ValueError, ZeroDivisionError):
+        return None, None
+    return dims, _op(spec, index, name, gemm(spec, *dims[:4], dtype, itemsize, dims[4]))
+
+
 def backward_costs(spec: GpuSpec, back: Backward) -> list[OpTime]:
     """The gradient kernels of one forward call (one per input that needs a gradient)."""
+    key = (spec.name, back)
+    costs = _costs.get(key)
+    if costs is None:
+        costs = _store(key, _backward_costs(spec, back))
+    return costs
+
+
+def _backward_costs(spec: GpuSpec, back: Backward) -> list[OpTime]:
     name = f"{back.op} (backward)"
     if back.dims is not None:
         grad_a, grad_b = gemm_backward(spec, *back.dims[:4], back.dtype, back.itemsize,
@@ -201,16 +221,15 @@ def backward_costs(spec: GpuSpec, back: Backward) -> list[OpTime]:
         costs = [_op(spec, back.device, name, k) for k, need in
                  ((grad_a, back.operands[0]), (grad_b, back.operands[1])) if need]
         # A bias's gradient sums the output's gradient over its rows.
-        bias = _memory(spec, "reduction", back.nbytes)
-        return costs + [_op(spec, back.device, name, bias)] * back.count
-    k = _memory(spec, back.family, int(back.nbytes * BACKWARD_BYTES.get(back.family, 1.0)))
-    return [_op(spec, back.device, name, k)] * back.count
+        return costs + [_memory(spec, back.device, name, "reduction", back.nbytes)] * back.count
+    nbytes = int(back.nbytes * BACKWARD_BYTES.get(back.family, 1.0))
+    return [_memory(spec, back.device, name, back.family, nbytes)] * back.count
 
 
 def memory_cost(spec: GpuSpec, index: int, name: str, nbytes: int,
                 kind: str = "element-wise") -> OpTime:
     """A memory-bound kernel moving `nbytes` (a factory's fill, a copy within one GPU)."""
-    return _op(spec, index, name, _memory(spec, kind, nbytes))
+    return _memory(spec, index, name, kind, nbytes)
 
 
 # --- which rule a torch call follows, and its shapes -------------------------------------------
@@ -225,10 +244,6 @@ def _family(func: Callable, name: str) -> str:
     return kind
 
 
-def _shape(v: Any) -> tuple[int, ...]:
-    return tuple(v.shape) if isinstance(v, Tensor) else ()
-
-
 _ADDED = frozenset({"aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::addmv"})
 
 
@@ -237,18 +252,6 @@ def _tensor_args(args: tuple, kwargs: dict) -> list[Tensor]:
     if kwargs:
         tensors += [v for k, v in kwargs.items() if isinstance(v, Tensor) and k != "out"]
     return tensors
-
-
-def _call_dims(name: str, tensors: list[Tensor], out: Tensor
-               ) -> tuple[int, int, int, int, bool] | None:
-    """(batch, m, n, k, batched) of a product or convolution call, or None if its arguments
-    are not the tensors the rule reads."""
-    if len(tensors) < 2 + (name in _ADDED):
-        return None
-    try:
-        return gemm_dims(name, [_shape(t) for t in tensors], tuple(out.shape))
-    except (IndexError, ValueError, ZeroDivisionError):
-        return None
 
 
 _names: dict[Any, str] = {}
