@@ -2,7 +2,8 @@
 
 `%load_ext devlab` in a notebook; `devlab.device("/GPU:1")`, `devlab.config`,
 `devlab.debugging.set_log_device_placement` and the d2l helpers from Python;
-`devlab.launch(fn, *args, nprocs=2)` runs a function on ranks of torch.distributed.
+`devlab.launch(fn, *args, nprocs=2)` runs a function on ranks of torch.distributed;
+`devlab.gpu_model.predict(op, shapes, dtype, gpu)` is the performance model of a named GPU.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from devlab import (
     debugging,
     distributed,
     exercises,
+    gpu_model,
     memory,
     placement_log,
     runtime,
@@ -45,6 +47,7 @@ __all__ = [
     "exercises",
     "full_name",
     "gpu",
+    "gpu_model",
     "launch",
     "load_ipython_extension",
     "memory",

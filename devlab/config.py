@@ -386,8 +386,9 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     """Simulate `count` GPUs on the CPU (each with `memory_limit` MB, if given).
 
     Ordinary PyTorch code then sees `count` CUDA devices whose tensors really live in host
-    memory: values are exact, speeds say nothing about a real GPU. With `model` ("T4", "L4",
-    "A100", "H100"), the simulated GPUs keep a modeled clock of that GPU instead: timing code
+    memory: values are exact, speeds say nothing about a real GPU. With `model` ("T4", "P100",
+    "V100", "L4", "A100-40GB", "A100-80GB", "H100", ...: `devlab.simulated.models()`; "A100"
+    is "A100-80GB"), the simulated GPUs keep a modeled clock of that GPU instead: timing code
     (devlab.timing, torch.cuda.Event) reads modeled times, from the GPU's public
     specifications, not measured; each GPU then has that GPU's memory unless `memory_limit`
     says otherwise. Choose before first use.

@@ -80,7 +80,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
           asynchronous: bool = True, model: str | None = None) -> None:
     """Simulate `count` GPUs (one memory limit in MB per GPU; None = unlimited).
 
-    `model` names a real GPU ("T4", "L4", "A100", "H100": `models()`) whose public
+    `model` names a real GPU ("T4", "L4", "A100-40GB", "H100", ...: `models()`) whose public
     specifications the GPUs' modeled clock follows (see `modeled_time`, `explain`); a GPU
     without a memory limit then has that GPU's memory. Calling it again before any simulated
     tensor exists replaces the configuration. `asynchronous=False` runs every op synchronously
@@ -222,21 +222,18 @@ def thread_routing() -> Iterator[None]:
 
 
 def models() -> list[str]:
-    """The real GPUs a simulation can model (`start(..., model=name)`)."""
+    """The real GPUs a simulation can model (`start(..., model=name)`; devlab.gpu_model)."""
     from ._gpu_specs import SPECS
 
     return list(SPECS)
 
 
 def gpu_spec(name: str) -> Any:
-    """The public specifications of the real GPU `name` models (a `GpuSpec`)."""
-    from ._gpu_specs import SPECS
+    """The public specifications of the real GPU `name` models (a `GpuSpec`; case does not
+    matter, and "A100" is "A100-80GB")."""
+    from ._gpu_specs import gpu
 
-    key = next((k for k in SPECS if k.lower() == str(name).strip().lower()), None)
-    if key is None:
-        raise ValueError(f"no performance model for a GPU named {name!r}; the models are "
-                         f"{', '.join(SPECS)}")
-    return SPECS[key]
+    return gpu(name)
 
 
 def model() -> Any:
