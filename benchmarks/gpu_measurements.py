@@ -44,11 +44,15 @@ TILES = ((128, 128, 1), (128, 64, 1), (128, 64, 2), (64, 128, 2), (64, 64, 4), (
 
 
 def data_dir() -> Path | None:
-    """Where the tables are: $DEVLAB_GPU_MEASUREMENTS, else `shared/gpu-measurements/neusight`
-    beside this checkout or one of its parents."""
+    """Where the tables are: $DEVLAB_GPU_MEASUREMENTS, else the copy kept in the repository
+    (`benchmarks/data/neusight`, MIT), else `shared/gpu-measurements/neusight` beside this
+    checkout or one of its parents."""
     env = os.environ.get("DEVLAB_GPU_MEASUREMENTS")
     if env:
         return Path(env)
+    kept = Path(__file__).resolve().parent / "data" / "neusight"
+    if kept.is_dir():
+        return kept
     for parent in Path(__file__).resolve().parents:
         candidate = parent / "shared" / "gpu-measurements" / "neusight"
         if candidate.is_dir():
