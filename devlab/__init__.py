@@ -2,7 +2,8 @@
 
 `%load_ext devlab` in a notebook; `devlab.device("/GPU:1")`, `devlab.config`,
 `devlab.debugging.set_log_device_placement` and the d2l helpers from Python;
-`devlab.launch(fn, *args, nprocs=2)` runs a function on ranks of torch.distributed.
+`devlab.launch(fn, *args, nprocs=2)` runs a function on ranks of torch.distributed;
+`devlab.lesson.setup(gpus=2)` gives a lesson notebook the GPUs it needs on any machine.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from devlab import (
     debugging,
     distributed,
     exercises,
+    lesson,
     memory,
     placement_log,
     runtime,
@@ -46,6 +48,7 @@ __all__ = [
     "full_name",
     "gpu",
     "launch",
+    "lesson",
     "load_ipython_extension",
     "memory",
     "num_gpus",
