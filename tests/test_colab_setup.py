@@ -176,3 +176,28 @@ def test_on_colab_the_cell_installs_devlab_pinned_and_keeps_colabs_packages(tmp_
     assert set(added) == {"devlab", "nvidia-ml-py", "cloudpickle"}, added
     changed = {name for name in before if after.get(name) != before[name]}
     assert not changed, f"the set-up cell changed Colab's packages: {changed}"
+
+
+def test_pyproject_declares_the_ranges_that_are_tested() -> None:
+    """devlab's IPython, ipykernel and ipywidgets ranges hold Colab's versions, which the
+    compatibility job's Colab-like environment runs the lessons on, and this suite's own."""
+    import ipykernel
+    import IPython
+    import ipywidgets
+    import tomllib
+    from packaging.requirements import Requirement
+
+    from tools import compat
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {r.name: r.specifier for r in map(Requirement, [
+        *project["dependencies"], *project["optional-dependencies"]["lab"]])}
+    colab = dict(pin.split("==") for pin in compat.COLAB["kernel"] if "==" in pin)
+    tested = {"ipython": [colab["ipython"], IPython.__version__],
+              "ipykernel": [colab["ipykernel"], ipykernel.__version__],
+              "ipywidgets": [colab["ipywidgets"], ipywidgets.__version__, "7.7.5"]}
+    for name, versions in tested.items():
+        for version in versions:
+            assert declared[name].contains(version), f"{name} {version} is tested, not declared"
+    assert colab["ipython"].startswith("7.34") and colab["ipykernel"].startswith("6.17")
+    assert set(colab_cell.small_dependencies()) == {"pynvml", "psutil", "cloudpickle"}

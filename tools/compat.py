@@ -236,14 +236,22 @@ print(devlab.__file__)
 """
 
 
+def find_python(version: str) -> str:
+    """A Python `version` ("3.12") that runs: $COMPAT_PYTHON, on PATH, or pyenv's."""
+    candidates = [os.environ.get("COMPAT_PYTHON"), shutil.which(f"python{version}"),
+                  *sorted(str(p) for p in Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))]
+    for candidate in filter(None, candidates):
+        if run([candidate, "-c", "import venv"]).returncode == 0:  # a pyenv shim may not run
+            return candidate
+    raise SystemExit(f"compat --colab: no Python {version} found (set COMPAT_PYTHON)")
+
+
 def colab(checkout: Path) -> int:
     """The lessons in a Colab-like environment (see the module's docstring)."""
     suite_python = ROOT / ".venv" / "bin" / "python"
     if not suite_python.exists():
         raise SystemExit("compat --colab: run scripts/setup.sh first: its .venv drives the kernels")
-    python_exe = shutil.which(f"python{COLAB['python']}")
-    if python_exe is None:
-        raise SystemExit(f"compat --colab: Python {COLAB['python']} is not on PATH")
+    python_exe = find_python(COLAB["python"])
     venv = ROOT / venv_name("colab")
     shutil.rmtree(venv, ignore_errors=True)
     os.environ["PIP_CONSTRAINT"] = os.devnull
