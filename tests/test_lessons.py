@@ -35,7 +35,7 @@ from lesson_envs import (
     run,
     shared_dir,
 )
-from nbutil import errors, html, stream, text
+from nbutil import errors, html, run_cells, stream, text
 
 pytestmark = [
     pytest.mark.notebook,
@@ -234,6 +234,7 @@ def claims_03(nb: nbformat.NotebookNode, env: Env) -> None:
     rows = re.findall(r"<tr><td[^>]*>(\d+)</td>(.*?)</tr>", matmul)
     assert rows and rows[0][0] == "16" and rows[-1][0] == "1024", matmul[:2000]
     assert "launch-bound" in rows[0][1] and "compute-bound" in rows[-1][1]
+    assert re.findall(r"<td[^>]*>([^<]*)</td>", rows[-1][1])[-2] == "GPU:0", rows[-1][1]
     assert re.search(r"wins from n=\d+ on|faster at every size tried|No crossover in this range|"
                      r"too noisy", matmul)
     compared = text(cell_with(nb, "%%compare_devices /CPU:0 /GPU:0"))
@@ -353,3 +354,21 @@ def test_lessons_never_name_a_second_cuda_device_literally() -> None:
                         if c.cell_type == "code" and "devlab.lesson.setup(" in c.source)
             assert '"separate_gpus"' in said, f"{path.name}: setup does not name those cells"
 
+
+
+def test_a_second_lesson_in_the_same_kernel_says_what_it_cannot_have() -> None:
+    """Notebook 02 used its one GPU; notebook 03's set-up, run next in the same kernel, cannot
+    change GPUs in use: it names the cells that lose out, and how to restart."""
+    def code(stem: str) -> list[str]:
+        nb = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)
+        return [c.source for c in nb.cells if c.cell_type == "code"]
+
+    setup_03 = next(src for src in code("03-d2l-exercises") if "devlab.lesson.setup(" in src)
+    cells = run_cells(*code("02-memory"), setup_03, timeout=300)
+    assert [e.ename for c in cells for e in errors(c)] == ["OutOfMemoryError"]  # 02's own
+    said = stream(cells[-1]).splitlines()
+    assert said[0].startswith("devlab.lesson: 1 simulated GPU set up earlier in this kernel.")
+    assert "they have no timing model, not the T4 this lesson uses, so the cell that calls " \
+           "devlab.simulated.explain will not show the T4's times" in said[1]
+    assert "so exercise 4 (two GPUs at once) will not run" in said[2]
+    assert all("Kernel > Restart Kernel" in line for line in said[1:])
