@@ -253,28 +253,42 @@ def colab(checkout: Path) -> int:
         raise SystemExit("compat --colab: run scripts/setup.sh first: its .venv drives the kernels")
     python_exe = find_python(COLAB["python"])
     venv = ROOT / venv_name("colab")
-    shutil.rmtree(venv, ignore_errors=True)
+    python = venv / "bin" / "python"
+    stamp = venv / "colab-packages.json"
+    # COMPAT_REUSE=1 keeps an environment built before with the same packages (torch's CUDA
+    # build takes minutes to install), taking only devlab out of it.
+    reuse = (os.environ.get("COMPAT_REUSE") == "1" and stamp.exists()
+             and json.loads(stamp.read_text()) == COLAB)
+    if not reuse:
+        shutil.rmtree(venv, ignore_errors=True)
     os.environ["PIP_CONSTRAINT"] = os.devnull
     print(f"compat: Colab-like environment {venv.name} (Python {COLAB['python']}, "
           f"{COLAB['torch']}, {', '.join(COLAB['kernel'][:3])}) for {checkout}", flush=True)
     begin = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="devlab-colab-"))
     try:
-        subprocess.run([python_exe, "-m", "venv", str(venv)], check=True)
-        python = venv / "bin" / "python"
-        torch = install_torch(python, COLAB["torch"])
-        print(f"  torch {torch['version']} installed {torch['how']} in {torch['seconds']:.1f} s",
-              flush=True)
-        kernel = pip(python, *COLAB["kernel"], "-c",
-                     _pin_file(venv, f"torch=={torch['dist_version']}"))
-        if kernel.returncode != 0:
-            raise SystemExit(f"compat --colab: Colab's packages failed:\n{kernel.stderr[-2000:]}")
+        if reuse:
+            run([str(python), "-m", "pip", "uninstall", "-q", "-y", "devlab"])
+            print("  reusing the environment built before (COMPAT_REUSE=1)", flush=True)
+        else:
+            subprocess.run([python_exe, "-m", "venv", str(venv)], check=True)
+            torch = install_torch(python, COLAB["torch"])
+            print(f"  torch {torch['version']} installed {torch['how']} in "
+                  f"{torch['seconds']:.1f} s", flush=True)
+            kernel = pip(python, *COLAB["kernel"], "-c",
+                         _pin_file(venv, f"torch=={torch['dist_version']}"))
+            if kernel.returncode != 0:
+                raise SystemExit(f"compat --colab: Colab's packages failed:\n{kernel.stderr[-2000:]}")
+            stamp.write_text(json.dumps(COLAB))
         copy_checkout(checkout, work / "checkout")
-        sys.path.insert(0, str(work / "checkout"))
-        from tools import colab_cell  # the checkout's own cell
-
         cell = work / "cell.py"
-        cell.write_text(colab_cell.source(f"devlab @ file://{work / 'checkout'}"))
+        # The checkout's own cell, as tools.links writes it once the repository is public.
+        source = run([str(suite_python), "-c", "import sys; from tools import colab_cell; "
+                      "print(colab_cell.source(sys.argv[1]))",
+                      f"devlab @ file://{work / 'checkout'}"], cwd=str(work / "checkout"))
+        if source.returncode != 0:
+            raise SystemExit(f"compat --colab: no set-up cell:\n{source.stderr[-2000:]}")
+        cell.write_text(source.stdout)
         start = time.perf_counter()
         ran = run([str(python), "-c", _FAKE_COLAB, str(cell)], cwd=str(work))
         if ran.returncode != 0:
