@@ -459,11 +459,13 @@ def reset() -> None:
 
 def _apply_simulation() -> None:
     # Simulated GPUs are renumbered to the logical GPUs, each with its own limit; with memory
-    # growth off on its physical GPU, a logical GPU reserves its whole limit up front.
+    # growth off on its physical GPU, a logical GPU reserves its whole limit up front; logical
+    # GPUs of one physical GPU share its modeled queue (a split GPU adds no compute).
     if simulated.is_active():
         gpus = logical_devices("GPU")
         simulated.reconfigure([d.memory_limit for d in gpus],
-                              [_settings.memory_growth.get(d.physical.name, True) for d in gpus])
+                              [_settings.memory_growth.get(d.physical.name, True) for d in gpus],
+                              [d.physical.index for d in gpus])
 
 
 def _apply_real_cuda_settings() -> None:

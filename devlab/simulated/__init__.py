@@ -140,7 +140,8 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
 
 
 def reconfigure(memory_limits_mb: list[int | None],
-                memory_growth: list[bool] | None = None) -> None:
+                memory_growth: list[bool] | None = None,
+                physical: list[int] | None = None) -> None:
     """Replace the set of simulated GPUs (one entry per GPU: MB limit or None).
 
     `memory_growth` has one flag per GPU, as `devlab.config.set_memory_growth` sets them:
@@ -148,6 +149,10 @@ def reconfigure(memory_limits_mb: list[int | None],
     GPU's whole limit up front, TensorFlow's default, so `memory_stats(i)["reserved"]` and
     `torch.cuda.memory_reserved(i)` read the limit. A GPU without a limit reserves nothing
     beyond what is allocated: its only capacity is the host's memory.
+
+    `physical` says which physical GPU each one is a logical device of (default: each its
+    own): with a modeled clock, logical GPUs of one physical GPU share its one queue, so
+    work on them does not overlap, as on a real GPU split into logical devices.
 
     Allowed only before the first simulated tensor, as TensorFlow's logical devices are.
     """
@@ -164,7 +169,11 @@ def reconfigure(memory_limits_mb: list[int | None],
         if growth is not None and len(growth) != len(limits):
             raise ValueError(f"memory_growth has {len(growth)} entries for {len(limits)} "
                              "simulated GPUs")
-        sess.configure(_limits_bytes(len(limits), limits), growth)
+        if physical is not None and len(physical) != len(limits):
+            raise ValueError(f"physical has {len(physical)} entries for {len(limits)} "
+                             "simulated GPUs")
+        queues = None if physical is None else [sorted(set(physical)).index(p) for p in physical]
+        sess.configure(_limits_bytes(len(limits), limits), growth, queues)
         if _session.current_device() >= sess.count:
             _session.tls.device = 0
 

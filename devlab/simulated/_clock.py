@@ -38,28 +38,37 @@ TIMING = QUEUED  # what the clock's times are: ops queued back to back
 
 class Clock:
     """Modeled time, in seconds from the simulation's start: the host's, and when each GPU's
-    queue is done."""
+    queue is done.
 
-    def __init__(self, spec: GpuSpec, count: int) -> None:
+    `queues[i]` is the queue simulated GPU i runs on: its own, unless it is one of several
+    logical GPUs made of one physical GPU (`set_logical_device_configuration`), which share
+    that GPU's one queue, as logical devices of a real GPU share its compute."""
+
+    def __init__(self, spec: GpuSpec, count: int, queues: list[int] | None = None) -> None:
         self.spec = spec
         self.lock = threading.Lock()
-        self.reset(count)
+        self.reset(count, queues)
         # While `explain` watches: every charge, in order.
         self.recording: list[OpTime] | None = None
         self._launch = spec.launch_latency_us * 1e-6
         self._sync = spec.sync_latency_us * 1e-6
 
-    def reset(self, count: int) -> None:
+    def reset(self, count: int, queues: list[int] | None = None) -> None:
         """Start again at 0 with `count` idle GPUs (reconfigured before first use)."""
+        queue = list(range(count)) if queues is None else list(queues)
+        if len(queue) != count:
+            raise ValueError(f"queues has {len(queue)} entries for {count} simulated GPUs")
         with self.lock:
             self.host = 0.0
-            self.free = [0.0] * count
-            self.busy = [0.0] * count
+            self.queue = queue
+            self.free = [0.0] * (max(queue) + 1)
+            self.busy = [0.0] * (max(queue) + 1)
 
     def kernel(self, t: OpTime, times: int = 1) -> None:
         """`times` kernels of cost `t`, launched one after the other."""
         compute, memory = t.compute, t.memory
-        device, launch, work = t.device, t.launch, t.floor + (compute if compute > memory else memory)
+        device = self.queue[t.device]
+        launch, work = t.launch, t.floor + (compute if compute > memory else memory)
         free = self.free
         with self.lock:
             for _ in range(times):
@@ -74,11 +83,16 @@ class Clock:
              op: str = "copy") -> None:
         """A copy between the host (None) and a GPU, or between two GPUs."""
         spec = self.spec
+        where = (f"GPU:{src}→GPU:{dst}" if src is not None and dst is not None else
+                 f"host→GPU:{dst}" if src is None else f"GPU:{src}→host")
+        shown = src if src is not None else dst  # the GPU `explain` names
+        src = None if src is None else self.queue[src]
+        dst = None if dst is None else self.queue[dst]
         within = None
         if src is not None and dst is not None:
-            ends = [src, dst]
+            ends = [src, dst] if src != dst else [src]
             if src == dst:  # within one GPU's memory: a copy kernel reads, then writes
-                within = memory_cost(spec, src, op, 2 * nbytes, COPY)
+                within = memory_cost(spec, shown, op, 2 * nbytes, COPY)
                 seconds = within.gpu
             else:
                 seconds = nbytes / (spec.peer_link_gbs * 1e9)
@@ -98,25 +112,23 @@ class Clock:
                 # (and wakes up after a copy to the host, as after any sync).
                 self.host = end + waited
             if self.recording is not None:
-                where = (f"GPU:{src}→GPU:{dst}" if src is not None and dst is not None else
-                         f"host→GPU:{dst}" if src is None else f"GPU:{src}→host")
                 name = f"{op} ({where})"
                 self.recording.append(within._replace(op=name) if within is not None else
-                                      OpTime(name, ends[0], self._launch, 0.0,  # type: ignore[arg-type]
+                                      OpTime(name, shown, self._launch, 0.0,  # type: ignore[arg-type]
                                              seconds, 0, nbytes, waited))
 
     def sync(self, index: int | None = None) -> None:
         """The host waits for GPU `index`'s queue (every GPU's if None). Waking up after the
         GPU finishes costs the sync round trip; a GPU already idle answers at once."""
         with self.lock:
-            done = max(self.free if index is None else [self.free[index]])
+            done = max(self.free if index is None else [self.free[self.queue[index]]])
             if done > self.host:
                 self.host = done + self._sync
 
     def reached(self, index: int) -> float:
         """When GPU `index`'s queue reaches work enqueued now (an Event's time)."""
         with self.lock:
-            return max(self.free[index], self.host)
+            return max(self.free[self.queue[index]], self.host)
 
     def now(self) -> float:
         with self.lock:
