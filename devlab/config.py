@@ -386,8 +386,9 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     """Simulate `count` GPUs on the CPU (each with `memory_limit` MB, if given).
 
     Ordinary PyTorch code then sees `count` CUDA devices whose tensors really live in host
-    memory: values are exact, speeds say nothing about a real GPU. With `model` ("T4", "L4",
-    "A100", "H100"), the simulated GPUs keep a modeled clock of that GPU instead: timing code
+    memory: values are exact, speeds say nothing about a real GPU. With `model` ("T4", "P100",
+    "V100", "L4", "A100-40GB", "A100-80GB", "H100", ...: `devlab.simulated.models()`; "A100"
+    is "A100-80GB"), the simulated GPUs keep a modeled clock of that GPU instead: timing code
     (devlab.timing, torch.cuda.Event) reads modeled times, from the GPU's public
     specifications, not measured; each GPU then has that GPU's memory unless `memory_limit`
     says otherwise. Choose before first use.
@@ -458,11 +459,13 @@ def reset() -> None:
 
 def _apply_simulation() -> None:
     # Simulated GPUs are renumbered to the logical GPUs, each with its own limit; with memory
-    # growth off on its physical GPU, a logical GPU reserves its whole limit up front.
+    # growth off on its physical GPU, a logical GPU reserves its whole limit up front; logical
+    # GPUs of one physical GPU share its modeled queue (a split GPU adds no compute).
     if simulated.is_active():
         gpus = logical_devices("GPU")
         simulated.reconfigure([d.memory_limit for d in gpus],
-                              [_settings.memory_growth.get(d.physical.name, True) for d in gpus])
+                              [_settings.memory_growth.get(d.physical.name, True) for d in gpus],
+                              [d.physical.index for d in gpus])
 
 
 def _apply_real_cuda_settings() -> None:

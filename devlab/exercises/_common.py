@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from devlab import config, d2l, scope, simulated
+from devlab.gpu_model import QUEUED
 from devlab.host import cpu_cores
 
 # A measurement that was not steady (`TimingResult.steady`) is taken again at most this many
@@ -138,8 +139,8 @@ class ExerciseResult:
         if self.modeled:
             names = ", ".join(d.name for d in self.devices if d.modeled)
             return (f"Times on {names} are modeled from {self.modeled} specifications, not "
-                    "measured (the roofline model: launch latency plus the longer of compute "
-                    "and memory time). Their values are computed by this machine's CPU.")
+                    f"measured (devlab.gpu_model; ops {QUEUED}). Their values are computed by "
+                    "this machine's CPU.")
         return SIMULATED_WARNING if self.simulated else ""
 
     def ran_on(self) -> str:

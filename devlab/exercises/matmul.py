@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from devlab import simulated
+from devlab import gpu_model, simulated
 from devlab.exercises._common import (
     RETRIES,
     DeviceInfo,
@@ -156,9 +156,10 @@ def _modeled_reason(sizes: Sequence[int], bounds: Sequence[str], model: str,
         parts.append(f"Up to n={small[-1]} a product on the {model} is launch-bound: it costs "
                      f"about {launch} whatever its size, the time to launch a kernel{beaten}.")
     if large:
-        peak = f"{spec.fp32_tflops:g} TFLOPS" if spec is not None else "its peak"
-        parts.append(f"From n={large[0]} it is compute-bound, at the {model}'s FP32 peak "
-                     f"({peak}), and its lead over the CPU grows with n.")
+        peak = (f"{gpu_model.CALIBRATION[spec.name].mm.fp32 * spec.fp32_tflops:.3g} TFLOPS "
+                f"of the {spec.fp32_tflops:g} on its datasheet") if spec is not None else "its peak"
+        parts.append(f"From n={large[0]} it is compute-bound, at the {model}'s achieved FP32 "
+                     f"rate ({peak}), and its lead over the CPU grows with n.")
     return " ".join(parts)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from devlab import d2l
+from devlab import config, d2l
 from devlab import simulated as sim
 from devlab.exercises._common import (
     RETRIES,
@@ -77,9 +77,11 @@ def _launch_check(a: torch.Tensor, b: torch.Tensor, device: torch.device, tries:
 
 def _explain(speedup: float, asynchronous: bool, simulated: bool, cores: int,
              load: float | None, modeled: str | None = None, bound: str | None = None,
-             steady: bool = True) -> list[str]:
+             steady: bool = True, split: str | None = None) -> list[str]:
     """Why the speed-up is what it is, from what was measured and what the machine is; only
-    that it is too noisy to call when the runs it comes from were not steady."""
+    that it is too noisy to call when the runs it comes from were not steady.
+
+    `split` names the physical GPU both logical GPUs are made of, if they share one."""
     if not steady:
         out = [f"{speedup:.2f}x, but too noisy to call: the runs it comes from spread over more "
                f"than {STEADY:g}x their fastest even after {RETRIES} more tries (a busy "
@@ -96,6 +98,17 @@ def _explain(speedup: float, asynchronous: bool, simulated: bool, cores: int,
     else:
         out = [f"{speedup:.2f}x of the ideal 2x: no real speed-up; the two products did not "
                "run at the same time."]
+    if split is not None:
+        out.append(f"Both are logical devices of one physical GPU ({split}), as the TensorFlow "
+                   "guide splits one GPU to run multi-GPU code: they share its compute and its "
+                   "one queue, so two products on them run one after the other. A split GPU "
+                   "does not scale; only a second physical GPU adds compute.")
+        if modeled is not None:
+            out.append(f"Modeled from {modeled} specifications, not measured.")
+        elif simulated:
+            out.append(f"Without a timing model, simulated GPUs compute on this machine's "
+                       f"{cores} CPU core{'s' if cores != 1 else ''}: this measures the CPU.")
+        return out
     if modeled is not None:
         why = {"compute-bound": "each product is compute-bound: it keeps its GPU busy far "
                                 "longer than the host takes to launch both, so the two queues "
@@ -140,7 +153,9 @@ def two_gpu_scaling(
     in turn (each call waits for its devices), and give the speed-up against the ideal 2x.
 
     Needs two GPUs (real, or simulated with `devlab.config.simulate_gpus(2)`); with fewer it
-    raises `NeedsTwoGPUs` saying so.
+    raises `NeedsTwoGPUs` saying so. Two logical GPUs of one physical GPU
+    (`set_logical_device_configuration`) count: the result then says why a split GPU does
+    not scale.
     """
     check_positive(size=size)
     check_options(min_time=min_time, repeats=repeats, warmup=warmup)
@@ -154,11 +169,10 @@ def two_gpu_scaling(
         )
     infos = [device_info(d2l.gpu(0)), device_info(d2l.gpu(1))]
     g0, g1 = (i.torch_device for i in infos)
-    if g0 == g1:
-        raise NeedsTwoGPUs(
-            f"{infos[0].name} and {infos[1].name} are logical devices of one CUDA device "
-            f"({g0}): they share its compute, so there is nothing to scale across."
-        )
+    # Two logical GPUs of one physical GPU (on a real GPU both are the same CUDA device): the
+    # exercise still runs, and says why a split GPU does not scale.
+    first, second = config.logical_devices("GPU")[:2]
+    split = first.physical.name if first.physical == second.physical else None
     sync0, _ = synchronizer(g0)
     sync1, _ = synchronizer(g1)
     a = torch.randn(size, size)
@@ -211,7 +225,7 @@ def two_gpu_scaling(
     bound = sim.explain(lambda: a0 @ b0).bound if infos[0].modeled else None
     steady = t_seq.steady and t_par.steady
     explanation = _explain(speedup, asynchronous, simulated, cores, load, infos[0].modeled,
-                           bound, steady)
+                           bound, steady, split)
     notes = list(explanation)
     busy = busy_note(load, steady)
     if busy:
@@ -251,6 +265,7 @@ def two_gpu_scaling(
         "load_average": load,
         "explanation": explanation,
         "bound": bound,
+        "split": split,
     }
     return ScalingResult(f"Two products of {size}x{size} on {n0} and {n1}: scaling",
                          infos, data, headers, rows, notes)

@@ -134,7 +134,7 @@ class PlacementMagics(Magics):
     @magic_arguments()
     @argument("--simulate-gpus", type=int, default=None, metavar="N", help="First simulate N GPUs on the CPU (before first use).")
     @argument("--memory-limit", type=int, default=None, metavar="MB", help="With --simulate-gpus: each simulated GPU's memory.")
-    @argument("--model", default=None, metavar="GPU", help="With --simulate-gpus: model the timing of this real GPU (T4, L4, A100, H100): times on the simulated GPUs are then modeled from its specifications, not measured.")
+    @argument("--model", default=None, metavar="GPU", help="With --simulate-gpus: model the timing of this real GPU (T4, P100, V100, L4, A100-40GB, A100-80GB, H100, ...): times on the simulated GPUs are then modeled from its specifications, not measured.")
     @line_magic
     def devices(self, line: str) -> Any:
         """Show every device: type, name, torch device, memory, utilisation, real or simulated.

@@ -58,8 +58,10 @@ class Session:
         self.spec = spec
         self.configure(limits, growth)
 
-    def configure(self, limits: list[int | None], growth: list[bool] | None = None) -> None:
-        """Set the GPUs: one limit (bytes or None) and memory-growth flag (default on) each."""
+    def configure(self, limits: list[int | None], growth: list[bool] | None = None,
+                  queues: list[int] | None = None) -> None:
+        """Set the GPUs: one limit (bytes or None) and memory-growth flag (default on) each;
+        `queues`, the modeled queue each runs on (logical GPUs of one physical GPU share one)."""
         self.count = len(limits)
         growth = [True] * self.count if growth is None else growth
         self.devices = [DeviceState(i, lim, not grows)
@@ -67,11 +69,11 @@ class Session:
         if self.spec is None:
             self.clock = self.charges = None
         elif getattr(self, "clock", None) is not None:
-            self.clock.reset(self.count)
+            self.clock.reset(self.count, queues)
         else:
             from ._clock import Charges, Clock  # only a modeled simulation loads the model
 
-            self.clock = Clock(self.spec, self.count)
+            self.clock = Clock(self.spec, self.count, queues)
             self.charges = Charges(self.clock)
 
 
