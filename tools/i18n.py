@@ -496,6 +496,28 @@ def _rtl_div(prose: str) -> str:
     return f'<div dir="rtl">\n\n{_isolate_code(prose)}\n\n</div>'
 
 
+def english_view(translated: nbformat.NotebookNode,
+                 english: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """An executed translated notebook with the English notebook's cell sources and its own
+    outputs: what tests written for the English lesson read (their cells found by code that
+    may carry a comment). Only for notebooks whose code is the English code (`check_code`)."""
+    problems = check_code(english, _without_outputs(translated), Path("translated notebook"))
+    if problems:
+        raise ValueError("; ".join(p.what for p in problems))
+    view = copy.deepcopy(translated)
+    for cell, source in zip(view.cells, english.cells, strict=True):
+        cell.source = source.source
+    return view
+
+
+def _without_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    bare = copy.deepcopy(nb)
+    for cell in bare.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return bare
+
+
 # -- checks ------------------------------------------------------------------------------------------
 
 def code_signature(source: str, where: str = "a code cell") -> list[tuple[str, str]]:
