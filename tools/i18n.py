@@ -501,21 +501,13 @@ def english_view(translated: nbformat.NotebookNode,
     """An executed translated notebook with the English notebook's cell sources and its own
     outputs: what tests written for the English lesson read (their cells found by code that
     may carry a comment). Only for notebooks whose code is the English code (`check_code`)."""
-    problems = check_code(english, _without_outputs(translated), Path("translated notebook"))
+    problems = check_code(english, translated, Path("translated notebook"), executed=True)
     if problems:
         raise ValueError("; ".join(p.what for p in problems))
     view = copy.deepcopy(translated)
     for cell, source in zip(view.cells, english.cells, strict=True):
         cell.source = source.source
     return view
-
-
-def _without_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    bare = copy.deepcopy(nb)
-    for cell in bare.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    return bare
 
 
 # -- checks ------------------------------------------------------------------------------------------
@@ -618,13 +610,15 @@ def _short(text: str, n: int = 70) -> str:
 
 
 def check_code(english: nbformat.NotebookNode, translated: nbformat.NotebookNode,
-               path: Path) -> list[Problem]:
-    """A translated notebook has the English one's cells, code and metadata, and no outputs."""
+               path: Path, executed: bool = False) -> list[Problem]:
+    """A translated notebook has the English one's cells, code and metadata, and no outputs
+    (`executed`: a notebook that has run, with outputs and execution metadata of its own)."""
     if [c.cell_type for c in english.cells] != [c.cell_type for c in translated.cells]:
         return [Problem(path, "its cells are not the English notebook's (count or kinds)")]
     problems = []
     for i, (en, tr) in enumerate(zip(english.cells, translated.cells, strict=True)):
-        if en.get("id") != tr.get("id") or en.metadata != tr.metadata:
+        same_metadata = executed or en.metadata == tr.metadata
+        if en.get("id") != tr.get("id") or not same_metadata:
             problems.append(Problem(path, f"cell {i + 1}: id or metadata differs from the English"))
         if en.cell_type != "code":
             continue
@@ -632,7 +626,7 @@ def check_code(english: nbformat.NotebookNode, translated: nbformat.NotebookNode
         if code_signature(en.source, where) != code_signature(tr.source, where):
             problems.append(Problem(path, f"code cell {i + 1}: the code differs from the English "
                                           f"notebook's (comments aside)"))
-        if tr.get("outputs") or tr.get("execution_count") is not None:
+        if not executed and (tr.get("outputs") or tr.get("execution_count") is not None):
             problems.append(Problem(path, f"code cell {i + 1} has outputs; lessons are kept "
                                           "without"))
     return problems
