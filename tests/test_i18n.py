@@ -285,3 +285,17 @@ def test_cli_check_exit_status(sandbox: Path, capsys: pytest.CaptureFixture[str]
     assert i18n.main(["check"]) == 1
     out = capsys.readouterr().out
     assert "untranslated" in out and "ko.po" in out
+
+
+def test_a_translation_keeps_the_english_structure(sandbox: Path) -> None:
+    """Headings and list items as in the English, and no emphasis that fails to parse: beside
+    CJK punctuation CommonMark's flanking rules can leave `**` showing as text."""
+    ready(sandbox)
+    last = LESSON[3][1]
+    translate(i18n.catalog_path(sandbox, "ja"), {
+        last: "コピー\n\n```python\nz = y.cpu()\n```\n\nこれは**「明示的」**です。\n\n- 一つ"})
+    found = problems(sandbox)
+    assert any("headings (levels []) are not the English ones ([2])" in p for p in found), found
+    assert any("1 list items, the English 0" in p for p in found), found
+    assert any("an emphasis did not parse, `*` shows as text: 'これは**「明示的」**です。'" in p
+               for p in found), found

@@ -542,6 +542,29 @@ def markdown_facts(text: str) -> dict[str, set[str]]:
     }
 
 
+def markdown_shape(text: str) -> dict[str, object]:
+    """A markdown text's structure as a CommonMark parser (mistune, as nbconvert uses) reads it:
+    its headings' levels, how many list items, and any `*` left as text, which is emphasis
+    that did not parse (CommonMark's flanking rules can leave it so beside CJK punctuation)."""
+    import mistune
+
+    shape: dict[str, list] = {"headings": [], "items": [], "stars": []}
+
+    def walk(nodes: list[dict]) -> None:
+        for node in nodes:
+            kind = node["type"]
+            if kind == "heading":
+                shape["headings"].append(node["attrs"]["level"])
+            elif kind == "list_item":
+                shape["items"].append(1)
+            elif kind == "text" and "*" in node.get("raw", ""):
+                shape["stars"].append(node["raw"])
+            walk(node.get("children", []))
+
+    walk(mistune.create_markdown(renderer="ast")(text))
+    return {"headings": shape["headings"], "items": len(shape["items"]), "stars": shape["stars"]}
+
+
 @dataclass(frozen=True)
 class Problem:
     path: Path
@@ -568,6 +591,14 @@ def check_translation(unit: Unit, text: str) -> list[str]:
             wrong.append(f"its {label} differs from the English: missing {lost}, added {added}")
     if not want["links"] <= got["links"]:
         wrong.append(f"it lost the English links {sorted(want['links'] - got['links'])}")
+    english, translated = markdown_shape(unit.text), markdown_shape(text)
+    if translated["headings"] != english["headings"]:
+        wrong.append(f"its headings (levels {translated['headings']}) are not the English "
+                     f"ones ({english['headings']})")
+    if translated["items"] != english["items"]:
+        wrong.append(f"it has {translated['items']} list items, the English {english['items']}")
+    if translated["stars"] and not english["stars"]:
+        wrong.append(f"an emphasis did not parse, `*` shows as text: {translated['stars'][0]!r}")
     return wrong
 
 
