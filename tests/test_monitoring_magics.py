@@ -58,8 +58,13 @@ def test_memwatch_error_propagates_and_stops_the_sampler(ip, capsys):
 
 
 @pytest.mark.parametrize("line, message", [
-    ("--interval 0", "--interval must be more than 0 ms"),
-    ("--interval -5", "--interval must be more than 0 ms"),
+    ("--interval 0", "--interval is the time between two readings in ms, from 1 "),
+    ("--interval -5", "got -5."),
+    # As the issue wrote it: --interval inf killed the sampler thread with OverflowError.
+    ("--interval inf", "to 9,223,372,036,000 (the longest a thread can wait); got inf."),
+    ("--interval nan", "got nan."),
+    ("--interval 1e300", "got 1e+300."),
+    ("--interval 0.5", "from 1 (faster only takes the CPU from the cell being watched)"),
     ("--device /GPU:9", "unknown device"),
     ("--device /foo:1", "Unknown attribute 'foo'"),
     ("--bogus", "unrecognized arguments"),
@@ -179,7 +184,7 @@ def test_kernel_out_of_memory_cell(kernel):
 @pytest.mark.notebook
 def test_kernel_bad_input_one_line(kernel):
     cells, _ = kernel
-    for name, message in (("bad_interval", "--interval must be more than 0 ms"),
+    for name, message in (("bad_interval", "--interval is the time between two readings in ms"),
                           ("bad_device", "unknown device")):
         out = text(cells[name])
         assert "UsageError" in out and message in out

@@ -10,22 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from IPython.core import magic_arguments
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.display import display
 
 from devlab.magics.cell import compile_cell, run_body
-from devlab.magics.usage import usage_errors
+from devlab.magics.usage import parse_args, usage_errors
 
 __all__ = ["MonitoringMagics"]
-
-
-def _unquote(text: str) -> str:
-    # IPython splits magic arguments non-POSIX style, which keeps the quotes.
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return text
 
 
 @magics_class
@@ -58,15 +49,14 @@ class MonitoringMagics(Magics):
             %%memwatch --device /GPU:0 --interval 20
             x = torch.ones(1024, 1024, 256, device="cuda")
         """
+        from devlab.memory.sampler import check_interval
         from devlab.widgets import MemoryMonitor
 
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
-        args = magic_arguments.parse_argstring(self.memwatch, line)
-        if not args.interval > 0:
-            raise UsageError(f"--interval must be more than 0 ms, got {args.interval:g}")
+        args = parse_args(self.memwatch, line)
         with usage_errors():
-            monitor = MemoryMonitor(args.device, interval=args.interval / 1000,
-                                    show_summary=False)
+            interval = check_interval(args.interval, "--interval", "ms")
+            monitor = MemoryMonitor(args.device, interval=interval, show_summary=False)
         display(monitor)
         monitor.start()
         try:
@@ -117,14 +107,14 @@ class MonitoringMagics(Magics):
         from devlab.widgets import TimingChart
 
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
-        args = magic_arguments.parse_argstring(self.compare_devices, line)
+        args = parse_args(self.compare_devices, line)
         with usage_errors():
             check_options(warmup=args.warmup, repeats=args.repeats, min_time=args.min_time,
                           flags=True)
             for name in args.devices:
                 resolve_device(name)
         body, _ = compile_cell(self.shell, cell, "timed", f"%%compare_devices {line}")
-        setup_code = _unquote(args.setup)
+        setup_code = args.setup  # parse_args took off its quotes
         setup = compile_cell(self.shell, setup_code, "setup")[0] if setup_code.strip() else None
         user_ns = self.shell.user_ns
         chart = TimingChart(len(args.devices), show_table=not args.output)

@@ -25,6 +25,7 @@ from devlab.scope import device_label, resolve_device
 __all__ = [
     "MemoryReading",
     "MemoryReader",
+    "PeakWindow",
     "ProcessReader",
     "TorchCudaReader",
     "SimulatedReader",
@@ -55,11 +56,23 @@ class MemoryReading:
 
 
 class MemoryReader(Protocol):
-    """Anything with a `label` and a `read()` returning a `MemoryReading`."""
+    """Anything with a `label` and a `read()` returning a `MemoryReading`.
+
+    A reader whose backend can tell the exact peak over a span of time also has
+    `open_peak()`, returning a `PeakWindow` (see `SimulatedReader`).
+    """
 
     label: str
 
     def read(self) -> MemoryReading: ...
+
+
+class PeakWindow(Protocol):
+    """The exact highest `used` since the window opened (`peak`, bytes), until `close()`."""
+
+    peak: int
+
+    def close(self) -> None: ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,11 +165,18 @@ def _configured_fraction(index: int) -> float | None:
 
 
 class SimulatedReader:
-    """A simulated GPU: the bytes of the tensors that live on it, its peak and its limit."""
+    """A simulated GPU: the bytes of the tensors that live on it, its peak and its limit.
+
+    `open_peak()` watches its exact peak from now on (`simulated.watch_peak`), apart from the
+    peak `torch.cuda.max_memory_allocated` reads, which stays the user's to reset.
+    """
 
     def __init__(self, index: int, label: str | None = None) -> None:
         self.index = index
         self.label = label or f"GPU:{index} (simulated)"
+
+    def open_peak(self) -> PeakWindow:
+        return simulated.watch_peak(self.index)
 
     def read(self) -> MemoryReading:
         stats = simulated.memory_stats(self.index)
