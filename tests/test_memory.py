@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from types import SimpleNamespace
@@ -450,3 +451,24 @@ def test_an_old_high_water_mark_above_every_sample_makes_the_peak_at_least():
     with Sampler([reader], interval=1.0) as s:
         pass
     assert not s.summary()["fake"].peak_at_least
+
+
+def test_public_objects_have_a_useful_repr():
+    # As the issue wrote it: `devlab.memory.Sampler([...])` showed as
+    # `<devlab.memory.sampler.Sampler object at 0x…>`.
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from devlab.magics.monitoring import MonitoringMagics
+    from devlab.magics.placement import PlacementMagics
+    from devlab.memory import NvmlReader, ProcessReader, SimulatedReader, TorchCudaReader
+
+    s = Sampler([ScriptedReader()], interval=0.02)
+    assert repr(s) == "Sampler(fake; every 20 ms; not started)"
+    with s:
+        time.sleep(0.05)
+    assert re.fullmatch(r"Sampler\(fake; every 20 ms; stopped after 0\.\d\d s, \d+ samples\)", repr(s))
+    ip = InteractiveShell.instance()
+    for obj in (ProcessReader(), TorchCudaReader(0), SimulatedReader(1), NvmlReader(0, "process"),
+                MemoryChart(), PlacementMagics(ip), MonitoringMagics(ip)):
+        assert " object at 0x" not in repr(obj), repr(obj)
+    assert repr(SimulatedReader(1)) == "SimulatedReader(1, label='GPU:1 (simulated)')"

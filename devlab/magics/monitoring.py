@@ -23,6 +23,9 @@ __all__ = ["MonitoringMagics"]
 class MonitoringMagics(Magics):
     """Live memory charts and device timing comparisons for notebook cells."""
 
+    def __repr__(self) -> str:
+        return "MonitoringMagics(%%memwatch, %%compare_devices)"
+
     # The name is what the help's usage line shows: "%%memwatch", a cell magic.
     @magic_arguments.magic_arguments(name="%memwatch")
     @magic_arguments.argument(
@@ -57,13 +60,18 @@ class MonitoringMagics(Magics):
         with usage_errors():
             interval = check_interval(args.interval, "--interval", "ms")
             monitor = MemoryMonitor(args.device, interval=interval, show_summary=False)
-        display(monitor)
+        monitor.display_live()
         monitor.start()
         try:
             return run_body(self.shell, cell, f"%%memwatch {line}")
         finally:
-            # Whatever happened in the cell: stop and join the thread, then say what it saw.
-            display(monitor.stop())
+            # Whatever happened in the cell: stop and join the thread, leave the final chart as
+            # static output (no widget, no figure left in the kernel), say what it saw.
+            try:
+                summary = monitor.stop()
+            finally:
+                monitor.release()
+            display(summary)
 
     @magic_arguments.magic_arguments(name="%compare_devices")
     @magic_arguments.argument(
@@ -118,26 +126,29 @@ class MonitoringMagics(Magics):
         setup = compile_cell(self.shell, setup_code, "setup")[0] if setup_code.strip() else None
         user_ns = self.shell.user_ns
         chart = TimingChart(len(args.devices), show_table=not args.output)
-        display(chart)
-        for name in args.devices:
-            ns = dict(user_ns)  # the cell's assignments stay in this copy
+        chart.display_live()
+        try:
+            for name in args.devices:
+                ns = dict(user_ns)  # the cell's assignments stay in this copy
 
-            def run(ns: dict = ns) -> None:
-                __tracebackhide__ = True  # noqa: F841
-                exec(body, ns)
+                def run(ns: dict = ns) -> None:
+                    __tracebackhide__ = True  # noqa: F841
+                    exec(body, ns)
 
-            def prepare(ns: dict = ns) -> None:
-                __tracebackhide__ = True  # noqa: F841
-                if setup is not None:
-                    exec(setup, ns)
+                def prepare(ns: dict = ns) -> None:
+                    __tracebackhide__ = True  # noqa: F841
+                    if setup is not None:
+                        exec(setup, ns)
 
-            chart.starting(name)
-            try:
-                result = time_on_device(
-                    run, name, setup=prepare, warmup=args.warmup, min_time=args.min_time,
-                    repeats=args.repeats, progress=chart.progress)
-            except BaseException as e:
-                chart.stopped(f"stopped on {name}: {type(e).__name__}")
-                raise
-            chart.add(result)
+                chart.starting(name)
+                try:
+                    result = time_on_device(
+                        run, name, setup=prepare, warmup=args.warmup, min_time=args.min_time,
+                        repeats=args.repeats, progress=chart.progress)
+                except BaseException as e:
+                    chart.stopped(f"stopped on {name}: {type(e).__name__}")
+                    raise
+                chart.add(result)
+        finally:
+            chart.release()  # the final chart stays as static output; no widget is left
         return chart.comparison if args.output else None

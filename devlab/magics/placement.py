@@ -44,6 +44,11 @@ class PlacementMagics(Magics):
         self._pending: list[PlacementLog] = []
         self._cell_limit: int | None = None  # a cell magic's own --limit
 
+    def __repr__(self) -> str:
+        state = "on" if debugging.get_log_device_placement() else "off"
+        file = f", --file {self.file}" if self.file is not None else ""
+        return f"PlacementMagics(%device, %placement_log {state}, --limit {self.limit}{file}, %devices)"
+
     # -- %device / %%device ------------------------------------------------------------------
 
     @magic_arguments()

@@ -116,6 +116,9 @@ class ProcessReader:
         self.label = label
         self._process = psutil.Process()
 
+    def __repr__(self) -> str:
+        return f"ProcessReader(label={self.label!r})"
+
     def read(self) -> MemoryReading:
         rss = self._process.memory_info().rss
         return MemoryReading(time.perf_counter(), rss, None, None, self.label)
@@ -132,6 +135,9 @@ class TorchCudaReader:
         self.index = index
         self.label = label or f"GPU:{index}"
         self._total: int | None = None
+
+    def __repr__(self) -> str:
+        return f"TorchCudaReader({self.index}, label={self.label!r})"
 
     def read(self) -> MemoryReading:
         i = self.index
@@ -175,6 +181,9 @@ class SimulatedReader:
         self.index = index
         self.label = label or f"GPU:{index} (simulated)"
 
+    def __repr__(self) -> str:
+        return f"SimulatedReader({self.index}, label={self.label!r})"
+
     def open_peak(self) -> PeakWindow:
         return simulated.watch_peak(self.index)
 
@@ -207,6 +216,9 @@ class NvmlReader:
         self.index = index
         self.scope = scope
         self.label = label or f"GPU:{index} (NVML{', this process' if scope == 'process' else ''})"
+
+    def __repr__(self) -> str:
+        return f"NvmlReader({self.index}, scope={self.scope!r}, label={self.label!r})"
 
     def read(self) -> MemoryReading:
         info = nvml.memory_info(self.index)

@@ -146,6 +146,17 @@ class Sampler:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def __repr__(self) -> str:
+        labels = ", ".join(r.label for r in self.readers)
+        samples = max((len(rs) for rs in self.series().values()), default=0)
+        if self.started_at is None:
+            state = "not started"
+        elif self.stopped_at is None:
+            state = f"running for {time.perf_counter() - self.started_at:.2f} s, {samples} samples"
+        else:
+            state = f"stopped after {self.stopped_at - self.started_at:.2f} s, {samples} samples"
+        return f"Sampler({labels}; every {self.interval * 1000:g} ms; {state})"
+
     def __enter__(self) -> Sampler:
         return self.start()
 
