@@ -71,6 +71,8 @@ class MonitoringMagics(Magics):
                 summary = monitor.stop()
             finally:
                 monitor.release()
+                # An error's traceback keeps this frame (sys.last_traceback): not the monitor.
+                del monitor
             display(summary)
 
     @magic_arguments.magic_arguments(name="%compare_devices")
@@ -150,5 +152,7 @@ class MonitoringMagics(Magics):
                     raise
                 chart.add(result)
         finally:
+            comparison = chart.comparison
             chart.release()  # the final chart stays as static output; no widget is left
-        return chart.comparison if args.output else None
+            del chart  # an error's traceback keeps this frame, not the chart
+        return comparison if args.output else None
