@@ -40,6 +40,14 @@ def cells(tmp_path_factory):
         "print_sync": "%%device /GPU:0 --log\nc = torch.ones(2)\nprint(c)",
         "bad_limit": "%placement_log on --limit -3",
         "help": "ip = get_ipython()\nprint(ip.find_cell_magic('device').__doc__)\nprint(ip.find_line_magic('placement_log').__doc__)\nprint(ip.find_line_magic('devices').__doc__)",
+        # The case: %reload_ext devlab silently stopped the simulation (a tensor made
+        # on cuda:1 then said cpu). Here there is one simulated GPU: cuda:0.
+        "before_reload": "on_gpu = torch.ones(3, device='cuda:0')\n%device /GPU:0\n%placement_log --limit 7",
+        "reload": "%reload_ext devlab",
+        "after_reload": "print(on_gpu.device, torch.cuda.is_available(), torch.get_default_device(), "
+        "torch.ones(1).device)\n%placement_log\n"
+        "print(get_ipython().magics_manager.registry['PlacementMagics'])",
+        "magics_after_reload": "%%device /CPU:0\ntorch.ones(1).device",
         "unload": "%unload_ext devlab",
         "gone": "%device",
         "torch_as_before": "(torch.get_default_device(), torch._C._len_torch_function_stack(), "
@@ -163,6 +171,16 @@ def test_magics_have_full_help(cells) -> None:
     assert "Run a cell on a device named the TensorFlow way" in out
     assert "%placement_log [--limit LIMIT] [--file FILE] [{on,off}]" in out
     assert "--simulate-gpus N" in out
+
+
+def test_reload_keeps_the_simulation_and_the_session(cells) -> None:
+    assert not errors(cells["reload"])
+    assert text(cells["reload"]).startswith("devlab reloaded: devices /CPU:0, /GPU:0.")
+    after = text(cells["after_reload"])
+    assert after.startswith("cuda:0 True cuda:0 cuda:0"), after
+    assert "Placement log is off." in after
+    assert f"PlacementMagics(%device, %placement_log off, --limit 7, --file {cells['logfile']}, %devices)" in after
+    assert "device(type='cpu')" in text(cells["magics_after_reload"])
 
 
 def test_unload_removes_everything(cells) -> None:

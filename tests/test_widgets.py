@@ -136,6 +136,10 @@ with mon:
     time.sleep(0.6)
 print("draws", mon.draws)
 chart = TimingChart.run(lambda: torch.ones(100) * 2, ["cpu", "/CPU:0"], min_time=0.02)
+import gc
+from ipywidgets.widgets import widget
+gc.collect()
+print("live widgets", len(getattr(widget, "_instances", None) or widget.Widget.widgets))  # 8 or 7
 """
 
 
@@ -166,6 +170,14 @@ def _check_kernel_widgets(cells, state, major: str) -> None:
     assert "speed-up vs CPU:0" in html
     (progress,) = models(state, "IntProgressModel")
     assert progress["value"] == progress["max"] == 200
+    # Once finished, each widget gave way to its final state as plain output, and no widget
+    # model is left in the kernel.
+    shown = [o.get("data", {}) for o in cells[0].outputs if o.output_type == "display_data"]
+    assert shown and not any("application/vnd.jupyter.widget-view+json" in d for d in shown)
+    final = " ".join(d.get("text/html", "") for d in shown)
+    assert final.count('<img src="data:image/png;base64,') == 2
+    assert "peak" in final and "speed-up vs CPU:0" in final and "value='200' max='200'" in final
+    assert "live widgets 0" in out
 
 
 @pytest.mark.notebook
