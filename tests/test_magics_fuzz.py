@@ -249,3 +249,20 @@ def test_options_that_would_do_nothing_are_refused(ip, source, message) -> None:
     assert message in str(result.error_in_exec), str(result.error_in_exec)
     assert state(ip) == before
     fresh(ip)
+
+
+def test_issue_16_reload_ext_keeps_the_simulation(ip: InteractiveShell) -> None:
+    # As the issue wrote it: `%reload_ext devlab` silently stopped the simulation (a tensor
+    # made on cuda:1 then said `cpu`); `%unload_ext devlab` still returns torch to normal.
+    fresh(ip)
+    ip.extension_manager.loaded.add("devlab")  # as %load_ext devlab records it
+    run(ip, "_t = torch.ones(3, device='cuda:1')")
+    result, shown = run(ip, "%reload_ext devlab")
+    assert result.success and "devlab reloaded: devices /CPU:0, /GPU:0, /GPU:1." in shown, shown
+    result, shown = run(ip, "print(_t.device, torch.cuda.device_count())")
+    assert shown.strip() == "cuda:1 2"
+    result, shown = run(ip, "%unload_ext devlab")
+    assert result.success and not simulated.is_active()
+    assert str(ip.user_ns["_t"].device) == "cpu" and not torch.cuda.is_available()
+    with contextlib.redirect_stdout(io.StringIO()):
+        load_ipython_extension(ip)  # the module's shell, as it was

@@ -26,6 +26,12 @@ def cells(tmp_path_factory):
         "before_error": "import torch\ntorch.get_default_device(), torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()",
         "error_in_cell": "%%device /GPU:0\nz = torch.ones(1)\n1/0",
         "after_error": "import torch\ntorch.get_default_device(), torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()",
+        # The case, as written: accepted, then "Error in callback … post_run_cell"
+        # under every later cell, even after %placement_log off.
+        "file_missing": "%placement_log on --file /nonexistent/x.log",
+        "after_missing": "1 + 1",
+        "off_after_missing": "%placement_log off",
+        "after_off": "2 + 2",
         "line_on": f"%placement_log on --limit 5 --file {logfile}",
         "logged": "w = torch.ones(3)\nfor _ in range(20):\n    w = w + 1",
         "cell_log_while_on": "%%placement_log\nw * 2",
@@ -171,6 +177,16 @@ def test_magics_have_full_help(cells) -> None:
     assert "Run a cell on a device named the TensorFlow way" in out
     assert "%placement_log [--limit LIMIT] [--file FILE] [{on,off}]" in out
     assert "--simulate-gpus N" in out
+
+
+def test_a_log_file_in_a_missing_folder_is_refused_when_given(cells) -> None:
+    assert usage_error(cells["file_missing"]) == (
+        "UsageError: Cannot write the placement log to '/nonexistent/x.log': the folder "
+        "'/nonexistent' does not exist.")
+    for name, shown in (("after_missing", "2"), ("off_after_missing", "Placement log off."),
+                        ("after_off", "4")):
+        assert text(cells[name]).strip() == shown, text(cells[name])
+        assert not errors(cells[name]) and not stream(cells[name], "stderr")
 
 
 def test_reload_keeps_the_simulation_and_the_session(cells) -> None:
