@@ -60,9 +60,9 @@ class MonitoringMagics(Magics):
         with usage_errors():
             interval = check_interval(args.interval, "--interval", "ms")
             monitor = MemoryMonitor(args.device, interval=interval, show_summary=False)
-        monitor.display_live()
-        monitor.start()
         try:
+            monitor.display_live()
+            monitor.start()
             return run_body(self.shell, cell, f"%%memwatch {line}")
         finally:
             # Whatever happened in the cell: stop and join the thread, leave the final chart as
@@ -128,8 +128,8 @@ class MonitoringMagics(Magics):
         setup = compile_cell(self.shell, setup_code, "setup")[0] if setup_code.strip() else None
         user_ns = self.shell.user_ns
         chart = TimingChart(len(args.devices), show_table=not args.output)
-        chart.display_live()
         try:
+            chart.display_live()
             for name in args.devices:
                 ns = dict(user_ns)  # the cell's assignments stay in this copy
 

@@ -91,6 +91,9 @@ class Sampler:
             raise ValueError("nothing to watch: no devices given")
         self.interval = interval
         self.callbacks: list[Callback] = list(callbacks)
+        for callback in self.callbacks:
+            if not callable(callback):
+                raise TypeError(f"each callback is a function of the Sampler, not {callback!r}.")
         self.errors: list[BaseException] = []
         self._series: dict[str, list[MemoryReading]] = {r.label: [] for r in self.readers}
         self._base_peaks: dict[str, int | None] = {}

@@ -11,6 +11,7 @@ import ipywidgets
 import torch
 
 from devlab.memory import MemoryChart, MemoryReader, MemorySummary, Sampler, format_bytes
+from devlab.memory.sampler import check_interval
 from devlab.widgets._live import LiveWidget, StaticView, img, png_of
 from devlab.widgets._output import show_png
 
@@ -44,7 +45,7 @@ class MemoryMonitor(LiveWidget, ipywidgets.VBox):
     ) -> None:
         # Build the sampler first: a bad device name fails here, before anything is shown.
         self.sampler = Sampler(devices, interval=interval)
-        self.redraw_interval = redraw_interval
+        self.redraw_interval = check_interval(redraw_interval, "redraw_interval")
         self.show_summary = show_summary
         self.chart = MemoryChart(title=title, show_limit=show_limit, live=True)
         self._status = ipywidgets.HTML(value=self._status_text("ready"))
