@@ -1,16 +1,18 @@
 """What a finished `%%memwatch` or `%%compare_devices` cell leaves in the kernel.
 
 Runs, in one real Jupyter kernel with one simulated GPU, 200 `%%memwatch` cells and then 200
-`%%compare_devices` cells (after a few warm-up cells of each, which import matplotlib and
-ipywidgets), and prints after each batch, with `gc.collect()` first:
+`%%compare_devices` cells (after warm-up cells of each, which import matplotlib and ipywidgets
+and fill their bounded caches: fonts, text metrics), and prints after each batch, with
+`gc.collect()` first:
 - the kernel's resident memory and its growth over the batch (target: at most a few MB for
-  200 cells);
+  200 cells), and the growth over each quarter of it (a leak grows alike in every quarter,
+  a cache that fills up grows less and less);
 - the live ipywidgets models and open comms in the kernel (target: no more than before).
 
 A kernel that kept each cell's widgets and figure grew ~1.85 MB per %%memwatch cell
 (250 -> 620 MB over 200) and kept 10 widget models per %%memwatch, 15 per %%compare_devices.
 
-Run: .venv/bin/python benchmarks/widget_memory.py [--cells 200] [--devlab PATH]
+Run: .venv/bin/python benchmarks/widget_memory.py [--cells 200] [--warmup 20] [--devlab PATH]
 (`--devlab` runs another checkout's devlab in the kernel, e.g. an older one to compare.)
 """
 
@@ -54,6 +56,7 @@ COMPARE = ("%%compare_devices /CPU:0 /GPU:0 --warmup 1 --repeats 1 --min-time 0.
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=200, help="cells of each magic (200)")
+    parser.add_argument("--warmup", type=int, default=20, help="warm-up cells of each (20)")
     parser.add_argument("--devlab", type=Path, default=ROOT,
                         help="the devlab checkout the kernel imports (default: this one)")
     args = parser.parse_args()
@@ -69,21 +72,30 @@ def main() -> None:
         def probe() -> dict:
             return json.loads(run(kc, "_devlab_probe()").strip().splitlines()[-1])
 
-        for _ in range(3):  # imports, first figures, caches
+        start_rss = probe()["rss"]
+        for _ in range(args.warmup):  # imports, first figures, caches
             run(kc, MEMWATCH)
             run(kc, COMPARE)
-        print(f"devlab from {args.devlab}, {args.cells} cells of each magic, one simulated GPU")
         before = probe()
-        print(f"{'after warm-up':<28} {_row(before)}")
+        print(f"devlab from {args.devlab}, {args.cells} cells of each magic, one simulated GPU")
+        print(f"{f'after {args.warmup} + {args.warmup} warm-up':<28} {_row(before)}  warm-up grew "
+              f"{(before['rss'] - start_rss) / 2**20:+.1f} MB")
         for name, cell in (("%%memwatch", MEMWATCH), ("%%compare_devices", COMPARE)):
             start = time.perf_counter()
-            for _ in range(args.cells):
+            quarters = []
+            last = before["rss"]
+            for i in range(args.cells):
                 run(kc, cell)
+                if (i + 1) % max(1, args.cells // 4) == 0 and len(quarters) < 4:
+                    rss = probe()["rss"]
+                    quarters.append((rss - last) / 2**20)
+                    last = rss
             seconds = time.perf_counter() - start
             after = probe()
             growth = (after["rss"] - before["rss"]) / 2**20
             print(f"{f'after {args.cells} {name}':<28} {_row(after)}  growth {growth:+7.1f} MB "
-                  f"({growth * 1024 / args.cells:+.1f} KB per cell), "
+                  f"({growth * 1024 / args.cells:+.1f} KB per cell; by quarter "
+                  + " ".join(f"{q:+.1f}" for q in quarters) + " MB), "
                   f"widgets {after['widgets'] - before['widgets']:+d}, {seconds:.0f} s")
             before = after
     finally:
