@@ -41,6 +41,8 @@ def cells(tmp_path_factory):
         "device_line": "%device /CPU:0",
         "device_show": "%device",
         "device_reset": "%device --reset",
+        "device_comment": "%device /CPU:0  # a comment pasted with the line",
+        "memwatch_comment": "%%memwatch --device /CPU:0  # watch the CPU\nlen([0] * 10)",
         "simulate_late": "%devices --simulate-gpus 2",
         "copies": "%%placement_log\na = torch.ones(1000, 1000)\nb = a.to('cuda:0')\ns = b.sum()\ns.item()",
         "print_sync": "%%device /GPU:0 --log\nc = torch.ones(2)\nprint(c)",
@@ -143,6 +145,12 @@ def test_device_line_forms(cells) -> None:
     assert f"Default device: {CPU0} (torch cpu)" in text(cells["device_line"])
     assert f"Default device: {CPU0}" in text(cells["device_show"])
     assert f"Default device: {CPU0}" in text(cells["device_reset"])
+
+
+def test_a_trailing_comment_on_a_magic_line_is_a_comment(cells) -> None:
+    assert f"Default device: {CPU0} (torch cpu)" in text(cells["device_comment"])
+    assert not errors(cells["memwatch_comment"]) and "CPU:0 (process RSS)" in html(cells["memwatch_comment"])
+    assert text(cells["memwatch_comment"]).strip().endswith("10")
 
 
 def test_simulated_gpus_are_labelled_and_fixed_after_first_use(cells) -> None:
