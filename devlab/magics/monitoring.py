@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from IPython.core import magic_arguments
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.display import display
 
