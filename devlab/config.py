@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from devlab import runtime, simulated
-from devlab.names import DeviceSpec
+from devlab.names import MAX_DEVICE_INDEX, DeviceSpec
 from devlab.sizes import check_memory_limit
 
 _MIB = 1024 * 1024
@@ -96,6 +96,10 @@ class LogicalDeviceConfiguration:
 
     def __post_init__(self) -> None:
         check_memory_limit(self.memory_limit)
+        for name in ("experimental_priority", "experimental_device_ordinal"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int):
+                raise TypeError(f"{name} is a whole number or None, as in TensorFlow; got {value!r}.")
 
 
 # TensorFlow's older name for the same thing.
@@ -282,6 +286,7 @@ def set_logical_device_configuration(
             raise ValueError("Setting memory limit is required for GPU virtual devices")
         if device.device_type == "GPU" and _settings.memory_growth.get(device.name) is True:
             raise ValueError("Cannot set memory growth on device when virtual devices configured")
+        _check_logical_count(device, len(configs))
     if _settings.logical.get(device.name) == configs or (configs is None and device.name not in _settings.logical):
         return
     if runtime.is_initialized():
@@ -523,6 +528,21 @@ def _known_physical(device: Any) -> PhysicalDevice:
         f"Unrecognized device: {device!r}. Pass one of devlab.config.list_physical_devices(): "
         f"{list_physical_devices()}."
     )
+
+
+def _check_logical_count(device: PhysicalDevice, count: int) -> None:
+    # Logical devices are named /device:TYPE:0, 1, ... and simulated GPUs become cuda:0, 1, ...:
+    # torch numbers devices 0 to MAX_DEVICE_INDEX (an 8-bit index), so no more than that.
+    others = sum(len(_settings.logical.get(p.name) or [None])
+                 for p in list_physical_devices(device.device_type) if p.name != device.name)
+    most = MAX_DEVICE_INDEX + 1
+    if others + count > most:
+        kind = device.device_type
+        raise ValueError(
+            f"{count:,} logical devices on {device.name} would make {others + count:,} logical "
+            f"{kind} devices; torch numbers devices 0 to {MAX_DEVICE_INDEX}, so there can be at "
+            f"most {most}" + (f" ({most - others} on this one)." if others else ".")
+        )
 
 
 def _order(d: PhysicalDevice) -> tuple[int, int]:

@@ -52,6 +52,7 @@ __all__ = [
     "memory_stats",
     "reconfigure",
     "reset_peak",
+    "watch_peak",
     "run_dispatched",
     "start",
     "stop",
@@ -309,6 +310,14 @@ def memory_stats(index: int) -> dict[str, int | None]:
     with _session.lock:
         return {"allocated": dev.allocated, "peak": dev.peak, "limit": dev.limit,
                 "reserved": dev.reserved}
+
+
+def watch_peak(index: int) -> _session.PeakWatch:
+    """Watch the highest allocation of simulated GPU `index` from now on (`.peak`, bytes) until
+    `.close()`, without touching the peak `torch.cuda.max_memory_allocated` reads."""
+    dev = _device(index)
+    with _session.lock:
+        return _session.PeakWatch(dev)
 
 
 def reset_peak(index: int) -> None:

@@ -120,6 +120,9 @@ def _charge(dev: DeviceState, nbytes: int) -> None:
     dev.allocated = alloc
     if alloc > dev.peak:
         dev.peak = alloc
+    for watch in dev.watches:
+        if alloc > watch.peak:
+            watch.peak = alloc
 
 
 def check_fits(index: int, nbytes: int) -> None:

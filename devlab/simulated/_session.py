@@ -24,6 +24,9 @@ class DeviceState:
     reserve_up_front: bool = False
     allocated: int = 0
     peak: int = 0
+    # devlab's own watches (%%memwatch): each keeps its peak apart from `peak`, which
+    # torch.cuda.max_memory_allocated reads and only the user resets.
+    watches: list[PeakWatch] = field(default_factory=list)
     torch_device: torch.device = field(init=False)
 
     def __post_init__(self) -> None:
@@ -41,6 +44,26 @@ class DeviceState:
         if self.reserve_up_front and self.limit is not None:
             return self.limit
         return self.peak
+
+
+class PeakWatch:
+    """The highest allocation of one simulated GPU since the watch began (`peak`, bytes);
+    `close()` ends it. Read and written under the session's lock."""
+
+    __slots__ = ("_device", "peak")
+
+    def __init__(self, device: DeviceState) -> None:
+        self._device = device
+        self.peak = device.allocated
+        device.watches.append(self)
+
+    def close(self) -> None:
+        with lock:
+            if self in self._device.watches:
+                self._device.watches.remove(self)
+
+    def __repr__(self) -> str:
+        return f"PeakWatch(GPU:{self._device.index}, peak={self.peak:,} bytes)"
 
 
 class Session:
