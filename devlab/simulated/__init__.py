@@ -107,6 +107,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         # Only now: these modules reach into torch internals the check has vouched for.
         from . import (
             _amp,
+            _build,
             _cuda,
             _distributed,
             _factories,
@@ -125,8 +126,8 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                 _threads.remove_mode(old)
         patcher = Patcher()
         try:
-            for module in (_tensor, _cuda, _queries, _factories, _amp, _threads, _parallel,
-                           _serialization, _distributed):
+            for module in (_tensor, _cuda, _build, _queries, _factories, _amp, _threads,
+                           _parallel, _serialization, _distributed):
                 module.install(patcher)
             _session.session = _session.Session(limits, spec=spec)
             _session.forget_thread_state()
