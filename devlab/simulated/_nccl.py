@@ -56,7 +56,10 @@ def tell_once() -> None:
     """Say once per process, on stderr, that NCCL runs on gloo here."""
     if not _told.is_set():
         _told.set()
-        print(NOTICE, file=sys.stderr, flush=True)
+        # One write, line and newline together: ranks forked from a Jupyter kernel send each
+        # write as its own message, and two ranks' writes would otherwise share a line.
+        sys.stderr.write(NOTICE + "\n")
+        sys.stderr.flush()
 
 
 class NCCLConfig:
