@@ -734,6 +734,7 @@ FRAMEWORKS: tuple[Program, ...] = (
                        rf"^Test set: Average loss: {FLOAT}, Accuracy: \(\d+%\)$"),
         gpus_used=2,
         ranks=Ranks(world=2, checkpoint="mnist_cnn.pt"),
+        timeout=600.0,  # ~50 s of CPU time over three processes: minutes on loaded shared cores
         notes="`--epochs=1` is what Lightning's own examples CI runs it with "
               "(examples/run_fabric_examples.sh); with the stand-in's 1280 training samples "
               "and batch size 64 each rank takes 10 steps. `fabric run` listens on its default "
@@ -867,6 +868,7 @@ FRAMEWORKS: tuple[Program, ...] = (
                        r"^Device: cuda:1$", r"^Test clean CUDA fork",
                        r"^Test fault tolerant$", r"^Test monitoring$"),
         gpus_used=0,
+        timeout=600.0,  # includes torch's 30 s wait for a rank to end (see notes)
         notes="The script's text runs as one notebook cell (its `__main__` block runs: a "
               "cell's `__name__` is `__main__`), with the environment accelerate's own test "
               "gives it (ACCELERATE_NUM_PROCESSES=2, OMP_NUM_THREADS=1). Its ranks create no "
