@@ -40,7 +40,14 @@ def bound_group() -> dict:
     sub = dist.new_group([0, 1])
     t = torch.ones(1, device=rank)
     dist.all_reduce(t, group=sub)
+    split = dist.split_group(split_ranks=[[0, 1]])  # NCCL's communicator split
+    s = torch.full((1,), float(rank), device=rank)
+    dist.all_reduce(s, group=split)
+    mine, _ = dist.new_subgroups(group_size=1)  # one group per rank
+    dist.all_reduce(t, group=mine)
     out = {"backend": dist.get_backend(), "name": pg.name(), "sub": dist.get_backend(sub),
+           "split": (dist.get_backend(split), split.name(), s.tolist(), str(s.device)),
+           "subgroups": (dist.get_backend(mine), mine.size()),
            "available": dist.is_nccl_available(), "bound": str(pg.bound_device_id),
            "config": dist.get_backend_config(), "sub_sum": t.tolist(), "device": str(t.device),
            "monitored": _error(lambda: dist.monitored_barrier())}
@@ -52,6 +59,8 @@ def test_a_group_made_for_nccl_is_nccl(two) -> None:
     for rank, got in enumerate(devlab.launch(bound_group, nprocs=2)):
         assert got == {"backend": "nccl", "name": "nccl", "sub": "nccl", "available": True,
                        "bound": f"cuda:{rank}", "config": "cuda:nccl", "sub_sum": [2.0],
+                       "split": ("nccl", "nccl", [1.0], f"cuda:{rank}"),
+                       "subgroups": ("nccl", 1),
                        "device": f"cuda:{rank}",
                        # NCCL has no monitored barrier: torch says so for any group but gloo's
                        "monitored": "ValueError: monitored_barrier is only implemented for "

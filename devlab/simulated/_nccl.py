@@ -153,6 +153,31 @@ def _scaled(t: torch.Tensor, factor: Any) -> torch.Tensor:
     return t if factor is None else t * factor
 
 
+class NCCLBackend:
+    """What `group._get_backend(cuda)` answers for our group: NCCL's backend as torch's Python
+    code asks about it (its name, options, splitting), gloo's for the rest."""
+
+    def __init__(self, gloo: Any, options: Options) -> None:
+        self._gloo = gloo
+        self.options = options
+
+    def name(self) -> str:
+        return "nccl"
+
+    supports_splitting = True
+    supports_coalescing = False
+
+    def supports_tensor_alloc(self, device: Any) -> bool:
+        return False
+
+    def perform_nocolor_split(self, device: Any) -> None:
+        """A rank outside a new group takes part in NCCL's communicator split; our groups are
+        made afresh (new_group) or split from gloo (split_group): nothing to take part in."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gloo, name)
+
+
 class ProcessGroupNCCL(dist.ProcessGroup):
     """NCCL's process group on simulated GPUs (see the module docstring)."""
 
@@ -188,6 +213,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         self._inner = inner
         self._gloo = inner._get_backend(torch.device("cpu"))
         self._nccl_options = options
+        self._nccl_backend = NCCLBackend(self._gloo, options)
         for device in ("cpu", "cuda"):
             self._register_backend(torch.device(device), _GLOO, self._gloo)
         self._set_default_backend(_GLOO)
@@ -200,6 +226,11 @@ class ProcessGroupNCCL(dist.ProcessGroup):
     @property
     def _device_types(self) -> list[torch.device]:
         return [torch.device("cuda")]
+
+    def _get_backend(self, device: Any) -> Any:
+        if torch.device(device).type == "cuda":
+            return self._nccl_backend
+        return super()._get_backend(device)
 
     def get_group_store(self) -> Any:
         return self._inner.get_group_store()

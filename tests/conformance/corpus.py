@@ -880,6 +880,134 @@ FRAMEWORKS: tuple[Program, ...] = (
 )
 CORPUS += FRAMEWORKS
 
+# --- torch.distributed's NCCL semantics, DTensor, tensor parallelism, FSDP2 (wp-nccl) ---------
+TP_LOG_UTILS = SourceFile(
+    "distributed/tensor_parallelism/log_utils.py", "f8c79f153a104be5578bee44d64f79d925ea22a4",
+    "log_utils.py", 611, "57ab033bd4c0d67fd55e8ffc23164ccafe87034aea82f4ca8f1a994ef01adb04")
+
+NCCL_PROGRAMS: tuple[Program, ...] = (
+    Program(
+        name="examples_ddp_example",
+        title="pytorch/examples distributed/ddp/example.py (torchrun)",
+        repo=EXAMPLES,
+        files=(SourceFile("distributed/ddp/example.py",
+                          "f84bcb398d9e06b67e3d36b56b5522bba0cf6210", "example.py", 3481,
+                          "a261723f015d6bce1247450c5a8732a8702f3158a89a7a0032c6a120f7065c86"),),
+        licence=BSD3_EXAMPLES,
+        entry="example.py",
+        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        exercises="`torch.accelerator.current_accelerator()`, "
+                  "`get_default_backend_for_device` (nccl), `set_device_index`, "
+                  "`init_process_group(backend)`, printing `dist.get_backend()`, "
+                  "`DDP(device_ids=[rank])` with a CPU input DDP moves to the GPU, one SGD step",
+        compare_note="no CPU run (NCCL and one GPU per rank; each rank draws its own unseeded "
+                     "data); checked: each rank prints backend=nccl, as on a GPU machine, and "
+                     "the ranks start and end with the same parameters",
+        expect_stdout=(r"world_size = 2, rank = 0, backend=nccl",
+                       r"world_size = 2, rank = 1, backend=nccl",
+                       r"^training completed in rank 0!$", r"^training completed in rank 1!$"),
+        gpus_used=2,
+        ranks=Ranks(world=2),
+    ),
+    Program(
+        name="examples_tensor_parallel",
+        title="pytorch/examples distributed/tensor_parallelism/tensor_parallel_example.py",
+        repo=EXAMPLES,
+        files=(SourceFile("distributed/tensor_parallelism/tensor_parallel_example.py",
+                          "77f55b912142e11fcfdf5b530231fb9c52f181e8",
+                          "tensor_parallel_example.py", 3975,
+                          "bec82850ab873b31a79814fb71ce74852d28e1d5a3a9d21bffcdd7e6d4d4bce0"),
+               TP_LOG_UTILS),
+        licence=BSD3_EXAMPLES,
+        entry="tensor_parallel_example.py",
+        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        exercises="`init_device_mesh(\"cuda\", (2,))`, `parallelize_module` with "
+                  "`ColwiseParallel`/`RowwiseParallel` (DTensor parameters sharded over the "
+                  "two GPUs, the row-wise layer's all-reduce), a backward through "
+                  "`DTensor.from_local`, foreach AdamW over DTensors, 10 iterations",
+        compare_note="the CPU run is a replay (references.examples_tensor_parallel): the "
+                     "program's ToyModel on the CPU from rank 0's initial parameters (the "
+                     "observer gathers each DTensor parameter whole), its 10 iterations of "
+                     "AdamW on `torch.manual_seed(i); torch.rand(20, 10)` (without zero_grad, "
+                     "as the program); compared: the initial and final parameters, rtol 1e-4; "
+                     "the ranks must also start and end equal",
+        expect_stdout=(r"^Starting PyTorch TP example on rank 0\.$",
+                       r"^Starting PyTorch TP example on rank 1\.$"),
+        gpus_used=2,
+        ranks=Ranks(world=2, replay="examples_tensor_parallel", rtol=1e-4, atol=1e-5),
+        notes="The program seeds nothing before building its model: distribute_tensor sends "
+              "rank 0's initial weights to both ranks (src_data_rank=0), which the replay "
+              "starts from. Its inputs come from torch.manual_seed(i) each iteration, so the "
+              "replay draws the same ones on the CPU (a simulated GPU draws from the CPU's "
+              "generator; on a real GPU these numbers come from the CUDA generator).",
+    ),
+    Program(
+        name="examples_sequence_parallel",
+        title="pytorch/examples distributed/tensor_parallelism/sequence_parallel_example.py",
+        repo=EXAMPLES,
+        files=(SourceFile("distributed/tensor_parallelism/sequence_parallel_example.py",
+                          "77f55b912142e11fcfdf5b530231fb9c52f181e8",
+                          "sequence_parallel_example.py", 3324,
+                          "dc8a1d6aecac3b7cae9c734013f5ff36252fabc2bb7a9cb6925b35013e07d3c2"),
+               TP_LOG_UTILS),
+        licence=BSD3_EXAMPLES,
+        entry="sequence_parallel_example.py",
+        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        exercises="sequence parallelism: `ColwiseParallel(input_layouts=Shard(0))` and "
+                  "`RowwiseParallel(output_layouts=Shard(0))` (all-gather in, reduce-scatter "
+                  "out), different inputs per rank, foreach AdamW over DTensors",
+        compare_note="no CPU run: each rank draws its own unseeded inputs; checked: the ranks "
+                     "start and end with the same (gathered) parameters",
+        expect_stdout=(r"^Starting PyTorch Sequence Parallel example on rank 0\.$",
+                       r"^Starting PyTorch Sequence Parallel example on rank 1\.$"),
+        gpus_used=2,
+        ranks=Ranks(world=2),
+    ),
+    Program(
+        name="examples_fsdp2",
+        title="pytorch/examples distributed/FSDP2/example.py",
+        repo=EXAMPLES,
+        files=(
+            SourceFile("distributed/FSDP2/example.py", "5a4ca9269f689acfc8fcf2118bcb27470e28dd2f",
+                       "example.py", 4136,
+                       "f84fb0503517ee5c6a6100c69bd0ccc55431e141643a32de88fadfb3407ecc6c"),
+            SourceFile("distributed/FSDP2/model.py", "70922969e70218458d2a945bf86fd8cc967fc6ea",
+                       "model.py", 4604,
+                       "0217ad585158062fc6f61ada9dbe1493bf70d4fd9be94b48aad82d255634186d"),
+            SourceFile("distributed/FSDP2/utils.py", "70922969e70218458d2a945bf86fd8cc967fc6ea",
+                       "utils.py", 675,
+                       "d6b548bdf0285d2a20d8a149ebbe57fa09f178b469b70880db69e4ffab14c93d"),
+            SourceFile("distributed/FSDP2/checkpoint.py",
+                       "70922969e70218458d2a945bf86fd8cc967fc6ea", "checkpoint.py", 7707,
+                       "1853b455639d6b761a695ca2140f104602b1a61d1a96afce2ae3959b20058ad6"),
+        ),
+        licence=BSD3_EXAMPLES,
+        entry="example.py",
+        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        exercises="FSDP2: `torch.accelerator.device_index`, `init_process_group(device_id=)`, "
+                  "a Transformer built on the meta device, `fully_shard` per layer and whole, "
+                  "`to_empty(device=cuda:r)` and `reset_parameters` on DTensor shards, "
+                  "all-gather (unshard) and reshard per layer, gradient reduce-scatter, "
+                  "`clip_grad_norm_` over DTensors, Adam, 10 steps, a full state-dict "
+                  "checkpoint (`torch.distributed.checkpoint.state_dict`)",
+        compare_note="no CPU run: on the simulated GPUs DTensor's random ops draw each shard "
+                     "from its rank's generator (CUDA's RNG tracker is not simulated), so the "
+                     "initial weights and the data drawn after them have no CPU twin; "
+                     "checked: both ranks print their GPU, hold their shards on it, and start "
+                     "and end with the same (gathered) parameters",
+        expect_stdout=(r"^Running on rank 0 on device cuda:0$",
+                       r"^Running on rank 1 on device cuda:1$"),
+        gpus_used=2,
+        ranks=Ranks(world=2),
+        timeout=360.0,
+        notes="Its sizes are fixed in the program (10 layers, vocabulary 1024, batches of "
+              "32x64 tokens); it has no flags to make it smaller. It writes its checkpoint "
+              "under checkpoints/ in the run's temporary folder.",
+    ),
+)
+
+CORPUS += NCCL_PROGRAMS
+
 BY_NAME: dict[str, Program] = {p.name: p for p in CORPUS}
 
 

@@ -14,8 +14,10 @@ In an observed process, once the program has imported torch, two global optimize
 registered (`torch.optim.optimizer.register_optimizer_step_pre_hook` and `..._post_hook`,
 public API). Before the process's first optimizer step the pre-hook records the rank
 (`torch.distributed.get_rank()`) and the optimizer's parameters: the weights training starts
-from, after DDP's broadcast from rank 0. The post-hook keeps a reference to the optimizer last
-stepped, whose parameters are read at exit: the weights training ended with. At exit the
+from, after DDP's broadcast from rank 0 (a DTensor parameter gathered whole, every rank taking
+part, as each steps its optimizer at the same time). The post-hook keeps a reference to the
+optimizer last stepped, whose parameters are read at exit: the weights training ended with
+(DTensor parameters are gathered after each step instead, while the group lives). At exit the
 process writes `<pid>.json` in the folder: rank, whether devlab's simulated GPUs were used, each
 GPU's peak bytes (`memory_stats(i)["peak"]`), the initial and final parameters (flattened, in
 the optimizer's order), the RANK its launcher gave it, the observed process it was forked from
@@ -38,7 +40,22 @@ _FOLDER = os.environ.get("CONFORMANCE_OBSERVE")
 
 def _parameters(optimizer: Any) -> list[float]:
     return [v for group in optimizer.param_groups for p in group["params"]
-            for v in p.detach().reshape(-1).tolist()]
+            for v in _whole(p).detach().reshape(-1).tolist()]
+
+
+def _whole(p: Any) -> Any:
+    """A parameter's whole value: a DTensor's (FSDP2, tensor parallelism) gathered from the
+    ranks, a collective every rank makes in its own hook at the same step."""
+    if not _sharded(p):
+        return p
+    import torch
+
+    with torch.no_grad():
+        return p.full_tensor()
+
+
+def _sharded(p: Any) -> bool:
+    return callable(getattr(p, "full_tensor", None))
 
 
 class _Observer:
@@ -68,6 +85,13 @@ class _Observer:
     def post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.record["steps"] += 1
         self.optimizer = optimizer
+        if any(_sharded(p) for group in optimizer.param_groups for p in group["params"]):
+            # gathered now, while the process group lives (at exit it is gone)
+            try:
+                self.record["final"] = _parameters(optimizer)
+            except Exception as e:
+                self.record["errors"].append(f"post-step: {type(e).__name__}: {e}")
+            self.optimizer = None
 
     def start(self) -> None:
         """Called once torch is imported."""
