@@ -339,12 +339,74 @@ def claims_05(nb: nbformat.NotebookNode, env: Env) -> None:
     assert cells["net[0].weight.data.device"] == "device(type='cuda', index=0)"
 
 
+def _replay_06() -> tuple[torch.nn.Module, list[float]]:
+    """Lesson 06's training in one process on the host (batches of 32), and the losses its two
+    ranks compute on their last batches of 16 (before the last step)."""
+    from torch import nn
+
+    def make_model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    torch.manual_seed(1)
+    X, y = torch.randn(64, 4), torch.randn(64, 1)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = list(zip(X.split(32), y.split(32), strict=True)) * 10
+    for i, (xb, yb) in enumerate(steps):
+        if i == len(steps) - 1:
+            with torch.no_grad():
+                last = [nn.functional.mse_loss(model(h), t).item()
+                        for h, t in zip(xb.chunk(2), yb.chunk(2), strict=True)]
+        opt.zero_grad()
+        nn.functional.mse_loss(model(xb), yb).backward()
+        opt.step()
+    return model, last
+
+
+def claims_06(nb: nbformat.NotebookNode, env: Env) -> None:
+    # Nothing touches a GPU in the notebook, before launching or after.
+    assert stream(cell_with(nb, "def make_model")).strip() == "CUDA initialized in this notebook: False"
+    same = stream(cell_with(nb, "ranks = [result"))
+    assert same.strip().endswith("CUDA initialized in this notebook: False")
+    # Two ranks, each on its own GPU, with the losses a replay on the host computes.
+    launch = cell_with(nb, "notebook_launcher(train")
+    assert stream(launch).strip() == "Launching training on 2 CUDAs."
+    notices = [ln for ln in stream(launch, "stderr").splitlines() if "simulated GPUs have no NCCL" in ln]
+    assert len(notices) == 2, stream(launch, "stderr")  # said once by each rank
+    out = stream(cell_with(nb, "results = [pickle.loads"))
+    found = re.findall(r"^rank (\d) trained on cuda:(\d): loss on its last batch (\d+\.\d{4})$",
+                       out, re.M)
+    assert [(r, g) for r, g, _ in found] == [("0", "0"), ("1", "1")], out
+    model, last = _replay_06()
+    assert [float(loss) for _, _, loss in found] == [round(v, 4) for v in last]
+    # Each rank's first step: its all-reduce of the gradients' bytes, on its own GPU only.
+    lines = stream(cell_with(nb, "logs = [PlacementLog")).splitlines()
+    grads = 4 * sum(p.numel() for p in model.parameters())  # float32 gradients: 388 B
+    for rank in (0, 1):
+        gpu = f"/job:localhost/replica:0/task:0/device:GPU:{rank}"
+        assert f"rank {rank}: All-reduce {grads} B on {gpu} (c10d::allreduce_)" in lines, lines
+        (summary,) = [ln for ln in lines if ln.strip().startswith("Placement summary")
+                      and f"GPU:{rank} " in ln]
+        assert f"GPU:{1 - rank}" not in summary  # nothing of this rank ran on the other GPU
+        assert "0 copies between devices" in summary and f"1 collective ({grads} B)" in summary
+    log0 = html(cell_with(nb, "logs[0]"))
+    assert re.search(r'class="devlab-collective"[^>]*>All-reduce \d+ B on ' + GPU0, log0)
+    assert f"aten::addmm in device {GPU0}" in log0
+    assert f"aten::_foreach_add_ in device {GPU0}" in log0
+    # The ranks end equal, and equal to one process on the host.
+    assert "both ranks hold the same weights: True" in same
+    assert re.search(r"^same as one process on batches of 32: True \(largest difference "
+                     r"\d\.\de-\d\d\)$", same, re.M), same
+
+
 CLAIMS: dict[str, Callable[[nbformat.NotebookNode, Env], None]] = {
     "01-devices-and-placement": claims_01,
     "02-memory": claims_02,
     "03-d2l-exercises": claims_03,
     "04-multi-device": claims_04,
     "05-d2l-gpus-chapter": claims_05,
+    "06-frameworks": claims_06,
 }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from nbutil import errors, html, run_cells, run_notebook, stream, text
+from nbutil import errors, html, run_cells, stream, text
 
 pytestmark = pytest.mark.notebook
 
@@ -210,20 +210,3 @@ def test_reload_keeps_the_simulation_and_the_session(cells) -> None:
 def test_unload_removes_everything(cells) -> None:
     assert usage_error(cells["gone"]) == "UsageError: Line magic function `%device` not found."
     assert "(device(type='cpu'), 0, 0, False, 'torch._tensor_str')" in text(cells["torch_as_before"])
-
-
-def test_devices_and_placement_notebook() -> None:
-    nb = run_notebook("01-devices-and-placement.ipynb")
-    by_source = {c.source.splitlines()[0] if c.source else "": c for c in nb.cells if c.cell_type == "code"}
-    assert "Num GPUs Available:  2" in text(by_source['import devlab'])
-    matmul = text(by_source["a = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])"])
-    assert f"Executing op aten::mm in device {CPU0}" in matmul
-    gpu_cell = text(by_source["%%device /GPU:0 --log"])
-    assert f"Executing op aten::mm in device {GPU0}" in gpu_cell
-    assert "Host sync" in gpu_cell
-    copy_cell = text(by_source["%%placement_log"])
-    assert f"Copy 3.8 MiB from {CPU0} to {GPU0}" in copy_cell
-    assert "device:GPU:2 unknown device" in usage_error(by_source["%%device /device:GPU:2"])
-    soft = text(by_source["%%device /device:GPU:2 --soft --log"])
-    assert "Soft placement: /job:localhost/replica:0/task:0/device:GPU:2 does not exist" in soft
-    assert "device(type='cuda', index=0)" in soft

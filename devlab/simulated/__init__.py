@@ -108,8 +108,10 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         # Only now: these modules reach into torch internals the check has vouched for.
         from . import (
             _amp,
+            _build,
             _cuda,
             _distributed,
+            _dtensor,
             _factories,
             _parallel,
             _queries,
@@ -117,6 +119,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             _serialization,
             _tensor,
             _threads,
+            _wrappers,
         )
         from ._patcher import Patcher
 
@@ -126,8 +129,8 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                 _threads.remove_mode(old)
         patcher = Patcher()
         try:
-            for module in (_tensor, _cuda, _queries, _factories, _amp, _threads, _parallel,
-                           _serialization, _distributed):
+            for module in (_tensor, _wrappers, _cuda, _build, _queries, _factories, _amp,
+                           _threads, _parallel, _serialization, _distributed, _dtensor):
                 module.install(patcher)
             _session.session = _session.Session(limits, spec=spec)
             _session.forget_thread_state()
