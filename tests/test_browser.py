@@ -304,19 +304,21 @@ def open_quietly(page: Any, server: LabServer, notebook: str) -> Any:
     return panel
 
 
+def serve(server: LabServer, path: Path, name: str | None = None) -> str:
+    """Copy a notebook into the server's fa/ folder; its path there."""
+    (server.root / "fa").mkdir(exist_ok=True)
+    target = server.root / "fa" / (name or path.name)
+    shutil.copy(path, target)
+    return f"fa/{target.name}"
+
+
 @pytest.mark.parametrize("path", PERSIAN, ids=lambda p: p.stem)
 def test_persian_lesson_reads_right_to_left(server: LabServer, tab: Tab, path: Path) -> None:
-    """notebooks/fa/: prose right to left in JupyterLab, code blocks, code cells and every inline
-    code span (device names, API names, values) left to right. The same notebook with the
-    inline code spans not isolated shows that the check sees what a reader would."""
-    (server.root / "fa").mkdir(exist_ok=True)
-    shutil.copy(path, server.root / "fa" / path.name)
-    plain = nbformat.read(path, as_version=4)
-    for c in plain.cells:
-        c.source = re.sub(r'<span dir="ltr">(`+[^`]+`+)</span>', r"\1", c.source)
-    nbformat.write(plain, server.root / "fa" / f"unisolated-{path.name}")
+    """notebooks/fa/ in JupyterLab: prose right to left; code blocks, code cells and every
+    inline code span (device names, API names, values) left to right. A screenshot of each
+    goes to test-artifacts/browser/fa-<lesson>.png."""
     with screenshot_on_failure(tab, f"fa-{path.stem}"):
-        panel = open_quietly(tab.page, server, f"fa/{path.name}")
+        panel = open_quietly(tab.page, server, serve(server, path))
         shot = screenshot_whole_notebook(tab.page, ARTIFACTS / f"fa-{path.stem}.png")
         found = panel.evaluate(BIDI_PROBE)
         assert_clean(tab.page)
@@ -325,8 +327,19 @@ def test_persian_lesson_reads_right_to_left(server: LabServer, tab: Tab, path: P
     assert found["code"] > 0 and found["reversed"] == [], found
     assert shot.stat().st_size > 20_000, f"screenshot looks empty: {shot}"
 
-    tab.page.set_viewport_size({"width": 1280, "height": 900})
-    panel = open_quietly(tab.page, server, f"fa/unisolated-{path.name}")
-    control = panel.evaluate(BIDI_PROBE)
-    assert control["reversed"], ("without isolation some inline code should come out reversed "
-                                 f"in a right-to-left line; the probe saw none: {control}")
+
+def test_the_bidi_probe_sees_unisolated_code_reversed(server: LabServer, tab: Tab) -> None:
+    """The control: lesson 01 in Persian with its inline code spans not isolated. Device names
+    such as `/GPU:1` then come out reversed in a right-to-left line, and the probe says so."""
+    path = next(p for p in PERSIAN if p.stem.startswith("01-"))
+    plain = nbformat.read(path, as_version=4)
+    for c in plain.cells:
+        c.source = re.sub(r'<span dir="ltr">(`+[^`]+`+)</span>', r"\1", c.source)
+    unisolated = server.root / f"unisolated-{path.name}"
+    nbformat.write(plain, unisolated)
+    with screenshot_on_failure(tab, "fa-unisolated"):
+        panel = open_quietly(tab.page, server, serve(server, unisolated))
+        control = panel.evaluate(BIDI_PROBE)
+    assert control["notRtl"] == [] and control["code"] > 0, control
+    assert "/GPU:1" in control["reversed"], (
+        f"without isolation `/GPU:1` should come out reversed in a right-to-left line: {control}")
