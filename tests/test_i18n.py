@@ -299,3 +299,28 @@ def test_a_translation_keeps_the_english_structure(sandbox: Path) -> None:
     assert any("1 list items, the English 0" in p for p in found), found
     assert any("an emphasis did not parse, `*` shows as text: 'これは**「明示的」**です。'" in p
                for p in found), found
+
+
+def test_a_rendered_translation_shows_the_english_runs_outputs_only_for_the_same_code() -> None:
+    """tools/render.py runs each lesson once, in English, and gives each translation's page the
+    outputs of the English cell of the same id; a translation whose code differs is refused."""
+    from tools import render
+
+    english = nbformat.read(ROOT / "notebooks" / "05-d2l-gpus-chapter.ipynb", as_version=4)
+    translation = nbformat.read(ROOT / "notebooks" / "fa" / "05-d2l-gpus-chapter.ipynb", as_version=4)
+    ran = english  # stands for the executed English notebook: outputs told apart by cell id
+    for n, cell in enumerate(c for c in ran.cells if c.cell_type == "code"):
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"ran {cell.id}\n")]
+        cell.execution_count = n + 1
+    ran.metadata["widgets"] = {"state": "of the English run"}
+
+    page = render.as_translated(ran, translation)
+    assert [c.source for c in page.cells] == [c.source for c in translation.cells]
+    code = [c for c in page.cells if c.cell_type == "code"]
+    assert code and all(c.outputs[0]["text"] == f"ran {c.id}\n" for c in code)
+    assert page.metadata["widgets"] == {"state": "of the English run"}
+    assert not any(c.get("outputs") for c in translation.cells), "the translation is not changed"
+
+    translation.cells[page.cells.index(code[-1])].source += "\nx = 1"
+    with pytest.raises(ValueError, match="code differs"):
+        render.as_translated(ran, translation)

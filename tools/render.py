@@ -1,13 +1,14 @@
 """Execute the lesson notebooks and write them as static HTML pages into site/.
 
 A teacher reads a lesson, outputs and charts included, before opening it, in English
-(`site/<lesson>.html`) or in a translation (`site/<lang>/<lesson>.html`, from
-notebooks/<lang>/, see tools/i18n.py), with a switch between the languages at the top of
-every page; Persian pages read right to left (their markdown carries `dir="rtl"`). Widgets (devlab's
-live memory chart, progress bars) are drawn as their final state: nbclient records every
-widget's state while the notebook runs, and `freeze_widgets` turns each widget view into
-plain HTML from that state (an Output widget's chart becomes its PNG), so a page needs no
-JavaScript, no widget manager and no network, and never shows "Loading widget...".
+(`site/<lesson>.html`) or in a translation (`site/<lang>/<lesson>.html`, from notebooks/<lang>/,
+see tools/i18n.py, with the outputs of the English run: the same code), with a switch between
+the languages at the top of every page; Persian pages read right to left (their markdown carries
+`dir="rtl"`). Widgets (devlab's live memory chart, progress bars) are drawn as their final
+state: nbclient records every widget's state while the notebook runs, and `freeze_widgets` turns
+each widget view into plain HTML from that state (an Output widget's chart becomes its PNG), so
+a page needs no JavaScript, no widget manager and no network, and never shows "Loading
+widget...".
 
     python -m tools.render [--out DIR] [--lang LANG ...] [NOTEBOOK ...]     (scripts/render.sh)
 """
@@ -15,6 +16,7 @@ JavaScript, no widget manager and no network, and never shows "Loading widget...
 from __future__ import annotations
 
 import argparse
+import copy
 import html
 import os
 import re
@@ -29,7 +31,7 @@ from nbclient import NotebookClient
 from nbconvert import HTMLExporter
 from nbconvert.filters import ansi2html
 
-from tools.i18n import ENGLISH, LANGUAGES, Language
+from tools.i18n import ENGLISH, LANGUAGES, Language, check_code
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -226,16 +228,20 @@ def switch_html(name: str, lang: Language) -> str:
 
 def render(names: list[str], out_dir: Path,
            languages: list[Language] | None = None) -> dict[Path, nbformat.NotebookNode]:
-    """Execute and write each notebook in each of `languages` (default: all it exists in) to
+    """Execute each English notebook and write it, in each of `languages` (default: all it
+    exists in; a translation with the English run's outputs, `as_translated`), to
     `out_dir/[<lang>/]<stem>.html`, plus an index page of every lesson in every language.
     Returns each page with the executed notebook it shows (widgets frozen)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pages = {}
     for name in names:
+        english_run = None
         for lang in languages_of(name):
             if languages is not None and lang not in languages:
                 continue
-            nb = execute(source(name, lang))
+            english_run = english_run or execute(source(name, ENGLISH))
+            nb = copy.deepcopy(english_run) if lang is ENGLISH else as_translated(
+                english_run, nbformat.read(source(name, lang), as_version=4))
             freeze_widgets(nb)
             page = page_path(out_dir, name, lang)
             page.parent.mkdir(parents=True, exist_ok=True)
@@ -245,6 +251,26 @@ def render(names: list[str], out_dir: Path,
             print(f"wrote {page}", flush=True)
     (out_dir / "index.html").write_text(index_html(names), encoding="utf-8")
     return pages
+
+
+def as_translated(english_run: nbformat.NotebookNode,
+                  translation: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A translation's page: its own cells, each code cell with the outputs of the English
+    cell of the same id in `english_run`, and that run's widget state. Its code is the English
+    code token for token (tools/i18n.py checks it, and this refuses a notebook where it is
+    not), so these are its outputs: running it again would only take the time. The translation
+    itself runs in a kernel in tests/test_lessons.py."""
+    problems = check_code(english_run, translation, Path("translation"), executed=True)
+    if problems:
+        raise ValueError("; ".join(p.what for p in problems))
+    page = copy.deepcopy(translation)
+    for cell, ran in zip(page.cells, english_run.cells, strict=True):
+        if cell.cell_type == "code":
+            cell.outputs = copy.deepcopy(ran.outputs)
+            cell.execution_count = ran.execution_count
+    if "widgets" in english_run.metadata:
+        page.metadata["widgets"] = copy.deepcopy(english_run.metadata["widgets"])
+    return page
 
 
 def index_html(names: list[str]) -> str:
