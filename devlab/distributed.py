@@ -82,9 +82,10 @@ _WATCHDOG_MAX = 1e9
 # for its connections to the store (torch's env:// rendezvous, a group's own client), with room.
 _FDS_PER_RANK = 4
 _FDS_SPARE = 32  # for whatever else this process opens meanwhile
-# The least memory a rank takes (its own pages, measured on Linux with torch 2.13: a forked
-# rank that joins gloo ~40 MB, a spawned one, which imports torch afresh, ~250 MB).
-_RANK_MEMORY = {"fork": 40 * 2**20, "spawn": 250 * 2**20}
+# The least memory a rank takes: its own pages (USS) once it has joined gloo, measured on Linux
+# with torch 2.13: a forked rank 4.4 MB (it shares the rest with this process), a spawned one,
+# which imports torch afresh, 152 MB.
+_RANK_MEMORY = {"fork": 4 * 2**20, "spawn": 150 * 2**20}
 _HERE = os.path.abspath(__file__)
 _SIMULATION_ENV = ("DEVLAB_SIMULATE_GPUS", "DEVLAB_SIMULATE_GPU_MEMORY_MB")
 
@@ -188,27 +189,30 @@ def _methods() -> tuple[str, ...]:
 
 
 def _check_room(nprocs: int, method: str) -> None:
-    """Refuse a rank count this process or machine cannot hold, naming the limit, before any
-    rank starts (a launch that runs out of descriptors half-way fails with a raw OSError)."""
+    """Refuse a rank count this process or machine cannot hold, naming the tighter limit,
+    before any rank starts (a launch that runs out of descriptors half-way fails with a raw
+    OSError)."""
     import resource
 
+    limits = []
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY:
         used = _open_descriptors()
-        room = max(0, (soft - used - _FDS_SPARE) // _FDS_PER_RANK)
-        if nprocs > room:
-            raise ValueError(
-                f"nprocs={nprocs} is more ranks than this process can hold: each rank needs "
-                f"about {_FDS_PER_RANK} open files here (its output and its connections to the "
-                f"store), and this process may open {soft} (ulimit -n), {used} of them open "
-                f"now; at most {room} ranks")
+        limits.append((max(0, (soft - used - _FDS_SPARE) // _FDS_PER_RANK),
+                       f"each rank needs about {_FDS_PER_RANK} open files in this process (its "
+                       f"output and its connections to the store), and this process may open "
+                       f"{soft} (ulimit -n), {used} of them open now"))
     available = memory_available()
-    need = _RANK_MEMORY[method]
-    if available is not None and nprocs * need > available:
-        raise ValueError(
-            f"nprocs={nprocs} is more ranks than this machine's memory holds: a {method}ed rank "
-            f"takes at least {need // 2**20} MB of its own, and {available // 2**20} MB are "
-            f"available; at most {available // need} ranks")
+    if available is not None:
+        need = _RANK_MEMORY[method]
+        limits.append((available // need,
+                       f"a {method}ed rank takes at least {need // 2**20} MB of memory of its "
+                       f"own, and {available // 2**20} MB are available"))
+    if limits:
+        room, why = min(limits)
+        if nprocs > room:
+            raise ValueError(f"nprocs={nprocs} is more ranks than this machine can run here: "
+                             f"{why}; at most {room} ranks")
 
 
 def _open_descriptors() -> int:
@@ -510,6 +514,7 @@ class _Launch:
         self._signal(signal.SIGKILL)
         for rank in self.ranks:
             self._reap(rank)
+        _wait_for_groups([rank.pid for rank in self.ranks if rank.pid])
         try:
             self._pump(final=True)
         except Exception:  # noqa: S110 - output is shown on a best-effort basis; clean-up is not
@@ -550,6 +555,34 @@ class _Launch:
             self.run_dir = None
 
 
+def _wait_for_groups(groups: list[int], within: float = 5.0) -> None:
+    """Wait until the processes left in these process groups (what the ranks started, killed
+    with them) have ended; a group whose leader is reaped and has no member is gone at once."""
+    until = time.monotonic() + within
+    while groups and time.monotonic() < until:
+        groups = [g for g in groups if _group_alive(g)]
+        if groups:
+            time.sleep(0.01)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    import psutil
+
+    for proc in psutil.process_iter(["status"]):  # members not yet ended (zombies have)
+        try:
+            if os.getpgid(proc.pid) == group and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (OSError, psutil.Error):
+            continue
+    return False
+
+
 def _loopback_store(addr: str) -> tuple[Any, int]:
     """A TCPStore server listening on `addr` (loopback) only: torch's own binds every
     interface, so it gets a socket already bound here."""
@@ -561,8 +594,9 @@ def _loopback_store(addr: str) -> tuple[Any, int]:
         sock.bind((addr, 0))
         sock.listen(128)
         port = sock.getsockname()[1]
+        # torch's older server (not libuv's): libuv keeps a pipe open in the process for good
         store = TCPStore(addr, port, None, True, timedelta(seconds=300), wait_for_workers=False,
-                         master_listen_fd=sock.fileno())
+                         master_listen_fd=sock.fileno(), use_libuv=False)
     except BaseException:
         sock.close()
         raise
@@ -634,10 +668,15 @@ def _collect(launch: _Launch, timeout: float | None) -> Ranks | _Failure:
     silent = {rank.rank: rank.status for rank in launch.ranks
               if not rank.stopped and rank.rank not in errors and rank.status is not None
               and rank.status != ("exit", 0)}
+    # What failed first: an exception of the rank's own; else a rank that ended without a word
+    # (os._exit, a signal), which its peers then lose ("Connection closed by peer"); else those.
+    own = {r: info for r, info in errors.items() if not _lost_peer(info)}
+    if own:
+        return _first_error(own, nprocs, errors, silent)
     if silent:
         return _silent_error(silent, errors, nprocs)
     if errors:
-        return _first_error(errors, nprocs)
+        return _first_error(errors, nprocs, errors, silent)
     if fault is not None:
         return _Failure(fault)  # the launch itself failed (no rank got to run the job)
     values, logs = [], []
@@ -694,16 +733,25 @@ def _load_error(data: bytes) -> dict[str, Any]:
     try:
         info = cloudpickle.loads(data)
     except Exception as e:  # written by the rank, so only the exception itself can fail here
-        info = {"exception": None, "frames": [], "time": 0.0, "text": "",
+        info = {"exception": None, "frames": [], "time": math.inf, "text": "",
                 "summary": f"(an error that cannot be read here: {type(e).__name__}: {e})",
                 "why": f"{type(e).__name__}: {e}"}
     return info
 
 
-def _first_error(errors: dict[int, dict[str, Any]], nprocs: int) -> _Failure:
-    """The rank error that happened first, with the rank's traceback; the others as notes."""
-    order = sorted(errors, key=lambda r: errors[r]["time"])
-    first = order[0]
+def _lost_peer(info: dict[str, Any]) -> bool:
+    """Whether a rank's error says it lost a peer (gloo's and the store's words), which is what
+    another rank's ending does to it."""
+    return re.search(r"(closed|reset) by peer|Broken pipe|Connection refused",
+                     info["summary"]) is not None
+
+
+def _first_error(candidates: dict[int, dict[str, Any]], nprocs: int,
+                 errors: dict[int, dict[str, Any]],
+                 silent: dict[int, tuple[str, int]]) -> _Failure:
+    """The rank error that happened first among candidates, with the rank's traceback; the
+    others (errors and silent endings) as notes."""
+    first = min(candidates, key=lambda r: candidates[r]["time"])
     info = errors[first]
     exc = info["exception"]
     if not isinstance(exc, BaseException):
@@ -712,8 +760,11 @@ def _first_error(errors: dict[int, dict[str, Any]], nprocs: int) -> _Failure:
                    f"sent back: {info.get('why', 'it cannot be pickled')})")
     else:
         _note(exc, f"(raised on rank {first} of {nprocs})")
-    for r in order[1:]:
-        _note(exc, f"rank {r} failed after it: {errors[r]['summary']}")
+    for r in sorted(errors, key=lambda r: errors[r]["time"]):
+        if r != first:
+            _note(exc, f"rank {r} failed after it: {errors[r]['summary']}")
+    for r in sorted(silent):
+        _note(exc, f"rank {r} also ended: {_how(silent[r])}")
     return _Failure(exc, info["frames"])
 
 
@@ -889,7 +940,7 @@ def _rank_main(rank: int, run_dir: str, spec: dict[str, Any], job: tuple[Any, ..
         except Exception as e:
             raise RankError(f"rank {rank} returned a {type(value).__name__}, which cannot be "
                             f"pickled to send it back: {type(e).__name__}: {e}") from None
-        (out / f"rank{rank}.result").write_bytes(data)
+        _write_whole(out / f"rank{rank}.result", data)
         code = 0
         _finish_process_group()
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
@@ -945,7 +996,15 @@ def _write_error(path: Path, e: BaseException) -> None:
         info["exception"] = None
         info["why"] = f"{type(bad).__name__}: {bad}"
         data = _dumps(info)
-    path.write_bytes(data)
+    _write_whole(path, data)
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """Write the file whole or not at all: a rank killed while writing (the others are stopped
+    once one fails) leaves no half-written result or error for the parent to misread."""
+    part = path.with_name(path.name + ".part")
+    part.write_bytes(data)
+    os.replace(part, path)
 
 
 def _load(data: bytes) -> Any:
@@ -1033,6 +1092,12 @@ def export_script(source: str, path: str | Path, namespace: dict[str, Any],
     path = Path(path)
     if path.suffix != ".py":
         raise ValueError(f"the script's name should end in .py, got {str(path)!r}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise ValueError(f"cannot write the script to {str(path)!r}: the folder {str(folder)!r} "
+                         "does not exist")
+    if path.is_dir():
+        raise ValueError(f"cannot write the script to {str(path)!r}: it is a folder")
     try:
         tree = ast.parse(source)
     except SyntaxError as e:
@@ -1057,7 +1122,11 @@ def export_script(source: str, path: str | Path, namespace: dict[str, Any],
     header = ["# Written by devlab's %%distributed --export from a notebook cell.",
               f"# Run: torchrun --standalone --nproc-per-node {nprocs} {path.name}"]
     text = "\n".join(header + [""] + imports + ([""] if imports else []) + [source.rstrip(), ""])
-    path.write_text(text)
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise ValueError(f"cannot write the script to {str(path)!r}: "
+                         f"{e.strerror or type(e).__name__}") from None
     return Export(path, imports, missing, nprocs)
 
 

@@ -77,8 +77,8 @@ class DistributedMagics(Magics):
             t.tolist()
         """
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
-        args = magic_arguments.parse_argstring(self.distributed, line)
-        with usage_errors():
+        with usage_errors():  # every argument is checked here, before anything starts
+            args = magic_arguments.parse_argstring(self.distributed, line)
             if args.limit is not None and args.limit < 0:
                 raise ValueError(f"--limit is the number of lines to show, 0 or more; got {args.limit}.")
             distributed.check_options(args.nprocs, args.start_method, args.timeout)
