@@ -218,7 +218,7 @@ def _check_room(nprocs: int, method: str) -> None:
 def _open_descriptors() -> int:
     for folder in ("/proc/self/fd", "/dev/fd"):
         try:
-            return len(os.listdir(folder))
+            return len(os.listdir(folder)) - 1  # less the one the listing itself opened
         except OSError:
             continue
     return 0
@@ -440,7 +440,7 @@ class _Launch:
             running = [r for r in self.ranks if self._ended(r) is None]
             if not running:
                 return
-            failed = any(r.status != ("exit", 0) and r.status is not None for r in self.ranks)
+            failed = any(self.failed(r) for r in self.ranks)
             now = time.monotonic()
             if failed and self._stop_asked is None:
                 self._stop_asked = now
@@ -452,6 +452,12 @@ class _Launch:
                 self._signal(signal.SIGKILL, running)
             time.sleep(pause)
             pause = min(0.05, pause * 1.5)
+
+    def failed(self, rank: _Rank) -> bool:
+        """Whether the rank has ended without its result (an error, os._exit(0), a signal)."""
+        return rank.status is not None and (
+            rank.status != ("exit", 0) or self.run_dir is None
+            or not (self.run_dir / f"rank{rank.rank}.result").exists())
 
     def _ended(self, rank: _Rank) -> tuple[str, int] | None:
         """How the rank ended, or None while it runs; never reaps it (so its pid, which is
@@ -666,8 +672,7 @@ def _collect(launch: _Launch, timeout: float | None) -> Ranks | _Failure:
     if hung or launch.timed_out:
         return _timeout_error(hung, errors, nprocs, timeout)
     silent = {rank.rank: rank.status for rank in launch.ranks
-              if not rank.stopped and rank.rank not in errors and rank.status is not None
-              and rank.status != ("exit", 0)}
+              if not rank.stopped and rank.rank not in errors and launch.failed(rank)}
     # What failed first: an exception of the rank's own; else a rank that ended without a word
     # (os._exit, a signal), which its peers then lose ("Connection closed by peer"); else those.
     own = {r: info for r, info in errors.items() if not _lost_peer(info)}
@@ -942,14 +947,37 @@ def _rank_main(rank: int, run_dir: str, spec: dict[str, Any], job: tuple[Any, ..
                             f"pickled to send it back: {type(e).__name__}: {e}") from None
         _write_whole(out / f"rank{rank}.result", data)
         code = 0
-        _finish_process_group()
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
         _write_error(out / f"rank{rank}.error", e)
     finally:
         faulthandler.cancel_dump_traceback_later()
         sys.stdout.flush()
         sys.stderr.flush()
+    if code == 0:
+        _wait_for_every_rank(spec)
+        _finish_process_group()
     return code
+
+
+def _wait_for_every_rank(spec: dict[str, Any]) -> None:
+    """Return once every rank has returned (or when this one is stopped: another failed).
+
+    A rank that ends while a peer is still connecting to it (gloo's connectFullMesh in a
+    `new_group` its peer has not finished) fails that peer with "Connection closed by peer";
+    so no rank ends before all have returned. The count is kept in the launch's store.
+    """
+    from torch.distributed import TCPStore
+
+    key = f"devlab/{spec['run_id']}/returned"
+    try:
+        store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                         timedelta(days=365))
+        if store.add(key, 1) >= spec["nprocs"]:
+            store.set(key + "/all", "1")
+        else:
+            store.wait([key + "/all"])
+    except Exception:  # noqa: S110 - the result is written; the parent decides what comes next
+        pass
 
 
 def _run_job(job: tuple[Any, ...], log: bool) -> tuple[Any, list[Any] | None]:
