@@ -254,14 +254,29 @@ def _run(job: tuple[Any, ...], nprocs: int, start_method: str | None, timeout: f
         outcome = _Failure(KeyboardInterrupt("the ranks were stopped"))  # during clean-up
     if isinstance(outcome, _Failure):
         exc = outcome.exception
-        if outcome.frames is not None:
+        if outcome.frames:
             exc = exc.with_traceback(_rebuilt_traceback(outcome.frames))
+        elif not outcome.fault:
+            # No line of the user's to show, and the frames are devlab's: IPython shows the
+            # error's own words, as for a mistake in an argument.
+            exc._render_traceback_ = _Words(exc)
         outcome = None
         try:
             raise exc
         finally:
             exc = None  # the traceback's frames reach this one: no cycle through its locals
     return outcome
+
+
+class _Words:
+    """IPython's `_render_traceback_` for a rank failure with no frame of the user's: the
+    exception's type, message and notes (no reference to the exception: no cycle)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.lines = [f"{type(exc).__name__}: {exc}", *getattr(exc, "__notes__", ())]
+
+    def __call__(self) -> list[str]:
+        return self.lines
 
 
 def _payload(carried: Callable[[], tuple[Any, ...]]) -> bytes:
@@ -646,6 +661,7 @@ class _Failure:
 
     exception: BaseException
     frames: list[tuple[str, int, str]] | None = None
+    fault: bool = False  # the launch's own failure: its traceback is devlab's, and shown
 
 
 def _collect(launch: _Launch, timeout: float | None) -> Ranks | _Failure:
@@ -656,7 +672,8 @@ def _collect(launch: _Launch, timeout: float | None) -> Ranks | _Failure:
     run_dir, nprocs = launch.run_dir, launch.nprocs
     fault, launch.fault = launch.fault, None
     if run_dir is None:  # the launch failed before it had a run directory
-        return _Failure(fault if fault is not None else RankError("the ranks did not start"))
+        return (_Failure(fault, fault=True) if fault is not None
+                else _Failure(RankError("the ranks did not start")))
     errors: dict[int, dict[str, Any]] = {}
     for r in range(nprocs):
         path = run_dir / f"rank{r}.error"
@@ -683,7 +700,7 @@ def _collect(launch: _Launch, timeout: float | None) -> Ranks | _Failure:
     if errors:
         return _first_error(errors, nprocs, errors, silent)
     if fault is not None:
-        return _Failure(fault)  # the launch itself failed (no rank got to run the job)
+        return _Failure(fault, fault=True)  # the launch itself failed
     values, logs = [], []
     for r in range(nprocs):
         path = run_dir / f"rank{r}.result"
