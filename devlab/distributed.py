@@ -236,7 +236,7 @@ def _run(job: tuple[Any, ...], nprocs: int, start_method: str | None, timeout: f
         simulated.synchronize()  # a forked rank must find every queued product finished
     deadline = None if timeout is None else time.time() + timeout
     spec = {"run_id": uuid.uuid4().hex, "deadline": deadline, "log": log, "nprocs": nprocs,
-            "env": _ranks_env(method)}
+            "env": _ranks_env(method), "parent": os.getpid()}
     with _Interrupts() as interrupts:  # from here until all is cleaned up, SIGINT is recorded
         launch = _Launch(job, payload, spec, method, interrupts)
         try:
@@ -408,6 +408,12 @@ class _Launch:
                 gc.unfreeze()
 
     def _start_rank(self, r: int) -> None:
+        try:
+            self._start(r)
+        except OSError as e:  # EAGAIN: no more processes; EMFILE...
+            raise RuntimeError(f"could not start rank {r} of {self.nprocs}: {e}") from e
+
+    def _start(self, r: int) -> None:
         assert self.run_dir is not None
         rank = _Rank(r)
         self.ranks.append(rank)
@@ -422,6 +428,7 @@ class _Launch:
                 code = 1
                 try:
                     os.setsid()
+                    _die_with_parent(self.spec["parent"])
                     _redirect(out_path, err_path, close=inherited)
                     code = _rank_main(r, str(self.run_dir), self.spec, self.job)
                 finally:
@@ -797,11 +804,12 @@ def _timeout_error(hung: dict[int, list[tuple[str, int, str]]],
     for r, frames in hung.items():
         where = _where(frames)
         lines.append(f"rank {r} was at {where}" if where else f"rank {r}")
-    ranks = ", ".join(str(r) for r in hung) or "?"
-    many = len(hung) > 1
+    many = len(hung) != 1
+    ranks = "the ranks" if not hung else (
+        f"rank{'s' if many else ''} {', '.join(str(r) for r in hung)} of {nprocs}")
     exc = TimeoutError(
-        f"rank{'s' if many else ''} {ranks} of {nprocs} did not finish within {timeout:g} s "
-        f"and {'were' if many else 'was'} stopped" + (": " + "; ".join(lines) if lines else ""))
+        f"{ranks} did not finish within {timeout:g} s and {'were' if many else 'was'} stopped"
+        + (": " + "; ".join(lines) if lines else ""))
     for r in sorted(errors, key=lambda r: errors[r]["time"]):
         _note(exc, f"rank {r} failed: {errors[r]['summary']}")
     return _Failure(exc, next(iter(hung.values()), []))
@@ -910,6 +918,21 @@ def _redirect(out_path: Path, err_path: Path, close: list[int]) -> None:
         os.close(fd)
 
 
+def _die_with_parent(parent: int) -> None:
+    """Have Linux kill this rank if the process that started it dies (a kernel killed or
+    restarted mid-launch): its clean-up cannot run then, and no rank may outlive it."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the request was made
+        os._exit(1)
+
+
 def _spawned_rank(run_dir: str, rank: int) -> None:
     """A spawned rank's start: its job and the launch's spec from the run directory."""
     import cloudpickle
@@ -917,6 +940,7 @@ def _spawned_rank(run_dir: str, rank: int) -> None:
     code = 1
     try:
         spec = cloudpickle.loads((Path(run_dir) / "spec").read_bytes())
+        _die_with_parent(spec["parent"])
         job = cloudpickle.loads((Path(run_dir) / "job").read_bytes())
         code = _rank_main(rank, run_dir, spec, job)
     finally:

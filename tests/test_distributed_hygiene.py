@@ -313,3 +313,49 @@ def test_a_failed_launch_holds_nothing_until_the_collector_runs(left_nothing) ->
 
 
 types_frame = type(sys._getframe())
+
+
+ORPHAN_SCRIPT = """
+import os, sys, time
+import devlab
+
+def busy():
+    print("rank", os.getpid(), flush=True)
+    while True:
+        time.sleep(0.05)
+
+if __name__ == "__main__":
+    devlab.launch(busy, start_method=sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_ranks_do_not_outlive_a_process_killed_mid_launch(tmp_path, method: str) -> None:
+    """A kernel killed (or restarted) while its ranks run cannot clean up: the ranks go with it."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    script = tmp_path / "orphans.py"
+    script.write_text(ORPHAN_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(distributed.__file__).parents[1])}
+    parent = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
+                              text=True, env=env)
+    pids = []
+    try:
+        while len(pids) < 2:
+            line = parent.stdout.readline()
+            assert line, "the launch ended before its ranks said who they are"
+            if "rank" in line and line.split()[-1].isdigit():
+                pids.append(int(line.split()[-1]))
+        ranks = [psutil.Process(p) for p in pids]
+        parent.kill()
+        parent.wait()
+        gone, alive = psutil.wait_procs(ranks, timeout=10)
+        assert alive == []
+    finally:
+        parent.kill()
+        parent.stdout.close()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
