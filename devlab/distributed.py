@@ -384,6 +384,7 @@ class _Launch:
     # starting
 
     def start(self) -> None:
+        _prctl()
         self.run_dir = Path(tempfile.mkdtemp(prefix="devlab-ranks-"))
         self.store, port = _loopback_store(self.spec["env"]["MASTER_ADDR"])
         self.spec["env"]["MASTER_PORT"] = str(port)
@@ -686,8 +687,9 @@ def _collect(launch: _Launch, timeout: float | None) -> Ranks | _Failure:
         path = run_dir / f"rank{r}.error"
         if path.exists():
             errors[r] = _load_error(path.read_bytes())
-    hung = {r: frames for r in range(nprocs)
-            if (frames := _hang_frames(run_dir, r)) is not None}
+    hung = {r: frames for r in range(nprocs)  # (a rank waiting for the others has returned)
+            if (frames := _hang_frames(run_dir, r)) is not None
+            and not (run_dir / f"rank{r}.result").exists()}
     if launch.interrupts.happened:
         exc: BaseException = KeyboardInterrupt("the ranks were stopped")
         for r in sorted(errors, key=lambda r: errors[r]["time"]):
@@ -918,17 +920,30 @@ def _redirect(out_path: Path, err_path: Path, close: list[int]) -> None:
         os.close(fd)
 
 
+def _prctl() -> Any:
+    """libc's prctl, looked up in the parent: a forked child of a process with threads should
+    not go through the dynamic loader's locks."""
+    global _PRCTL
+    if _PRCTL is None and sys.platform == "linux":
+        import ctypes
+
+        try:
+            _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            _PRCTL = False
+    return _PRCTL
+
+
+_PRCTL: Any = None
+
+
 def _die_with_parent(parent: int) -> None:
     """Have Linux kill this rank if the process that started it dies (a kernel killed or
     restarted mid-launch): its clean-up cannot run then, and no rank may outlive it."""
-    if sys.platform != "linux":
+    prctl = _prctl()
+    if not prctl:
         return
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
+    prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # it died before the request was made
         os._exit(1)
 
@@ -991,12 +1006,12 @@ def _rank_main(rank: int, run_dir: str, spec: dict[str, Any], job: tuple[Any, ..
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
         _write_error(out / f"rank{rank}.error", e)
     finally:
-        faulthandler.cancel_dump_traceback_later()
         sys.stdout.flush()
         sys.stderr.flush()
     if code == 0:
         _wait_for_every_rank(spec)
         _finish_process_group()
+    faulthandler.cancel_dump_traceback_later()
     return code
 
 
