@@ -64,7 +64,9 @@ class DistributedMagics(Magics):
         MASTER_PORT set, and the cell calls `dist.init_process_group(...)` itself (on simulated
         GPUs "nccl" runs on gloo). Each rank's output appears labelled [rankN]. A rank that
         fails raises its own error here, with its traceback through the cell's lines; the
-        cell's value is the list of each rank's value of its last expression.
+        cell's value is the list of each rank's value of its last expression. The ranks talk
+        over loopback only, and however the cell ends (an interrupt too) no rank, listener or
+        descriptor of theirs is left in the kernel.
 
         Example::
 
