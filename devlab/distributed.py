@@ -376,6 +376,7 @@ class _Launch:
         self.deadline: float | None = spec["deadline"]
         self.run_dir: Path | None = None
         self.store: Any = None
+        self.listener: socket.socket | None = None
         self.ranks: list[_Rank] = []
         self.fault: BaseException | None = None
         self.timed_out = False
@@ -386,8 +387,13 @@ class _Launch:
     def start(self) -> None:
         _prctl()
         self.run_dir = Path(tempfile.mkdtemp(prefix="devlab-ranks-"))
-        self.store, port = _loopback_store(self.spec["env"]["MASTER_ADDR"])
-        self.spec["env"]["MASTER_PORT"] = str(port)
+        # The store's socket now, its server (a thread) only once every rank is forked: a
+        # rank forked while that thread accepted a connection inherited glibc's resolver lock
+        # locked (the server names each peer with getnameinfo) and hung for good in its own
+        # getnameinfo, connecting to the store (3 ranks: 5 launches in 300 hung; none in 900
+        # this way). A rank that connects before the server starts waits in the backlog.
+        self.listener = _loopback_socket(self.spec["env"]["MASTER_ADDR"])
+        self.spec["env"]["MASTER_PORT"] = str(self.listener.getsockname()[1])
         if self.payload is not None:
             (self.run_dir / "job").write_bytes(self.payload)
             self.payload = None
@@ -407,6 +413,8 @@ class _Launch:
         finally:
             if self.method == "fork" and unfreeze:
                 gc.unfreeze()
+        self.store = _store_on(self.listener)
+        self.listener = None
 
     def _start_rank(self, r: int) -> None:
         try:
@@ -424,6 +432,7 @@ class _Launch:
         rank.out, rank.err = open(out_path, "rb"), open(err_path, "rb")  # noqa: SIM115
         if self.method == "fork":
             inherited = [f.fileno() for other in self.ranks for f in (other.out, other.err) if f]
+            inherited.append(self.listener.fileno())
             pid = os.fork()
             if pid == 0:  # the rank: it never returns into the code that forked it
                 code = 1
@@ -555,6 +564,9 @@ class _Launch:
             rank.out = rank.err = None
             rank.popen = None
         self.store = None
+        if self.listener is not None:  # the launch ended before the store's server started
+            self.listener.close()
+            self.listener = None
 
     def _reap(self, rank: _Rank) -> None:
         if not rank.pid or rank.reaped:
@@ -612,25 +624,30 @@ def _group_alive(group: int) -> bool:
     return False
 
 
-def _loopback_store(addr: str) -> tuple[Any, int]:
-    """A TCPStore server listening on `addr` (loopback) only: torch's own binds every
-    interface, so it gets a socket already bound here."""
-    from torch.distributed import TCPStore
-
+def _loopback_socket(addr: str) -> socket.socket:
+    """A listening socket on `addr` (loopback) only, for the store: torch's TCPStore binds
+    every interface when it makes its own."""
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.bind((addr, 0))
-        sock.listen(128)
-        port = sock.getsockname()[1]
-        # torch's older server (not libuv's): libuv keeps a pipe open in the process for good
-        store = TCPStore(addr, port, None, True, timedelta(seconds=300), wait_for_workers=False,
-                         master_listen_fd=sock.fileno(), use_libuv=False)
+        sock.listen(1024)
     except BaseException:
         sock.close()
         raise
-    sock.detach()  # the store owns the descriptor now, and closes it
-    return store, port
+    return sock
+
+
+def _store_on(sock: socket.socket) -> Any:
+    """torch's TCPStore server on that socket; the store owns and closes it from then on."""
+    from torch.distributed import TCPStore
+
+    addr, port = sock.getsockname()[:2]
+    # torch's older server (not libuv's): libuv keeps a pipe open in the process for good
+    store = TCPStore(addr, port, None, True, timedelta(seconds=300), wait_for_workers=False,
+                     master_listen_fd=sock.fileno(), use_libuv=False)
+    sock.detach()
+    return store
 
 
 def _dumps(obj: Any) -> bytes:
