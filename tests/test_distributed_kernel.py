@@ -5,7 +5,8 @@ while it cleans up — and after each, the kernel process has the threads, descr
 listening sockets and children it had before (read from /proc and psutil in the kernel,
 without running the cycle collector). While the ranks run, a neighbour connecting through the
 machine's address beyond loopback to every port the kernel and the ranks listen on is
-refused."""
+refused. The issue's sequence of launches that segfaulted runs in the same kernel, before and
+after those endings."""
 
 from __future__ import annotations
 
@@ -37,8 +38,10 @@ import hygiene
 
 def kernel_state():
     state = hygiene.state()
-    # IPython's history database opens and closes handles (its journal) as it writes
-    state["descriptors"] = [d for d in state["descriptors"] if "history.sqlite" not in d[1]]
+    # IPython's history database opens and closes handles as it writes (its journal, and
+    # sqlite's handle on the profile's folder to sync it)
+    profile = get_ipython().profile_dir.location
+    state["descriptors"] = [d for d in state["descriptors"] if not d[1].startswith(profile)]
     state["sigint"] = repr(signal.getsignal(signal.SIGINT))
     state["torchelastic"] = [t.name for t in threading.enumerate()
                              if "Rendezvous" in t.name or "TailLog" in t.name]
@@ -92,6 +95,33 @@ def busy():
     while True:
         dist.all_reduce(t)
 devlab.launch(busy)"""
+
+# Issue 16's sequence, as it was written: a function returning 42, one touching a
+# threading.Lock, one returning a lock, one raising an exception that cannot be pickled, one
+# calling sys.exit(5) (the ranks segfaulted "... Garbage-collecting" and the last launch raised
+# torchelastic's ChildFailedError instead of SystemExit: 5).
+SEQUENCE_SETUP = """\
+import threading
+LOCK = threading.Lock()
+def forty_two():
+    return 42
+def touch_lock():
+    with LOCK:
+        return 1
+def return_lock():
+    return LOCK
+class Unpicklable(Exception):
+    def __init__(self):
+        super().__init__('carries a lock')
+        self.lock = threading.Lock()
+def raise_unpicklable():
+    raise Unpicklable()
+def exit_five():
+    sys.exit(5)"""
+SEQUENCE = {"42": "devlab.launch(forty_two)", "lock": "devlab.launch(touch_lock)",
+            "returns a lock": "devlab.launch(return_lock)",
+            "unpicklable": "devlab.launch(raise_unpicklable)",
+            "sys.exit(5)": "devlab.launch(exit_five)"}
 
 
 class Kernel:
@@ -181,9 +211,15 @@ def session():
             "interrupt burst": (BUSY, {"interrupt_when": _busy, "interrupts": 10, "gap": 0.01}),
             "devlab.launch interrupted": (BUSY_LAUNCH, {"interrupt_when": _busy}),
         }
-        for name, (code, how) in endings.items():
-            seen[name] = kernel.run(code, **how)
-            seen[name + " state"] = kernel.state()
+        assert kernel.run(SEQUENCE_SETUP)["error"] is None
+        for round_ in ("first", "after the endings"):  # the second with their garbage about
+            if round_ == "after the endings":
+                for name, (code, how) in endings.items():
+                    seen[name] = kernel.run(code, **how)
+                    seen[name + " state"] = kernel.state()
+            seen[f"sequence, {round_}"] = {name: kernel.run(code)
+                                           for name, code in SEQUENCE.items()}
+            seen[f"sequence, {round_} state"] = kernel.state()
         seen["neighbour"] = neighbour
         seen["alive"] = kernel.run("print(torch.ones(1, device='cuda:1').device)")
         yield seen
@@ -207,7 +243,8 @@ def _look_from_outside(kernel_pid: int) -> dict[str, object]:
 
 
 ENDINGS = ["success", "rank's error", "rank's os._exit", "timeout", "interrupt", "two interrupts",
-           "interrupt burst", "devlab.launch interrupted"]
+           "interrupt burst", "devlab.launch interrupted", "sequence, first",
+           "sequence, after the endings"]
 
 
 @pytest.mark.parametrize("ending", ENDINGS)
@@ -261,3 +298,22 @@ def test_the_store_the_ranks_met_at_was_the_kernels(session) -> None:
     during = {port for _, port in session["neighbour"]["ports"]["kernel"]}
     before = {port for _, port in session["baseline"]["listeners"]}
     assert len(during - before) == 1
+
+
+@pytest.mark.parametrize("round_", ["first", "after the endings"])
+def test_the_issues_sequence_gives_clear_errors_and_systemexit_without_a_segfault(
+        session, round_: str) -> None:
+    seen = session[f"sequence, {round_}"]
+    assert seen["42"]["result"] == "[42, 42]" and seen["42"]["error"] is None
+    assert seen["lock"]["result"] == "[1, 1]" and seen["lock"]["error"] is None
+    ename, evalue = seen["returns a lock"]["error"]  # (the rank that failed first)
+    assert ename == "RankError" and evalue in [
+        f"rank {r} returned a lock, which cannot be pickled to send it back: "
+        "TypeError: cannot pickle '_thread.lock' object" for r in (0, 1)], evalue
+    ename, evalue = seen["unpicklable"]["error"]
+    assert ename == "RankError" and evalue.endswith("Unpicklable: carries a lock"), evalue
+    assert seen["sys.exit(5)"]["error"] == ("SystemExit", "5")
+    for name, out in seen.items():
+        shown = f"{out['stdout']}{out['stderr']}{out['error']}"
+        for word in ("Fatal Python error", "Segmentation fault", "ChildFailedError"):
+            assert word not in shown, (name, shown)
