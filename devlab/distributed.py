@@ -390,7 +390,7 @@ class _Launch:
         # The store's socket now, its server (a thread) only once every rank is forked: a
         # rank forked while that thread accepted a connection inherited glibc's resolver lock
         # locked (the server names each peer with getnameinfo) and hung for good in its own
-        # getnameinfo, connecting to the store (3 ranks: 5 launches in 300 hung; none in 900
+        # getnameinfo, connecting to the store (3 ranks: 5 launches in 300 hung; none in 1300
         # this way). A rank that connects before the server starts waits in the backlog.
         self.listener = _loopback_socket(self.spec["env"]["MASTER_ADDR"])
         self.spec["env"]["MASTER_PORT"] = str(self.listener.getsockname()[1])
