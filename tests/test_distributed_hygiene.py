@@ -122,7 +122,9 @@ def test_gloo_binds_loopback_even_where_the_hostname_resolves_beyond_it(tmp_path
         pytest.skip("needs unshare and root to give a process its own hostname")
     script = tmp_path / "hostname.py"
     script.write_text(HOSTNAME_SCRIPT.format(tests=str(Path(__file__).parent / "distributed")))
-    env = {**os.environ, "PYTHONPATH": str(Path(distributed.__file__).parents[1])}
+    # (its run directory, which it cannot remove, left in tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(Path(distributed.__file__).parents[1]),
+           "TMPDIR": str(tmp_path)}
     done = subprocess.run(["unshare", "--uts", "sh", "-c", f'hostname {outside} && "$0" "$1"',
                            sys.executable, str(script)],
                           capture_output=True, text=True, timeout=300, env=env)
@@ -336,7 +338,9 @@ def test_ranks_do_not_outlive_a_process_killed_mid_launch(tmp_path, method: str)
         pytest.skip("the parent-death signal is Linux's")
     script = tmp_path / "orphans.py"
     script.write_text(ORPHAN_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(Path(distributed.__file__).parents[1])}
+    # (its run directory, which it cannot remove, left in tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(Path(distributed.__file__).parents[1]),
+           "TMPDIR": str(tmp_path)}
     parent = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
                               text=True, env=env)
     pids = []
