@@ -56,7 +56,7 @@ def bound_group() -> dict:
 
 
 def test_a_group_made_for_nccl_is_nccl(two) -> None:
-    for rank, got in enumerate(devlab.launch(bound_group, nprocs=2)):
+    for rank, got in enumerate(devlab.launch(bound_group, nprocs=2, timeout=120)):
         assert got == {"backend": "nccl", "name": "nccl", "sub": "nccl", "available": True,
                        "bound": f"cuda:{rank}", "config": "cuda:nccl", "sub_sum": [2.0],
                        "split": ("nccl", "nccl", [1.0], f"cuda:{rank}"),
@@ -116,7 +116,7 @@ def collectives() -> dict:
 def test_collectives_accept_what_nccl_accepts_and_stay_on_the_gpu(two) -> None:
     inputs = [torch.arange(4.0) + 10 * r for r in range(2)]  # what _inputs gives each rank
     total = inputs[0] + inputs[1]
-    results = devlab.launch(collectives, nprocs=2)
+    results = devlab.launch(collectives, nprocs=2, timeout=120)
     for rank, got in enumerate(results):
         gathered = torch.cat(inputs).tolist()
         assert got["all_gather_into_tensor"] == (gathered, gathered, f"cuda:{rank}")
@@ -155,7 +155,7 @@ def nccl_errors() -> dict:
 
 
 def test_what_nccl_refuses_is_refused_in_its_words(two) -> None:
-    for got in devlab.launch(nccl_errors, nprocs=2):
+    for got in devlab.launch(nccl_errors, nprocs=2, timeout=120):
         assert got == {
             "band": "ValueError: Cannot use ReduceOp.BAND with NCCL",
             "bool_avg": "TypeError: Cannot use ReduceOp.AVG with boolean inputs",
@@ -227,7 +227,7 @@ def one_process() -> torch.Tensor:
     ("none", 1e-6), ("fp16", 1e-3), ("bf16", 1e-2), ("powersgd", None)])
 def test_ddp_communication_hooks_train_on_simulated_gpus(two, one_process, hook,
                                                          tolerance) -> None:
-    results = devlab.launch(train_with_hook, hook, nprocs=2)
+    results = devlab.launch(train_with_hook, hook, nprocs=2, timeout=120)
     for rank, (weights, devices) in enumerate(results):
         assert devices == [f"cuda:{rank}"]
         assert weights == results[0][0]  # every rank applied the same step
@@ -259,7 +259,7 @@ def logged_gather() -> list[str]:
 
 def test_the_placement_log_shows_the_groups_collectives_with_their_bytes(two) -> None:
     gpu = "/job:localhost/replica:0/task:0/device:GPU:{}"
-    for rank, lines in enumerate(devlab.launch(logged_gather, nprocs=2)):
+    for rank, lines in enumerate(devlab.launch(logged_gather, nprocs=2, timeout=120)):
         assert lines == [f"All-gather 16 B on {gpu.format(rank)} (c10d::_allgather_base_)",
                          f"Reduce-scatter 16 B on {gpu.format(rank)} "
                          "(c10d::_reduce_scatter_base_)"]
@@ -273,8 +273,10 @@ def test_the_cuda_build_probes_answer_while_simulating_and_go_with_it(no_simulat
 
     before = (dist.is_nccl_available(), torch.version.cuda, torch.cuda.nccl.version,
               hasattr(torch._C, "_cuda_isInBadFork"), hasattr(dist, "ProcessGroupNCCL"),
-              c10d._new_process_group_helper, c10d.default_pg_nccl_timeout)
+              c10d._new_process_group_helper, c10d.default_pg_nccl_timeout,
+              torch._C.Future.then, torch._C._get_accelerator)
     devlab.simulated.start(2)
+    assert torch._C._get_accelerator() == torch.device("cuda")
     assert dist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
     assert torch.cuda.nccl.version()[-1] == "simulated"
     assert torch.version.cuda is not None and int(torch.version.cuda.split(".")[0]) >= 11
@@ -283,5 +285,6 @@ def test_the_cuda_build_probes_answer_while_simulating_and_go_with_it(no_simulat
     devlab.simulated.stop()
     after = (dist.is_nccl_available(), torch.version.cuda, torch.cuda.nccl.version,
              hasattr(torch._C, "_cuda_isInBadFork"), hasattr(dist, "ProcessGroupNCCL"),
-             c10d._new_process_group_helper, c10d.default_pg_nccl_timeout)
+             c10d._new_process_group_helper, c10d.default_pg_nccl_timeout,
+             torch._C.Future.then, torch._C._get_accelerator)
     assert after == before
