@@ -11,6 +11,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+# Imported here, not in the ranks: a forked rank that imports a module the parent never did can
+# block on an import lock a thread of the parent held at the fork (seen ~1 run in 4 under load).
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
 import devlab
 from devlab import placement_log
 
@@ -186,8 +190,6 @@ def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def train_with_hook(hook: str) -> tuple[list[float], list[str]]:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
     rank = _rank()
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     torch.cuda.set_device(rank)
