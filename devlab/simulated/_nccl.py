@@ -232,6 +232,13 @@ class ProcessGroupNCCL(dist.ProcessGroup):
             return self._nccl_backend
         return super()._get_backend(device)
 
+    def shutdown(self) -> None:
+        """Shut the gloo backend down once (it is registered here for two devices, and in
+        `_inner`)."""
+        if not getattr(self, "_shut", False):
+            self._shut = True
+            self._inner.shutdown()
+
     def get_group_store(self) -> Any:
         return self._inner.get_group_store()
 
