@@ -40,6 +40,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from devlab import scope, simulated
+from devlab._tracebacks import drop_frames
 from devlab.figures import ensure_figure_formatter, figure_png
 from devlab.scope import device_label
 
@@ -258,17 +259,7 @@ def _drop_own_frames(err: BaseException) -> None:
     without this module's frames (a bare `raise` keeps the edited traceback on 3.11+)."""
     if not isinstance(err, DeviceMismatch):
         return
-    kept = []
-    tb = err.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename != __file__:
-            kept.append(tb)
-        tb = tb.tb_next
-    for outer, inner in zip(kept, kept[1:], strict=False):
-        outer.tb_next = inner
-    if kept:
-        kept[-1].tb_next = None
-    err.__traceback__ = kept[0] if kept else None
+    drop_frames(err, lambda filename: filename == __file__)
 
 
 def _check_where(named: str, device: torch.device, ran: set[torch.device]) -> None:
