@@ -43,7 +43,9 @@ from browser_support import (
     wait_cells_done,
 )
 
-pytestmark = pytest.mark.browser
+# One worker runs this module: its tests share one expensive module fixture, which
+# each worker would otherwise build again.
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("test_browser")]
 
 DEVLAB_NOTEBOOK = "devlab-charts.ipynb"
 CONTROL_NOTEBOOK = "plain-widgets.ipynb"

@@ -18,7 +18,9 @@ from browser_support import BIDI_PROBE, CHROMIUM, chromium_missing_message, laun
 from tools import render
 from tools.i18n import LANGUAGES
 
-pytestmark = [pytest.mark.notebook, pytest.mark.browser]
+# One worker runs this module: its tests share one expensive module fixture, which
+# each worker would otherwise build again.
+pytestmark = [pytest.mark.notebook, pytest.mark.browser, pytest.mark.xdist_group("test_render")]
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
