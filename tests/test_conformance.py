@@ -27,11 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "conformance"))
 
 import corpus  # noqa: E402
+import references  # noqa: E402
 import run_program  # noqa: E402
 
 pytestmark = pytest.mark.conformance
 
-GPUS = 2
 _RUNS: dict[tuple[str, int], run_program.RunResult] = {}
 
 
@@ -40,9 +40,14 @@ def _run(name: str, gpus: int) -> run_program.RunResult:
     CPU run of a program whose ranks are replayed replays its simulated run."""
     key = (name, gpus)
     if key not in _RUNS:
-        replay_of = _run(name, GPUS) if gpus == 0 and corpus.get(name).replays else None
+        replay_of = _sim(name) if gpus == 0 and corpus.get(name).replays else None
         _RUNS[key] = run_program.run(name, gpus, root=ROOT, replay_of=replay_of)
     return _RUNS[key]
+
+
+def _sim(name: str) -> run_program.RunResult:
+    """The program's run on its simulated GPUs (2, or as many as it says it needs)."""
+    return _run(name, corpus.get(name).gpus)
 
 
 ALL = [p.name for p in corpus.CORPUS]
@@ -60,7 +65,7 @@ def test_corpus_is_large_enough_and_covers_two_gpus() -> None:
     assert any(p.kernel for p in corpus.CORPUS)
     for p in corpus.CORPUS:
         if p.ranks is not None:
-            assert p.gpus_used == p.ranks.world, p.name
+            assert p.gpus_used == p.ranks.world <= p.gpus, p.name
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -76,7 +81,7 @@ def test_program_files_are_the_stored_text(name: str) -> None:
 @pytest.mark.parametrize("name", ALL)
 def test_runs_on_simulated_gpus(name: str) -> None:
     program = corpus.get(name)
-    sim = _run(name, GPUS)
+    sim = _sim(name)
     assert not sim.timed_out, f"{name} did not finish within {program.timeout:.0f} s"
     assert sim.report is not None, "no result line: " + sim.describe()
     rep = sim.report
@@ -88,7 +93,7 @@ def test_runs_on_simulated_gpus(name: str) -> None:
     else:
         assert sim.returncode == 0, sim.describe()
     peaks = rep["peak"]
-    assert len(peaks) == GPUS
+    assert len(peaks) == program.gpus
     if not program.gpus_used:  # a launcher's test whose ranks make no tensor (see its notes)
         return
     assert rep["is_used"], f"{name} never created a tensor on a simulated GPU"
@@ -100,7 +105,7 @@ def test_runs_on_simulated_gpus(name: str) -> None:
 @pytest.mark.parametrize("name", [p.name for p in corpus.CORPUS if p.expect_stdout])
 def test_prints_what_it_prints_on_a_gpu(name: str) -> None:
     program = corpus.get(name)
-    sim = _run(name, GPUS)
+    sim = _sim(name)
     missing = [p for p in program.expect_stdout
                if not re.search(p, sim.stdout, re.M)]
     assert not missing, f"stdout lacks {missing}\n--- stdout ---\n{sim.stdout[-3000:]}"
@@ -113,7 +118,7 @@ def test_numbers_match_the_cpu_run(name: str) -> None:
     cpu = _run(name, 0)
     assert cpu.returncode == 0, "the CPU baseline failed: " + cpu.describe()
     assert cpu.report is not None and not cpu.report["simulated"] and cpu.report["peak"] == []
-    sim = _run(name, GPUS)
+    sim = _sim(name)
     assert sim.returncode == (1 if program.expect_error else 0), sim.describe()
     on_cpu = run_program.numbers(cpu.stdout, program.compare)
     on_gpus = run_program.numbers(sim.stdout, program.compare)
@@ -124,7 +129,7 @@ def test_numbers_match_the_cpu_run(name: str) -> None:
 @pytest.mark.parametrize("name", RANKED)
 def test_ranks_train_one_model(name: str) -> None:
     program = corpus.get(name)
-    sim = _run(name, GPUS)
+    sim = _sim(name)
     assert sim.returncode == 0 and sim.report is not None, sim.describe()
     replay = _run(name, 0).report if program.replays else None
     found = run_program.rank_problems(program, sim.report, replay)
@@ -134,7 +139,7 @@ def test_ranks_train_one_model(name: str) -> None:
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_shows_its_stored_gpu_outputs(name: str) -> None:
     program = corpus.get(name)
-    sim = _run(name, GPUS)
+    sim = _sim(name)
     assert sim.report is not None, sim.describe()
     assert len(sim.report["cells"]) == len(run_program.stored_outputs(program))
     mismatches = run_program.notebook_mismatches(program, sim.report)
@@ -215,6 +220,51 @@ def test_ranks_that_need_not_train_are_known_by_their_launchers_rank() -> None:
         run_program.rank_problems(program, {"processes": [launcher, rank0, wrong_gpu]}))
     assert "expected ranks 0..1" in run_program.rank_problems(
         program, {"processes": [launcher, rank0]})[0]
+
+
+def test_large_models_are_recorded_by_digest_and_compared_from_rank_0s_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A model of more than INLINE values (the 2-D FSDP x TP Llama's 18 million) is recorded as
+    # its digest, rank 0's also as a file, which the CPU replay starts from and is compared to.
+    import torch
+
+    observer = run_program._observer_module()
+    monkeypatch.setattr(observer, "INLINE", 3)
+    monkeypatch.setenv(run_program.VECTORS_VARIABLE, str(tmp_path))
+    program = corpus.get("examples_fsdp_tp")
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+    def rank(r: int, initial: torch.Tensor, final: torch.Tensor) -> dict:
+        peak = [0] * 4
+        peak[r] = 512
+        keep = r == 0
+        return {"pid": 100 + r, "rank": r, "world_size": 4, "steps": 10, "errors": [],
+                "initial": observer.vector_record(initial, f"{r}-initial.pt", keep),
+                "final": observer.vector_record(final, f"{r}-final.pt", keep),
+                "is_used": True, "peak": peak}
+
+    ranks = [rank(r, values, values + 1) for r in range(4)]
+    assert ranks[0]["initial"]["file"] and ranks[1]["initial"]["file"] is None
+    assert ranks[1]["initial"]["sha256"] == ranks[0]["initial"]["sha256"]
+    good = {"processes": ranks}
+    replay = {"replay": {"initial": observer.vector_record(values, "r-i.pt", True),
+                         "final": observer.vector_record(values + 1 + 1e-7, "r-f.pt", True)}}
+    assert run_program.rank_problems(program, good, replay) == []
+    # One value a few steps off (a near-zero gradient under Adam): within the outliers allowed.
+    nudged = values + 1
+    nudged[2] += 0.01
+    one_off = {"replay": {**replay["replay"],
+                          "final": observer.vector_record(nudged, "r-one.pt", True)}}
+    assert run_program.rank_problems(program, good, one_off) == []
+    off = {"replay": {**replay["replay"],
+                      "final": observer.vector_record(values + 1.1, "r-off.pt", True)}}
+    assert "4 of 4 final parameters differ from the CPU replay" in " ".join(
+        run_program.rank_problems(program, good, off))
+    apart = {"processes": [*ranks[:3], rank(3, values, values + 2)]}
+    assert "rank 3 ended with other parameters than rank 0" in run_program.rank_problems(
+        program, apart, replay)
+    (initial, world) = references._initial(ranks)
+    assert world == 4 and initial.tolist() == values.tolist()
 
 
 OBSERVED_FORK = """
