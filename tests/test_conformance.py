@@ -225,14 +225,16 @@ def test_ranks_that_need_not_train_are_known_by_their_launchers_rank() -> None:
 def test_large_models_are_recorded_by_digest_and_compared_from_rank_0s_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A model of more than INLINE values (the 2-D FSDP x TP Llama's 18 million) is recorded as
-    # its digest, rank 0's also as a file, which the CPU replay starts from and is compared to.
+    # its digest, rank 0's also as a file, which the CPU replay starts from and is compared to,
+    # per parameter tensor where the replay gives their sizes.
     import torch
 
     observer = run_program._observer_module()
     monkeypatch.setattr(observer, "INLINE", 3)
     monkeypatch.setenv(run_program.VECTORS_VARIABLE, str(tmp_path))
     program = corpus.get("examples_fsdp_tp")
-    values = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert program.ranks is not None and program.ranks.outliers == 0.05
+    values = torch.arange(400, dtype=torch.float32) / 400
 
     def rank(r: int, initial: torch.Tensor, final: torch.Tensor) -> dict:
         peak = [0] * 4
@@ -243,26 +245,33 @@ def test_large_models_are_recorded_by_digest_and_compared_from_rank_0s_file(
                 "final": observer.vector_record(final, f"{r}-final.pt", keep),
                 "is_used": True, "peak": peak}
 
+    def replayed(final: torch.Tensor) -> dict:
+        return {"replay": {"initial": observer.vector_record(values, "r-i.pt", True),
+                           "final": observer.vector_record(final, f"r-{id(final)}.pt", True),
+                           "sizes": [200, 200]}}
+
     ranks = [rank(r, values, values + 1) for r in range(4)]
     assert ranks[0]["initial"]["file"] and ranks[1]["initial"]["file"] is None
     assert ranks[1]["initial"]["sha256"] == ranks[0]["initial"]["sha256"]
     good = {"processes": ranks}
-    replay = {"replay": {"initial": observer.vector_record(values, "r-i.pt", True),
-                         "final": observer.vector_record(values + 1 + 1e-7, "r-f.pt", True)}}
-    assert run_program.rank_problems(program, good, replay) == []
-    # One value a few steps off (a near-zero gradient under Adam): within the outliers allowed.
+    assert run_program.rank_problems(program, good, replayed(values + 1 + 1e-7)) == []
+    # One value of the second tensor a step off (a near-zero gradient under Adam): allowed.
     nudged = values + 1
-    nudged[2] += 0.01
-    one_off = {"replay": {**replay["replay"],
-                          "final": observer.vector_record(nudged, "r-one.pt", True)}}
-    assert run_program.rank_problems(program, good, one_off) == []
-    off = {"replay": {**replay["replay"],
-                      "final": observer.vector_record(values + 1.1, "r-off.pt", True)}}
-    assert "4 of 4 final parameters differ from the CPU replay" in " ".join(
-        run_program.rank_problems(program, good, off))
+    nudged[300] += 0.01
+    assert run_program.rank_problems(program, good, replayed(nudged)) == []
+    # Eleven of its 200 (5.5%): that tensor is wrong.
+    nudged[301:311] += 0.01
+    assert "parameter tensors [1] beyond the 5.00% of their values allowed" in " ".join(
+        run_program.rank_problems(program, good, replayed(nudged)))
+    assert "400 of 400 final parameters differ from the CPU replay's" in " ".join(
+        run_program.rank_problems(program, good, replayed(values + 1.1)))
+    one_far = values + 1
+    one_far[0] += 0.02  # beyond five Adam steps of lr 3e-3
+    assert "(more than 0.015 apart)" in " ".join(
+        run_program.rank_problems(program, good, replayed(one_far)))
     apart = {"processes": [*ranks[:3], rank(3, values, values + 2)]}
     assert "rank 3 ended with other parameters than rank 0" in run_program.rank_problems(
-        program, apart, replay)
+        program, apart, replayed(values + 1))
     (initial, world) = references._initial(ranks)
     assert world == 4 and initial.tolist() == values.tolist()
 

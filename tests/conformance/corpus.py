@@ -100,10 +100,11 @@ class Ranks:
     function in `references.py` that is this program's CPU run: it replays the training on the
     CPU in one process, from the seed the program gives its ranks or else from rank 0's recorded
     initial parameters, prints the lines the program prints, and its initial and final
-    parameters must equal rank 0's within `rtol`/`atol`; with `outliers`, up to that many values
-    may lie beyond them, but within `bound` (Adam's step is about `lr` whatever the gradient's
-    size, so where a gradient is near zero the rounding of a differently ordered sum can move
-    its value by up to one step: a few in millions of values, never by more than `bound`).
+    parameters must equal rank 0's within `rtol`/`atol`; with `outliers`, that fraction of each
+    parameter tensor's values may lie beyond them, but within `bound` (Adam's step is about `lr`
+    whatever the gradient's size, so where a gradient is near zero the rounding of a differently
+    ordered sum can move its value by up to a step or two: a few in ten thousand values, never
+    by more than `bound`; a replay that returns its tensors' `sizes` is judged per tensor).
 
     `trains=False`: a program whose ranks check themselves (a framework's own test script, its
     assertions the check) and need not step an optimizer; each rank, known by the RANK its
@@ -116,7 +117,7 @@ class Ranks:
     replay: str | None = None
     rtol: float = 1e-5
     atol: float = 1e-6
-    outliers: int = 0
+    outliers: float = 0.0
     bound: float = 0.0
     trains: bool = True
 
@@ -1048,11 +1049,13 @@ NCCL_PROGRAMS: tuple[Program, ...] = (
         expect_stdout=tuple(rf"^Starting PyTorch 2D \(FSDP \+ TP\) example on rank {r}\.$"
                             for r in range(4)),
         gpus_used=4,
-        # 10 AdamW steps of lr 3e-3 move a value by at most 0.03 (ignoring its tiny weight
-        # decay); two runs, by at most 0.06. Up to one value in a million may lie beyond
-        # rtol/atol (see Ranks.outliers): the first run differed in 2 of 18 million.
-        ranks=Ranks(world=4, replay="examples_fsdp_tp", rtol=1e-4, atol=1e-5, outliers=18,
-                    bound=0.06),
+        # Where a gradient is near zero, AdamW (lr 3e-3) can move a value a step or two away
+        # from the replay's (see Ranks.outliers): three runs had 2, 6 and 2237 of the 18
+        # million values beyond rtol/atol, at most 0.0059 (two steps) apart, the rest a median
+        # 1e-9 apart. Allowed: 5% of any one parameter tensor (a wrong tensor-parallel or FSDP2
+        # shard is a quarter or half of one), each within five steps (0.015).
+        ranks=Ranks(world=4, replay="examples_fsdp_tp", rtol=1e-4, atol=1e-5, outliers=0.05,
+                    bound=0.015),
         timeout=900.0,
         notes="It needs 4 GPUs (dp 2 x tp 2) and has no flags: its sizes (dim 256, 2 layers, "
               "a 32000-token vocabulary, batches of 8 x 256 tokens, 10 iterations) are fixed "

@@ -155,7 +155,8 @@ def examples_fsdp_tp(folder: Path, records: list[dict[str, Any]]) -> dict[str, A
             (model(inp).sum() / dp).backward()
         optimizer.step()
     return {"initial": initial,
-            "final": torch.nn.utils.parameters_to_vector(model.parameters()).detach()}
+            "final": torch.nn.utils.parameters_to_vector(model.parameters()).detach(),
+            "sizes": [p.numel() for p in model.parameters()]}
 
 
 REPLAYS: dict[str, Callable[[Path, list[dict[str, Any]]], dict[str, Any]]] = {

@@ -369,7 +369,8 @@ def run_here(name: str, simulate: int, replay: str | None = None) -> int:
             assert program.ranks is not None and program.ranks.replay is not None
             records = json.loads(Path(replay).read_text(encoding="utf-8"))
             replayed = references.REPLAYS[program.ranks.replay](workdir, records)
-            report["replay"] = {k: _as_record(v, f"replay-{k}.pt") for k, v in replayed.items()}
+            report["replay"] = {k: v if k == "sizes" else _as_record(v, f"replay-{k}.pt")
+                                for k, v in replayed.items()}
         elif program.kernel:
             report["cells"] = cells = _run_in_kernel(program, entry, workdir)
             failed = [c for c in cells if c["error"]]
@@ -717,13 +718,30 @@ def rank_problems(program: corpus.Program, report: dict[str, Any],
                            f"{len(ours)} on rank 0")
                 continue
             bad = _not_close(ours, values, ranks.rtol, ranks.atol)
-            worst = float(abs(ours[bad] - values[bad]).max()) if len(bad) else 0.0
-            if len(bad) > ranks.outliers or worst > ranks.bound:
-                i = int(bad[abs(ours[bad] - values[bad]).argmax()])
+            if not len(bad):
+                continue
+            i = int(bad[abs(ours[bad] - values[bad]).argmax()])
+            worst = abs(ours[i] - values[i])
+            tensors = _outlying_tensors(bad, replayed.get("sizes") or [len(values)],
+                                        ranks.outliers)
+            if tensors or worst > ranks.bound:
                 out.append(f"{len(bad)} of {len(values)} {which} parameters differ from the CPU "
-                           f"replay's (at most {ranks.outliers} may, each by at most "
-                           f"{ranks.bound}), the most #{i}: {ours[i]} vs {values[i]}")
+                           f"replay's, the most #{i}: {ours[i]} vs {values[i]}"
+                           + (f" (parameter tensors {tensors} beyond the {ranks.outliers:.2%} "
+                              "of their values allowed)" if tensors else
+                              f" (more than {ranks.bound} apart)"))
     return out
+
+
+def _outlying_tensors(bad: Any, sizes: list[int], allowed: float) -> list[int]:
+    """The parameter tensors (indices, in the optimizer's order; `sizes`: their numbers of
+    values) in which more than the fraction `allowed` of the values are at indices `bad`."""
+    import numpy as np
+
+    ends = np.cumsum(sizes)
+    counts = np.bincount(np.searchsorted(ends, bad, side="right"), minlength=len(sizes))
+    return [t for t, (n, size) in enumerate(zip(counts, sizes, strict=False))
+            if n > allowed * size]
 
 
 def _not_close(a: Any, b: Any, rtol: float, atol: float) -> Any:
