@@ -17,7 +17,9 @@ kernel. docs/conformance.md lists the programs.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -217,6 +219,41 @@ def test_ranks_that_need_not_train_are_known_by_their_launchers_rank() -> None:
         program, {"processes": [launcher, rank0]})[0]
 
 
+RST = """Title
+=====
+
+.. note::
+   Not code.
+
+.. code:: python
+
+   import os
+
+   def f():
+      return os.sep
+
+Prose between.
+
+.. code-block:: python
+
+      print(f())
+.. code:: bash
+
+   echo not python
+"""
+
+
+def test_a_tutorials_program_is_its_python_blocks_in_order(tmp_path: Path) -> None:
+    assert run_program.rst_code(RST) == "import os\n\ndef f():\n   return os.sep\n\nprint(f())\n"
+    tutorial = tmp_path / "tutorial.rst"
+    tutorial.write_text(RST)
+    script = run_program.script_from_rst(tutorial)
+    assert script == tmp_path / "tutorial.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout == os.sep + "\n"
+
+
 OBSERVED_FORK = """
 import multiprocessing, torch
 
@@ -239,8 +276,6 @@ def test_observer_records_a_forked_child_that_exits_without_atexit(tmp_path: Pat
     # A multiprocessing child ends with os._exit, after multiprocessing's own exit handlers:
     # the ranks Lightning's ddp_notebook and accelerate's notebook_launcher fork end so.
     import json
-    import os
-    import subprocess
 
     script = tmp_path / "fork.py"
     script.write_text(OBSERVED_FORK)

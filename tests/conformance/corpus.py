@@ -1008,6 +1008,47 @@ NCCL_PROGRAMS: tuple[Program, ...] = (
 
 CORPUS += NCCL_PROGRAMS
 
+# --- torch.distributed.pipelining (wp-corpus2) -----------------------------------------------
+CORPUS += (
+    Program(
+        name="pipelining_tutorial",
+        title="Introduction to Distributed Pipeline Parallelism (tutorial, torchrun, 2 ranks)",
+        repo=TUTORIALS,
+        files=(SourceFile("intermediate_source/pipelining_tutorial.rst",
+                          "2662ccacff76e7210d9a02a836fce7381a8e7294", "pipelining_tutorial.rst",
+                          10620, "7e1f40c658bbccedb67ca107e1311ed5e4539da6162d1bc7ae57a0a2244d11d3"),),
+        licence=BSD3_TUTORIALS,
+        entry="pipelining_tutorial.rst",
+        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        exercises="`torch.distributed.pipelining` on two ranks: `init_process_group()` with "
+                  "its default backend and `new_group()` for the pipeline, a Transformer (8 "
+                  "`TransformerDecoderLayer`s) cut by hand into two `PipelineStage`s on "
+                  "cuda:0 and cuda:1 (`del model.layers[...]`, `model.output = None`), "
+                  "`model.to(device)` after the stage is built, `ScheduleGPipe` over 4 "
+                  "micro-batches: activations sent from cuda:0 to cuda:1, the cross-entropy "
+                  "loss on the last stage, gradients sent back, the per-micro-batch losses "
+                  "returned on rank 1",
+        compare_note="no CPU run: each rank builds the whole model from its own unseeded "
+                     "generator and keeps half, the decoder layers' dropout is on (training "
+                     "mode) and nothing is optimized, so no replay can draw the same numbers; "
+                     "checked: both ranks hold their stage on their own GPU, and rank 1 prints "
+                     "the 4 micro-batches' losses as GPU tensors on cuda:1, each near ln(10000) "
+                     "= 9.21 as an untrained 10000-word model's must be",
+        expect_stdout=(r"^losses: \[" + ", ".join(
+            [r"tensor\((?:9\.[0-9]+|10\.[0-4][0-9]*), device='cuda:1', "
+             r"grad_fn=<NllLossBackward0>\)"] * 4) + r"\]$",),
+        gpus_used=2,
+        ranks=Ranks(world=2, trains=False),
+        timeout=600.0,
+        notes="The tutorial is reStructuredText: its program is its five `.. code:: python` "
+              "blocks, which the runner writes, in order and dedented, to "
+              "pipelining_tutorial.py, the file the tutorial runs with `torchrun --nnodes 1 "
+              "--nproc_per_node 2 pipelining_tutorial.py` (here --standalone, as the other "
+              "torchrun programs). Its sizes are fixed (32 x 500 tokens, 3.7 TFLOP for its "
+              "one step); it has no flags.",
+    ),
+)
+
 BY_NAME: dict[str, Program] = {p.name: p for p in CORPUS}
 
 

@@ -135,6 +135,35 @@ def _run_notebook(path: Path) -> list[dict[str, Any]]:
     return cells
 
 
+def rst_code(text: str) -> str:
+    """The program a reStructuredText tutorial shows: its `.. code:: python` (or `code-block`)
+    blocks, dedented, in order, as its reader puts them into one file."""
+    import textwrap
+
+    lines = text.splitlines()
+    blocks: list[str] = []
+    i = 0
+    while i < len(lines):
+        if re.match(r"^\s*\.\. (?:code|code-block|sourcecode)::\s*python\s*$", lines[i]):
+            i += 1
+            block: list[str] = []
+            while i < len(lines) and (not lines[i].strip() or lines[i][:1].isspace()):
+                block.append(lines[i])
+                i += 1
+            blocks.append(textwrap.dedent("\n".join(block)).strip("\n"))
+        else:
+            i += 1
+    return "\n\n".join(blocks) + "\n"
+
+
+def script_from_rst(path: Path) -> Path:
+    """Write the program of tutorial `path` (see rst_code) beside it as `<name>.py`, the file
+    the tutorial tells its reader to run."""
+    script = path.with_suffix(".py")
+    script.write_text(rst_code(path.read_text(encoding="utf-8")), encoding="utf-8")
+    return script
+
+
 def _error_line(exc: BaseException) -> str:
     """'Type: first line of the message', as Python's last traceback line shows it."""
     msg = str(exc).splitlines()[0] if str(exc) else ""
@@ -335,6 +364,8 @@ def run_here(name: str, simulate: int, replay: str | None = None) -> int:
         os.chdir(workdir)
         sys.path.insert(0, str(workdir))
         entry = workdir / program.entry
+        if entry.suffix == ".rst":
+            entry = script_from_rst(entry)
         argv = program.argv if simulate or program.cpu_argv is None else program.cpu_argv
         sys.argv = [str(entry), *argv]
         if program.ranks is not None and not replay:
