@@ -479,6 +479,8 @@ def _rank_main(run_dir: str, spec: dict[str, Any], payload: bytes | None) -> Non
     # with SIGTERM just ends, and Ctrl-C (SIGINT) is a KeyboardInterrupt, as in a script.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if payload is None:  # forked: a rank uses the simulated GPUs it inherited, as if spawned
+        simulated.reset_after_fork_for_rank()
     (out / f"rank{rank}.pid").write_text(f"{os.getpid()} {threading.main_thread().ident:#x}")
     _own_streams()
     if spec["deadline"] is not None:
