@@ -18,7 +18,8 @@ without it, making a GPU tensor there fails with one line saying so).
 CUDA graphs, `torch.compile` for CUDA, cuDNN, CUDA's own random streams (random ops on simulated
 GPUs draw from the CPU's generators) and sparse tensors are not simulated (sparse ones are
 refused; a call that needs the CUDA runtime fails with an error naming itself). One stream per
-GPU.
+GPU. As on CUDA, a child forked after the simulated GPUs were initialized may not use them
+(`_fork`); at most `max_count()` GPUs (torch's device index is 8 bits).
 """
 
 from __future__ import annotations

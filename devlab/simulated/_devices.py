@@ -3,6 +3,7 @@ device argument means on the simulated machine."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Final
 
 import torch
@@ -35,7 +36,15 @@ def parse(device: Any) -> tuple[str, int | None]:
         return "cpu", None
     if device == "cuda":
         return "cuda", None
-    return made(DEVICE_TYPE(device), device)  # torch's own parsing and errors
+    if isinstance(device, str):
+        return _parse_text(device)
+    return made(DEVICE_TYPE(device))  # torch's own parsing and errors
+
+
+@functools.lru_cache(maxsize=64)  # a program names a few devices, many times
+def _parse_text(text: str) -> tuple[str, int | None]:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    return made(DEVICE_TYPE(text), text)  # torch's own parsing and errors
 
 
 def made(d: torch.device, text: Any = None, index: Any = None) -> tuple[str, int | None]:

@@ -59,7 +59,7 @@ class DeviceState:
                     entry[1] += 1
         for m, n in held.values():
             s = m()
-            if (s is not None and m.nbytes and _use_count(s._cdata) == 1 + n
+            if (s is not None and m.nbytes and _use_count(s._cdata) == 1 + n  # type: ignore[misc]
                     and sys.getrefcount(s) <= _BARE_REFS):
                 # Nothing but its Python object (1) and the queued work's tensors use it.
                 self.counted -= m.nbytes
@@ -79,7 +79,8 @@ class DeviceState:
         return self.peak
 
 
-_use_count = torch._C._storage_Use_Count
+# A storage's C++ use count (`_requirements` checks torch has it before a simulation starts).
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def _bare_refs() -> int:
