@@ -1,52 +1,307 @@
-"""The GPU performance model against published measurements (docs/gpu-models.md).
+"""The GPU performance model against measurements (docs/gpu-models.md).
 
-Run: .venv/bin/python benchmarks/gpu_model.py [--markdown]
+Run: .venv/bin/python benchmarks/gpu_model.py [--markdown] [--fit]
 
-For each measurement a reader can check (docs/gpu-models.md, "Published measurements"), this
-runs the same work through the model's own code (`_roofline.op_time` on meta tensors, queued on
-a `_clock.Clock`, timed the way the benchmark timed it) and prints the model's figure beside the
-published one, with their ratio (model / published; the target is 0.5 to 2). Nothing runs on a
-GPU: every model figure is modeled from specifications, not measured.
+Prints, with nothing run on a GPU (every model figure is modeled, not measured):
+
+1. the model against NeuSight's ~27,000 measured kernels (FP32, each op timed alone with CUDA
+   events), per GPU x op family: rows, share within 2x and 1.25x, mean absolute percentage
+   error, median ratio (`gpu_measurements.table`); the target is >= 90 % within 2x and <= 25 %;
+2. the same in NeuSight's held-out protocol: constants fitted on P4, P100, V100, T4 and the
+   A100 PCIe 40 GB only, scored on H100, L4 and the A100 PCIe 80 GB;
+3. a GPT-2 (large) block op by op on a T4, its total beside the sum of the measured rows for
+   the same ops, and GPT-2 large's whole forward pass beside NeuSight's measured one;
+4. the model beside other published measurements (matmul TFLOPS in FP16/BF16/TF32, memory
+   bandwidth, copies, launch and sync latencies), timed the way each benchmark timed them.
+
+`--markdown` prints the tables docs/gpu-models.md shows (between its markers), `--docs` writes
+them there; `--fit` fits
+the calibration again from the measurements and prints `devlab/gpu_model/calibration.py`'s
+fitted part (about two minutes).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import gpu_measurements as gm  # noqa: E402
+
+from devlab.gpu_model import SPECS, GpuSpec, Kernel, predict  # noqa: E402
+from devlab.gpu_model.calibration import CALIBRATION, Calibration  # noqa: E402
 from devlab.simulated._clock import Clock  # noqa: E402
-from devlab.simulated._gpu_specs import SPECS, GpuSpec  # noqa: E402
-from devlab.simulated._roofline import op_time  # noqa: E402
+from devlab.simulated._roofline import OpTime  # noqa: E402
 
 aten = torch.ops.aten
-DTYPES = {"FP32": torch.float32, "TF32": torch.float32, "FP16": torch.float16,
-          "BF16": torch.bfloat16}
 
 
-def _tf32(on: bool) -> Callable[[], None]:
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = on
-    return lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", before)
+# --- 1, 2: NeuSight's measured kernels ---------------------------------------------------------
+
+def percent(x: float) -> str:
+    return f"{x * 100:.1f} %"
+
+
+def scores_markdown(scores: list[gm.Score]) -> str:
+    lines = ["| GPU | op family | rows | within 2x | within 1.25x | mean abs. error | "
+             "median model / measured |", "|---|---|---|---|---|---|---|"]
+    for s in scores:
+        miss = "" if s.meets() else " **misses the target**"
+        lines.append(f"| {s.gpu} | {s.family} | {s.rows} | {percent(s.within_2x)} | "
+                     f"{percent(s.within_125)} | {percent(s.mape)}{miss} | "
+                     f"{s.median_ratio:.2f} |")
+    return "\n".join(lines)
+
+
+def calibration_markdown() -> str:
+    """The stored constants, one row per GPU (docs/gpu-models.md, "What GPUs achieve")."""
+    lines = ["| GPU | products (mm): tile, FP32 | batched (bmm): tile, FP32 | bandwidth: "
+             "element-wise, softmax, layer norm | alone floor | from |", "|---|---|---|---|---|---|"]
+    for name, cal in CALIBRATION.items():
+        spec = SPECS[name]
+
+        def gemm(fit: object, peak: float = spec.fp32_tflops) -> str:
+            tm, tn, per_sm = fit.tile  # type: ignore[attr-defined]
+            frac = fit.fp32  # type: ignore[attr-defined]
+            return (f"{tm}×{tn} ({per_sm}/SM), {frac:.3f} = {frac * peak:.3g} TFLOPS")
+        bw = spec.memory_bandwidth_gbs
+        mem = ", ".join(f"{f:.3f} = {f * bw:,.0f} GB/s" if i == 0 else f"{f:.3f}"
+                        for i, f in enumerate((cal.bandwidth, cal.softmax, cal.layer_norm)))
+        large = (f"; products with an operand over {cal.large_operand[0]:g} GB up to "
+                 f"{cal.large_operand[1]:g}x slower" if cal.large_operand else "")
+        lines.append(f"| {name} | {gemm(cal.mm)} | {gemm(cal.bmm)} | {mem} | "
+                     f"{cal.alone_floor_us:g} µs | {cal.source}{large} |")
+    return "\n".join(lines)
+
+
+def rule_text(rule: gm.Rule) -> str:
+    return (f"FP32 fraction = min({rule.ceiling['mm']:.2f}, {rule.gflops_per_watt['mm']:g} "
+            f"GFLOPS per board watt / datasheet FP32) for products, min("
+            f"{rule.ceiling['bmm']:.2f}, {rule.gflops_per_watt['bmm']:g} GFLOPS/W / datasheet) "
+            f"for batched ones; bandwidth fractions {rule.bandwidth:.3f} (element-wise), "
+            f"{rule.softmax:.3f} (softmax), {rule.layer_norm:.3f} (layer norm); alone floor "
+            f"{rule.alone_floor_us:g} µs; tiles of the GPU nearest in compute capability")
+
+
+def calibration_source(cals: dict[str, Calibration]) -> str:
+    """calibration.py's fitted part, as `--fit` prints it."""
+    out = ["CALIBRATION: dict[str, Calibration] = {"]
+    for name, c in cals.items():
+        source = "RULE" if name == "H100" else "FITTED"
+        out.append(f'    "{name}": Calibration(GemmFit({c.mm.tile}, {c.mm.fp32}), '
+                   f"GemmFit({c.bmm.tile}, {c.bmm.fp32}),")
+        out.append(f"        {c.bandwidth}, {c.softmax}, {c.layer_norm}, {c.alone_floor_us}, "
+                   f'CITED_TFLOPS["{name}"], {c.large_operand}, {source}),')
+    out.append("}")
+    return "\n".join(out)
+
+
+# --- 3: GPT-2 ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel of a model, as a program runs it: what, the op, its input shapes."""
+
+    label: str
+    op: str
+    shapes: tuple[tuple[int, ...], ...]
+    out: tuple[int, ...] | None = None
+    row: tuple[str, str, tuple[int, ...]] | None = None  # the measured row: family, op, dims
+
+
+def gpt2_block(batch: int, seq: int, hidden: int, heads: int) -> list[Op]:
+    """The kernels of one GPT-2 block's forward pass as Hugging Face's eager GPT2Block runs
+    them (inference, dropout off), with the NeuSight row of the same op and shape."""
+    t, d, bh, h4 = batch * seq, hidden // heads, batch * heads, 4 * hidden
+    att = (bh, seq, seq)
+
+    def ew(label: str, op: str, n: int, binary: bool, rows: int, cols: int) -> Op:
+        shapes = ((n,), (n,)) if binary else ((n,),)
+        return Op(label, op, shapes, (n,), ("element-wise", op if binary else op + "u",
+                                           (rows, cols)))
+
+    def linear(label: str, k: int, n: int) -> Op:
+        return Op(label, "addmm", ((n,), (t, k), (k, n)), None, ("linear", "linear", (1, t, n, k)))
+
+    return [
+        Op("ln_1 (layer norm)", "layer_norm", ((t, hidden),), None, ("layer norm", "ln", (t, hidden))),
+        linear("c_attn: q, k, v (addmm)", hidden, 3 * hidden),
+        Op("q to contiguous (matmul's reshape)", "copy", ((t * hidden,),), None, None),
+        Op("kᵀ to contiguous", "copy", ((t * hidden,),), None, None),
+        Op("q kᵀ (bmm)", "bmm", ((bh, seq, d), (bh, d, seq)), None, ("bmm", "bmm", (bh, seq, seq, d))),
+        ew("scale (div by a scalar)", "div", bh * seq * seq, False, bh * seq, seq),
+        Op("causal mask (where)", "where", (att,), att, ("element-wise", "addu", (bh * seq, seq))),
+        Op("softmax", "softmax", (att,), None, ("softmax", "softmax", (bh * seq, seq))),
+        Op("v to contiguous", "copy", ((t * hidden,),), None, None),
+        Op("attention × v (bmm)", "bmm", (att, (bh, seq, d)), None, ("bmm", "bmm", (bh, seq, d, seq))),
+        Op("merge heads (contiguous)", "copy", ((t * hidden,),), None, None),
+        linear("c_proj (addmm)", hidden, hidden),
+        ew("residual add", "add", t * hidden, True, t, hidden),
+        Op("ln_2 (layer norm)", "layer_norm", ((t, hidden),), None, ("layer norm", "ln", (t, hidden))),
+        linear("c_fc (addmm)", hidden, h4),
+        ew("GELU: x³ (pow)", "pow", t * h4, False, t, h4),
+        ew("GELU: 0.044715 x³ (mul)", "mul", t * h4, False, t, h4),
+        ew("GELU: x + … (add)", "add", t * h4, True, t, h4),
+        ew("GELU: √(2/π) (…) (mul)", "mul", t * h4, False, t, h4),
+        ew("GELU: tanh", "tanh", t * h4, False, t, h4),
+        ew("GELU: 1 + tanh (add)", "add", t * h4, False, t, h4),
+        ew("GELU: 0.5 x (mul)", "mul", t * h4, False, t, h4),
+        ew("GELU: 0.5 x × (…) (mul)", "mul", t * h4, True, t, h4),
+        linear("mlp c_proj (addmm)", h4, hidden),
+        ew("residual add", "add", t * hidden, True, t, hidden),
+    ]
+
+
+def gpt2_forward(batch: int, seq: int, hidden: int, heads: int, layers: int, vocab: int
+                 ) -> list[Op]:
+    """GPT2LMHeadModel's whole forward pass (inference): embeddings, the blocks, the final
+    layer norm and the language-model head."""
+    t = batch * seq
+    ops = [Op("token embedding", "embedding", ((t, hidden),), (t, hidden)),
+           Op("position embedding", "embedding", ((seq, hidden),), (seq, hidden)),
+           Op("embeddings add", "add", ((t, hidden), (seq, hidden)), (t, hidden))]
+    ops += gpt2_block(batch, seq, hidden, heads) * layers
+    ops += [Op("ln_f", "layer_norm", ((t, hidden),)),
+            Op("lm_head (mm)", "mm", ((t, hidden), (hidden, vocab)))]
+    return ops
+
+
+GPT2_LARGE = {"hidden": 1280, "heads": 20, "layers": 36, "vocab": 50257}
+
+
+def kernels(ops: list[Op], gpu: str) -> list[Kernel]:
+    return [predict(o.op, o.shapes, "float32", gpu, o.out) for o in ops]
+
+
+def queued_seconds(ops: list[Op], gpu: str) -> float:
+    """The ops launched back to back on a modeled clock, timed as CUDA events around them
+    (from the first launch until the queue is done)."""
+    spec = SPECS[gpu]
+    clock = Clock(spec, 1)
+    for k in kernels(ops, gpu):
+        clock.kernel(OpTime("", 0, spec.launch_latency_us * 1e-6, k.compute, k.memory, k.flops,
+                            k.nbytes, 0.0, k.floor, k))
+    return max(clock.free[0], clock.host)
+
+
+def block_breakdown(gpu: str = "T4", batch: int = 4) -> list[tuple[str, Kernel]]:
+    ops = gpt2_block(batch, 1024, GPT2_LARGE["hidden"], GPT2_LARGE["heads"])
+    return [(o.label, k) for o, k in zip(ops, kernels(ops, gpu), strict=True)]
+
+
+def breakdown_markdown(gpu: str = "T4", batch: int = 4) -> str:
+    parts = block_breakdown(gpu, batch)
+    total = sum(k.seconds for _, k in parts)
+    lines = ["| op | modeled | share | limited by | achieved |", "|---|---|---|---|---|"]
+    for label, k in parts:
+        achieved = (f"{k.achieved_tflops:.3g} TFLOPS, {k.waves} waves" if k.bound == "compute-bound"
+                    else f"{k.bandwidth_gbs:,.0f} GB/s")
+        lines.append(f"| {label} | {k.seconds * 1e3:.3f} ms | {k.seconds / total:.1%} | "
+                     f"{k.bound} | {achieved} |")
+    lines.append(f"| **block** | **{total * 1e3:.2f} ms** | 100 % | | |")
+    return "\n".join(lines)
+
+
+def measured_row(index: dict, gpu: str, op: Op) -> float | None:
+    """The measured time of `op`'s row on `gpu`: products by their exact shape; memory-bound
+    ops by op and element count (a (B, H) table row is the same kernel over B x H elements)."""
+    if op.row is None:
+        return None
+    family, name, dims = op.row
+    if family in ("bmm", "linear"):
+        return index.get((gpu, family, name, dims))
+    return index.get((gpu, family, name, dims[0] * dims[1]))
+
+
+@dataclass(frozen=True)
+class BlockCheck:
+    gpu: str
+    batch: int
+    model: float  # the model's block, each op timed alone (as the rows were measured)
+    measured: float  # the sum of the measured rows of the same ops and shapes
+    covered: int  # ops with a measured row
+    ops: int
+
+    @property
+    def ratio(self) -> float:
+        return self.model / self.measured
+
+
+def block_checks(rows: list[gm.Row], batch: int = 8) -> list[BlockCheck]:
+    """A GPT-2 large block (sequence 1024), the model against the sum of the measured rows for
+    its ops, on each GPU whose tables have every product, softmax and layer norm of it. Only
+    ops with a row are summed, on both sides (the copies have none; the residual adds' size
+    is not in the tables)."""
+    index: dict = {}
+    for r in rows:
+        key = r.dims if r.family in ("bmm", "linear") else r.dims[0] * r.dims[1]
+        index[(r.gpu, r.family, r.op, key)] = r.measured
+    ops = gpt2_block(batch, 1024, GPT2_LARGE["hidden"], GPT2_LARGE["heads"])
+    out = []
+    for gpu in gm.DEVICES.values():
+        pairs = [(o, k, measured_row(index, gpu, o))
+                 for o, k in zip(ops, kernels(ops, gpu), strict=True)]
+        if any(m is None and o.row is not None and o.row[0] != "element-wise"
+               for o, _, m in pairs):
+            continue
+        have = [(k, m) for _, k, m in pairs if m is not None]
+        out.append(BlockCheck(gpu, batch, sum(k.alone for k, _ in have),
+                              sum(m for _, m in have), len(have), len(ops)))
+    return out
+
+
+# NeuSight's measured whole forward passes of GPT-2 large (Hugging Face GPT2LMHeadModel, eager
+# attention, FP32, torch 2.1, inference under no_grad, sequence 1024), timed with CUDA events
+# around model(input_ids), the mean of the fastest 5 of 25: "fw_latency" in
+# scripts/asplos/label/<GPU>/gpt2_large-inf-1024-<batch>.json of sitar-lab/NeuSight, commit
+# 6945927d9afcca2b9daf021f8395e53edc5b4eef. Milliseconds.
+GPT2_E2E = {
+    ("T4", 4): 2505.22, ("T4", 8): 4822.51, ("P4", 4): 3336.93,
+    ("P100", 4): 1303.00, ("P100", 8): 2603.17, ("V100", 4): 728.77, ("V100", 8): 1467.65,
+    ("L4", 4): 1276.28, ("L4", 8): 2563.00,
+    ("A100-PCIe-40GB", 4): 535.82, ("A100-PCIe-40GB", 8): 1084.73,
+    ("H100", 4): 215.03, ("H100", 8): 414.35,
+}
+
+
+def e2e_rows() -> list[tuple[str, int, float, float]]:
+    """(GPU, batch, measured ms, modeled ms) of GPT-2 large's forward pass."""
+    out = []
+    for (gpu, batch), ms in GPT2_E2E.items():
+        ops = gpt2_forward(batch, 1024, **GPT2_LARGE)
+        out.append((gpu, batch, ms, queued_seconds(ops, gpu) * 1e3))
+    return out
+
+
+def gpt2_markdown(rows: list[gm.Row]) -> str:
+    lines = ["| GPU | batch | measured | modeled | model / measured |", "|---|---|---|---|---|"]
+    for gpu, batch, ms, model in e2e_rows():
+        lines.append(f"| {gpu} | {batch} | {ms:,.0f} ms | {model:,.0f} ms | {model / ms:.2f} |")
+    lines += ["", "| GPU | ops with a measured row | sum of the measured rows | model, the same "
+              "ops timed alone | model / measured |", "|---|---|---|---|---|"]
+    for c in block_checks(rows):
+        lines.append(f"| {c.gpu} | {c.covered} of {c.ops} | {c.measured * 1e3:.2f} ms | "
+                     f"{c.model * 1e3:.2f} ms | {c.ratio:.2f} |")
+    return "\n".join(lines)
+
+
+# --- 4: other published measurements -----------------------------------------------------------
+
+DTYPES = {"FP32": "float32", "TF32": "tf32", "FP16": "float16", "BF16": "bfloat16"}
 
 
 def matmul_seconds(spec: GpuSpec, m: int, n: int, k: int, dtype: str, calls: int,
                    sync_each: bool) -> float:
     """Seconds per product: `calls` products queued back to back (a sync after each, or one
     at the end), as the benchmark timed them."""
-    restore = _tf32(dtype == "TF32")
-    try:
-        a = torch.empty(m, k, device="meta", dtype=DTYPES[dtype])
-        b = torch.empty(k, n, device="meta", dtype=DTYPES[dtype])
-        out = torch.empty(m, n, device="meta", dtype=DTYPES[dtype])
-        cost = op_time(spec, 0, aten.mm.default, (a, b), {}, out)
-    finally:
-        restore()
+    kern = predict("mm", ((m, k), (k, n)), DTYPES[dtype], spec)
+    cost = OpTime("mm", 0, spec.launch_latency_us * 1e-6, kern.compute, kern.memory,
+                  kern.flops, kern.nbytes, 0.0, kern.floor, kern)
     clock = Clock(spec, 1)
     for _ in range(calls):
         clock.kernel(cost)
@@ -75,26 +330,20 @@ def device_copy_gbs(spec: GpuSpec, nbytes: int) -> float:
     return 2 * nbytes / (clock.now() - spec.sync_latency_us * 1e-6) / 1e9
 
 
-def scale_gbs(spec: GpuSpec, numel: int, calls: int = 100) -> float:
-    """`a * 1.2` on float32 vectors, queued, counted as [mli] counts it: 8 bytes per element."""
-    x = torch.empty(numel, device="meta")
-    cost = op_time(spec, 0, aten.mul.Scalar, (x, 1.2), {}, x)
+def queued_ops(spec: GpuSpec, op: str, shapes: tuple, calls: int = 100,
+               synced: bool = False) -> float:
+    """Seconds per op, `calls` of them launched back to back (a sync after each if
+    `synced`), until the queue is done; the sync's own round trip is not counted."""
+    kern = predict(op, shapes, "float32", spec)
+    cost = OpTime(op, 0, spec.launch_latency_us * 1e-6, kern.compute, kern.memory, 0,
+                  kern.nbytes, 0.0, kern.floor, kern)
     clock = Clock(spec, 1)
     for _ in range(calls):
         clock.kernel(cost)
+        if synced:
+            clock.sync(0)
     clock.sync(0)
-    return 8 * numel * calls / (clock.now() - spec.sync_latency_us * 1e-6) / 1e9
-
-
-def elementwise_seconds(spec: GpuSpec, numel: int, calls: int = 100) -> float:
-    """Seconds per `a + b` on float32 vectors of `numel`, queued back to back."""
-    x = torch.empty(numel, device="meta")
-    cost = op_time(spec, 0, aten.add.Tensor, (x, x), {}, x)
-    clock = Clock(spec, 1)
-    for _ in range(calls):
-        clock.kernel(cost)
-    clock.sync(0)
-    return (clock.now() - spec.sync_latency_us * 1e-6) / calls
+    return (clock.now() - (0 if synced else spec.sync_latency_us * 1e-6)) / calls
 
 
 def host_copy_gbs(spec: GpuSpec, nbytes: int, to_gpu: bool) -> float:
@@ -112,19 +361,6 @@ def peer_copy_gbs(spec: GpuSpec, nbytes: int) -> float:
     clock = Clock(spec, 2)
     clock.copy(0, 1, nbytes, blocking=False)
     return nbytes / (clock.free[1] - spec.launch_latency_us * 1e-6) / 1e9
-
-
-def small_add_us(spec: GpuSpec, n: int, synced: bool, calls: int = 100) -> float:
-    x = torch.empty(n, n, device="meta")
-    cost = op_time(spec, 0, aten.add.Tensor, (x, x), {}, x)
-    clock = Clock(spec, 1)
-    for _ in range(calls):
-        clock.kernel(cost)
-        if synced:
-            clock.sync(0)
-    if not synced:
-        return clock.now() / calls * 1e6  # the host's cost per op, queued
-    return clock.now() / calls * 1e6
 
 
 def item_us(spec: GpuSpec) -> float:
@@ -148,7 +384,12 @@ class Row:
 
 
 def rows() -> list[Row]:
-    t4, a100, h100 = SPECS["T4"], SPECS["A100"], SPECS["H100"]
+    """The published measurements of docs/gpu-models.md, each beside the model's figure for
+    the same board (the nearest board the model has, where it has not that one)."""
+    t4, l4, h100 = SPECS["T4"], SPECS["L4"], SPECS["H100"]
+    a100, a100_40 = SPECS["A100-80GB"], SPECS["A100-40GB"]
+    a100p40, a100p80 = SPECS["A100-PCIe-40GB"], SPECS["A100-PCIe-80GB"]
+    p100, v100 = SPECS["P100"], SPECS["V100"]
     zzc = [1024, 2048, 4096, 8192, 10240]
     chs = [256, 512, 1024, 2048, 4096, 6888]
     out: list[Row] = []
@@ -163,20 +404,29 @@ def rows() -> list[Row]:
     mm("T4", "same, BF16: no BF16 hardware [zzc-db]", 2.46, t4, square(*zzc), "BF16")
     mm("T4", "torch.matmul, best of n = 256…6888, FP32 [chsasank]", 4.0, t4, square(*chs), "FP32",
        calls=1, sync_each=True)
-    mm("A100", "torch.mm, best of n = 1024…10240, FP32 [zzc-db]", 19.18, a100, square(*zzc), "FP32")
-    mm("A100", "same, FP16 [zzc-db]", 258.74, a100, square(*zzc), "FP16")
-    mm("A100", "same, BF16 [zzc-db]", 264.53, a100, square(*zzc), "BF16")
-    mm("A100", "torch.mm BF16, 1024×10240×5120 [MAMF]", 271.2, a100, [(1024, 10240, 5120)],
+    mm("P100", "torch.mm, best of n = 1024…10240, FP32 (Kaggle) [zzc-db]", 8.63, p100,
+       square(*zzc), "FP32")
+    mm("V100", "torch.mm, best of n, FP32 (V100-SXM2-16GB, 15.7 peak) [zzc-db]", 14.06, v100,
+       square(*zzc), "FP32")
+    mm("L4", "torch.mm, best of n = 1024…10240, FP32 [zzc-db]", 15.38, l4, square(*zzc), "FP32")
+    mm("A100-80GB", "torch.mm, best of n = 1024…10240, FP32 [zzc-db]", 19.18, a100, square(*zzc),
+       "FP32")
+    mm("A100-80GB", "same, FP16 [zzc-db]", 258.74, a100, square(*zzc), "FP16")
+    mm("A100-80GB", "same, BF16 [zzc-db]", 264.53, a100, square(*zzc), "BF16")
+    mm("A100-80GB", "torch.mm BF16, 1024×10240×5120 [MAMF]", 271.2, a100, [(1024, 10240, 5120)],
        "BF16", calls=100)
     for n, fp32, fp16 in ((1024, 8.99, 83.66), (2048, 9.69, 214.73), (4096, 15.52, 241.49),
                           (8192, 17.56, 197.51)):
-        mm("A100 PCIe 40GB", f"torch.mm n = {n}, FP32 [zzc#108]", fp32, a100, square(n), "FP32")
-        mm("A100 PCIe 40GB", f"torch.mm n = {n}, FP16 [zzc#108]", fp16, a100, square(n), "FP16")
-    mm("A100 PCIe 40GB", "torch.mm n = 1024, TF32 [zzc#108]", 61.02, a100, square(1024), "TF32")
-    mm("A100 PCIe 40GB", "torch.mm n = 4096, TF32 [zzc#108]", 108.32, a100, square(4096), "TF32")
-    mm("A100 80GB", "matmul, best of n = 128…8192, TF32 on [mli]", 116.0, a100,
+        mm("A100-PCIe-40GB", f"torch.mm n = {n}, FP32 [zzc#108]", fp32, a100p40, square(n),
+           "FP32")
+        mm("A100-PCIe-40GB", f"torch.mm n = {n}, FP16 [zzc#108]", fp16, a100p40, square(n),
+           "FP16")
+    mm("A100-PCIe-40GB", "torch.mm n = 1024, TF32 [zzc#108]", 61.02, a100p40, square(1024), "TF32")
+    mm("A100-PCIe-40GB", "torch.mm n = 4096, TF32 [zzc#108]", 108.32, a100p40, square(4096),
+       "TF32")
+    mm("A100-80GB", "matmul, best of n = 128…8192, TF32 on [mli]", 116.0, a100,
        square(128, 512, 2048, 8192), "TF32")
-    mm("A100 80GB", "same, FP16 [mli]", 230.0, a100, square(128, 512, 2048, 8192), "FP16")
+    mm("A100-80GB", "same, FP16 [mli]", 230.0, a100, square(128, 512, 2048, 8192), "FP16")
     mm("H100", "torch.mm BF16, 2048×2048×13312 [MAMF]", 794.5, h100, [(2048, 2048, 13312)],
        "BF16", calls=100)
     for n, fp32, tf32, fp16 in ((1024, 37.39, 119.60, 179.13), (2048, 49.58, 334.99, 645.12),
@@ -188,22 +438,22 @@ def rows() -> list[Row]:
     def mem(gpu: str, what: str, published: float, model: float) -> None:
         out.append(Row("memory", gpu, what, published, "GB/s", model))
 
-    mem("T4", "global memory microbenchmark [Jia19]", 236.0, t4.memory_bandwidth_gbs)
     mem("T4", "bandwidthTest device to device, 32 MB [cuda-demo]", 239.6,
         device_copy_gbs(t4, 32_000_000))
     mem("T4", "a.copy_(b), best of 4…380 MB [chsasank]", 240.0, device_copy_gbs(t4, 380_000_000))
-    mem("A100 SXM4 40GB", "bandwidthTest device to device, 32 MB [cuda-demo]", 1157.5,
-        device_copy_gbs(a100, 32_000_000))
-    mem("A100", "bandwidthTest device to device, 100 MB [della]", 1268.0,
-        device_copy_gbs(a100, 100_000_000))
-    mem("A100 40GB", "measured memory copy [PTsolvers#7]", 1355.0,
-        device_copy_gbs(a100, 1_000_000_000))
-    mem("A100 80GB PCIe", "a.copy_(b), best of 4…380 MB [chsasank]", 1490.0,
-        device_copy_gbs(a100, 380_000_000))
-    mem("A100 80GB", "a * 1.2, 4 Mi float32, 8 bytes per element [mli]", 1616.0,
-        scale_gbs(a100, 4 * 2**20))
-    out.append(Row("memory", "A100", "add of two 4096×4096, queued [Torch-FL#27]", 149.0, "µs",
-                   elementwise_seconds(a100, 4096 * 4096) * 1e6))
+    mem("A100-40GB", "bandwidthTest device to device, 32 MB [cuda-demo]", 1157.5,
+        device_copy_gbs(a100_40, 32_000_000))
+    mem("A100-PCIe-40GB", "bandwidthTest device to device, 100 MB [della]", 1268.0,
+        device_copy_gbs(a100p40, 100_000_000))
+    mem("A100-PCIe-40GB", "same, 1000 MB [della]", 1251.4, device_copy_gbs(a100p40, 1_000_000_000))
+    mem("A100-PCIe-40GB", "same, 10 MB: fits in the 40 MB L2 [della]", 1602.7,
+        device_copy_gbs(a100p40, 10_000_000))
+    mem("A100-PCIe-80GB", "a.copy_(b), best of 4…380 MB [chsasank]", 1490.0,
+        device_copy_gbs(a100p80, 380_000_000))
+    mem("A100-80GB", "a * 1.2, 4 Mi float32, 8 bytes per element [mli]", 1616.0,
+        8 * 4 * 2**20 / queued_ops(a100, "mul", ((4 * 2**20,),)) / 1e9)
+    out.append(Row("memory", "A100-80GB", "add of two 4096×4096, queued [Torch-FL#27]", 149.0, "µs",
+                   queued_ops(a100, "add", ((4096, 4096), (4096, 4096))) * 1e6))
 
     def link(section: str, gpu: str, what: str, published: float, model: float) -> None:
         out.append(Row(section, gpu, what, published, "GB/s", model))
@@ -212,33 +462,37 @@ def rows() -> list[Row]:
          host_copy_gbs(t4, 32_000_000, True))
     link("host", "T4", "device → host, pinned, 32 MB [cuda-demo]", 11.1,
          host_copy_gbs(t4, 32_000_000, False))
-    link("host", "A100 SXM4 40GB", "host → device, pinned, 32 MB [cuda-demo]", 12.3,
-         host_copy_gbs(a100, 32_000_000, True))
+    link("host", "A100-40GB", "host → device, pinned, 32 MB [cuda-demo]", 12.3,
+         host_copy_gbs(a100_40, 32_000_000, True))
     for size, gbs in ((1_000_000, 18.0), (10_000_000, 19.4), (100_000_000, 24.1),
                       (1_000_000_000, 25.8)):
-        link("host", "A100", f"host → device, pinned, {size // 1_000_000} MB [della]", gbs,
-             host_copy_gbs(a100, size, True))
-    link("host", "A100 SXM4 40GB", "host → device, nvbandwidth, 512 MiB [nvbandwidth#42]", 25.13,
-         host_copy_gbs(a100, 512 * 2**20, True))
+        link("host", "A100-PCIe-40GB", f"host → device, pinned, {size // 1_000_000} MB [della]",
+             gbs, host_copy_gbs(a100p40, size, True))
+    link("host", "A100-40GB", "host → device, nvbandwidth, 512 MiB [nvbandwidth#42]", 25.13,
+         host_copy_gbs(a100_40, 512 * 2**20, True))
     link("host", "H100", "host → device, nvbandwidth [nvbandwidth#6]", 57.06,
          host_copy_gbs(h100, 512 * 2**20, True))
     link("host", "H100", "host → device, nvbandwidth SM copy [nvbandwidth#24]", 35.2,
          host_copy_gbs(h100, 512 * 2**20, True))
     link("peer", "H100", "GPU → GPU, one direction, P2P [nccl#1264]", 374.0,
          peer_copy_gbs(h100, 256 * 2**20))
-    link("peer", "A100 (4 NVLinks)", "GPU → GPU, osu_bw, 32 MiB [EESSI#716]", 93.13,
+    link("peer", "A100-80GB", "GPU → GPU, osu_bw, 32 MiB, 4 NVLinks [EESSI#716]", 93.13,
          peer_copy_gbs(a100, 32 * 2**20))
 
     def lat(gpu: str, what: str, published: float, model: float) -> None:
         out.append(Row("latency", gpu, what, published, "µs", model))
 
-    lat("A100", "eager overhead per op on CUDA [pytorch#82793]", 4.0,
-        small_add_us(a100, 8, synced=False))
-    lat("A100", "add of two 512×512, queued [Torch-FL#27]", 8.0,
-        small_add_us(a100, 512, synced=False))
-    lat("A100", "add of two 512×512, synced after each [Torch-FL#27]", 17.0,
-        small_add_us(a100, 512, synced=True))
-    lat("H100 machine", ".item(), 50,000 calls [pytorch#119202]", 33.0, item_us(h100))
+    lat("A100-80GB", "eager overhead per op on CUDA [pytorch#82793]", 4.0,
+        queued_ops(a100, "add", ((8, 8), (8, 8))) * 1e6)
+    lat("A100-80GB", "add of two 512×512, queued [Torch-FL#27]", 8.0,
+        queued_ops(a100, "add", ((512, 512), (512, 512))) * 1e6)
+    lat("A100-80GB", "add of two 512×512, synced after each [Torch-FL#27]", 17.0,
+        queued_ops(a100, "add", ((512, 512), (512, 512)), synced=True) * 1e6)
+    lat("H100", ".item(), 50,000 calls [pytorch#119202]", 33.0, item_us(h100))
+    lat("T4", "torch.arange(1024) timed alone with CUDA events [NeuSight label]", 22.2,
+        predict("arange", ((1024,),), "int64", t4).alone * 1e6)
+    lat("H100", "smallest bmm (16×196×64 by 64×196) timed alone [NeuSight bmm]", 24.1,
+        predict("bmm", ((16, 196, 64), (16, 64, 196)), "float32", h100).alone * 1e6)
     return out
 
 
@@ -259,20 +513,53 @@ def markdown(table: list[Row]) -> str:
     return "\n".join(lines)
 
 
+# --- the whole report --------------------------------------------------------------------------
+
+def sections(data: list[gm.Row] | None = None,
+             held_out: tuple[list[gm.Score], gm.Rule] | None = None) -> dict[str, str]:
+    """Each table docs/gpu-models.md shows, by its marker name (`held_out`: the held-out
+    scores and rule, if already computed)."""
+    data = data if data is not None else gm.load()
+    held, rule = held_out or gm.held_out(data)
+    return {
+        "calibration-table": calibration_markdown(),
+        "neusight-table": scores_markdown(gm.table(data)),
+        "heldout-table": scores_markdown(held) + f"\n\nThe rule, fitted on the five: {rule_text(rule)}.",
+        "gpt2-block": breakdown_markdown("T4", 4),
+        "gpt2-table": gpt2_markdown(data),
+        "model-table": markdown(rows()),
+    }
+
+
 def main() -> None:
-    table = rows()
-    if "--markdown" in sys.argv:
-        print(markdown(table))
+    if "--fit" in sys.argv:
+        cals, rule = gm.fit(gm.load())
+        print(calibration_source(cals))
+        print(f"# the rule on every GPU: {rule_text(rule)}")
         return
-    print("model / published; the target is 0.5 to 2 (modeled from specifications, not measured)")
-    print(f"{'GPU':18s} {'measurement':58s} {'published':>10s} {'model':>10s} {'ratio':>6s}")
-    for r in table:
-        flag = "" if within(r.ratio) else "  <- outside 2x"
-        print(f"{r.gpu:18s} {r.what:58s} {r.published:>10.4g} {r.model:>10.4g} "
-              f"{r.ratio:>6.2f} {r.unit}{flag}")
+    found = sections()
+    if "--docs" in sys.argv:
+        doc = Path(__file__).resolve().parents[1] / "docs" / "gpu-models.md"
+        text = doc.read_text(encoding="utf-8")
+        for name, table in found.items():
+            head, rest = text.split(f"<!-- {name}:start -->")
+            _, tail = rest.split(f"<!-- {name}:end -->")
+            text = f"{head}<!-- {name}:start -->\n{table}\n<!-- {name}:end -->{tail}"
+        doc.write_text(text, encoding="utf-8")
+        print(f"wrote {len(found)} tables into {doc}")
+        return
+    if "--markdown" in sys.argv:
+        for name, text in found.items():
+            print(f"<!-- {name}:start -->\n{text}\n<!-- {name}:end -->\n")
+        return
+    for name, text in found.items():
+        print(f"== {name}\n{text}\n")
+    table = rows()
     outside = sum(not within(r.ratio) for r in table)
-    print(f"{outside} of {len(table)} rows outside 2x")
+    print(f"{outside} of {len(table)} published measurements outside 2x")
+    print("Every model figure is modeled (devlab.gpu_model), not measured.")
 
 
 if __name__ == "__main__":
     main()
+

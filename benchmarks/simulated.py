@@ -8,6 +8,15 @@ the d2l two-GPU exercise (matrix products
 on two simulated GPUs, one after the other vs. launched together). Each figure is the best of
 several interleaved repeats, so background load on a shared machine inflates it least.
 A simulated GPU is the CPU: these numbers say nothing about a real GPU.
+
+When the machine is too busy for wall-clock figures, count instructions instead:
+`--steps MODE N` runs only the MLP step (MODE: cpu, simulated, or a GPU model such as T4), 20
+warm-up steps then N, on one thread; run it under callgrind for two N and divide the
+difference:
+
+    valgrind --tool=callgrind .venv/bin/python benchmarks/simulated.py --steps T4 20
+    valgrind --tool=callgrind .venv/bin/python benchmarks/simulated.py --steps T4 120
+    # instructions per step = (second "Collected" - first) / 100
 """
 
 from __future__ import annotations
@@ -152,10 +161,29 @@ def two_gpus(n: int, reps: int, trials: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def steps_only(mode: str, n: int) -> None:
+    """20 warm-up steps, then `n` steps of the MLP in `mode`, on one thread (for callgrind)."""
+    torch.set_num_threads(1)
+    if mode != "cpu":
+        simulated.start(1, model=None if mode == "simulated" else mode)
+    try:
+        step = _mlp_step("cpu" if mode == "cpu" else "cuda")
+        for _ in range(20 + n):
+            step()
+    finally:
+        if mode != "cpu":
+            simulated.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+    parser.add_argument("--steps", nargs=2, metavar=("MODE", "N"),
+                        help="only run N MLP steps in MODE (cpu, simulated, T4, ...)")
     opts = parser.parse_args()
+    if opts.steps:
+        steps_only(opts.steps[0], int(opts.steps[1]))
+        return
     number, repeats = (200, 3) if opts.quick else (2000, 7)
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "

@@ -6,6 +6,13 @@ GPU (where devlab calls the simulation's `torch.cuda.synchronize`; Timer synchro
 through `torch.accelerator`, which does not know simulated GPUs, so it is handed a timer
 that calls `torch.cuda.synchronize`, as its default does on real CUDA).
 
+Each row also prints devlab's median block over its fastest (`steady` when at most
+`devlab.timing.STEADY`): how much load moved the measurement. Then exercise 1 runs on a
+modeled T4 against this machine's CPU, as notebook 03 runs it: where the crossover falls on
+this machine, and which sizes (if any) were too noisy to call. The tests assert the
+crossover's range against a fixed CPU table (tests/test_gpu_model.py); this is the measured
+version.
+
 Run: .venv/bin/python benchmarks/timing.py
 """
 
@@ -41,8 +48,9 @@ def row(name: str, device: str, stmt: str, setup: str) -> None:
                    num_threads=torch.get_num_threads(), **extra
                    ).blocked_autorange(min_run_time=1.0)
     print(f"{name:28s} {device:7s} devlab {format_seconds(ours.median):>9s} "
-          f"(IQR {format_seconds(ours.iqr):>8s})   torch Timer {format_seconds(theirs.median):>9s}"
-          f"   ratio {ours.median / theirs.median:5.2f}")
+          f"(IQR {format_seconds(ours.iqr):>8s}, median/min {ours.median / ours.min:5.2f}"
+          f"{'' if ours.steady else ' unsteady'})   torch Timer "
+          f"{format_seconds(theirs.median):>9s}   ratio {ours.median / theirs.median:5.2f}")
 
 
 WORK = [
@@ -52,9 +60,33 @@ WORK = [
 ]
 
 
+def crossover() -> None:
+    """Exercise 1 on a modeled T4 against this machine's CPU, as notebook 03 runs it."""
+    import time
+
+    from devlab import exercises
+
+    devlab.config.simulate_gpus(1, model="T4")
+    t0 = time.perf_counter()
+    r = exercises.matmul_cpu_vs_gpu(sizes=(16, 32, 64, 128, 256, 512, 1024), min_time=0.05,
+                                    progress=False)
+    took = time.perf_counter() - t0
+    devlab.config.stop_simulation()
+    d = r.data
+    print(f"exercise 1 on a modeled T4 ({took:.1f} s; 1-minute load average "
+          f"{d['load_average'][-1]:.1f})")
+    for i, n in enumerate(d["sizes"]):
+        print(f"  n={n:5d}  CPU {format_seconds(d['cpu'][i]):>9s} ({d['cpu_threads'][i]} "
+              f"thread{'s' if d['cpu_threads'][i] > 1 else ''}, median/fastest "
+              f"{d['cpu_median'][i] / d['cpu'][i]:5.2f}, tries {d['attempts'][0][i]})  "
+              f"T4 {format_seconds(d['gpu'][i]):>9s}  faster: {d['faster'][i] or 'too noisy'}")
+    print(f"  crossover: {d['crossover']}; too noisy to call: {d['too_noisy'] or 'none'}\n")
+
+
 def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     # Simulated GPUs must be chosen before any work is placed, so they come first.
+    crossover()
     devlab.config.simulate_gpus(1)
     for name, stmt, setup in WORK:
         row(name, "/GPU:0", stmt, setup.replace("DEVICE", "cuda:0"))

@@ -2,7 +2,9 @@
 
 `%load_ext devlab` in a notebook; `devlab.device("/GPU:1")`, `devlab.config`,
 `devlab.debugging.set_log_device_placement` and the d2l helpers from Python;
-`devlab.launch(fn, *args, nprocs=2)` runs a function on ranks of torch.distributed.
+`devlab.launch(fn, *args, nprocs=2)` runs a function on ranks of torch.distributed;
+`devlab.gpu_model.predict(op, shapes, dtype, gpu)` is the performance model of a named GPU;
+`devlab.lesson.setup(gpus=2)` gives a lesson notebook the GPUs it needs on any machine.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from devlab import (
     debugging,
     distributed,
     exercises,
+    gpu_model,
+    lesson,
     memory,
     placement_log,
     runtime,
@@ -45,7 +49,9 @@ __all__ = [
     "exercises",
     "full_name",
     "gpu",
+    "gpu_model",
     "launch",
+    "lesson",
     "load_ipython_extension",
     "memory",
     "num_gpus",

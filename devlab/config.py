@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from devlab import runtime, simulated
-from devlab.names import DeviceSpec
+from devlab.names import MAX_DEVICE_INDEX, DeviceSpec
 from devlab.sizes import check_memory_limit
 
 _MIB = 1024 * 1024
@@ -96,6 +96,10 @@ class LogicalDeviceConfiguration:
 
     def __post_init__(self) -> None:
         check_memory_limit(self.memory_limit)
+        for name in ("experimental_priority", "experimental_device_ordinal"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int):
+                raise TypeError(f"{name} is a whole number or None, as in TensorFlow; got {value!r}.")
 
 
 # TensorFlow's older name for the same thing.
@@ -282,6 +286,7 @@ def set_logical_device_configuration(
             raise ValueError("Setting memory limit is required for GPU virtual devices")
         if device.device_type == "GPU" and _settings.memory_growth.get(device.name) is True:
             raise ValueError("Cannot set memory growth on device when virtual devices configured")
+        _check_logical_count(device, len(configs))
     if _settings.logical.get(device.name) == configs or (configs is None and device.name not in _settings.logical):
         return
     if runtime.is_initialized():
@@ -386,8 +391,9 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     """Simulate `count` GPUs on the CPU (each with `memory_limit` MB, if given).
 
     Ordinary PyTorch code then sees `count` CUDA devices whose tensors really live in host
-    memory: values are exact, speeds say nothing about a real GPU. With `model` ("T4", "L4",
-    "A100", "H100"), the simulated GPUs keep a modeled clock of that GPU instead: timing code
+    memory: values are exact, speeds say nothing about a real GPU. With `model` ("T4", "P100",
+    "V100", "L4", "A100-40GB", "A100-80GB", "H100", ...: `devlab.simulated.models()`; "A100"
+    is "A100-80GB"), the simulated GPUs keep a modeled clock of that GPU instead: timing code
     (devlab.timing, torch.cuda.Event) reads modeled times, from the GPU's public
     specifications, not measured; each GPU then has that GPU's memory unless `memory_limit`
     says otherwise. Choose before first use.
@@ -457,11 +463,13 @@ def reset() -> None:
 
 def _apply_simulation() -> None:
     # Simulated GPUs are renumbered to the logical GPUs, each with its own limit; with memory
-    # growth off on its physical GPU, a logical GPU reserves its whole limit up front.
+    # growth off on its physical GPU, a logical GPU reserves its whole limit up front; logical
+    # GPUs of one physical GPU share its modeled queue (a split GPU adds no compute).
     if simulated.is_active():
         gpus = logical_devices("GPU")
         simulated.reconfigure([d.memory_limit for d in gpus],
-                              [_settings.memory_growth.get(d.physical.name, True) for d in gpus])
+                              [_settings.memory_growth.get(d.physical.name, True) for d in gpus],
+                              [d.physical.index for d in gpus])
 
 
 def _apply_real_cuda_settings() -> None:
@@ -519,6 +527,21 @@ def _known_physical(device: Any) -> PhysicalDevice:
         f"Unrecognized device: {device!r}. Pass one of devlab.config.list_physical_devices(): "
         f"{list_physical_devices()}."
     )
+
+
+def _check_logical_count(device: PhysicalDevice, count: int) -> None:
+    # Logical devices are named /device:TYPE:0, 1, ... and simulated GPUs become cuda:0, 1, ...:
+    # torch numbers devices 0 to MAX_DEVICE_INDEX (an 8-bit index), so no more than that.
+    others = sum(len(_settings.logical.get(p.name) or [None])
+                 for p in list_physical_devices(device.device_type) if p.name != device.name)
+    most = MAX_DEVICE_INDEX + 1
+    if others + count > most:
+        kind = device.device_type
+        raise ValueError(
+            f"{count:,} logical devices on {device.name} would make {others + count:,} logical "
+            f"{kind} devices; torch numbers devices 0 to {MAX_DEVICE_INDEX}, so there can be at "
+            f"most {most}" + (f" ({most - others} on this one)." if others else ".")
+        )
 
 
 def _order(d: PhysicalDevice) -> tuple[int, int]:

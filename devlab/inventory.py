@@ -82,7 +82,28 @@ def device_table() -> DeviceTable:
     for phys in config.list_physical_devices():
         if phys.name not in visible:
             rows.append(DeviceRow(phys.device_type, phys.name, "-", None, None, None, "hidden"))
-    return DeviceTable(rows, config.gpu_status())
+    return DeviceTable(rows, " ".join(filter(None, [config.gpu_status(), physical_and_logical()])))
+
+
+def physical_and_logical() -> str | None:
+    """How the logical GPUs come from the physical ones, in TensorFlow's words ("1 Physical
+    GPU, 2 Logical GPUs"), when they are not one for one (a split or a hidden GPU); else None.
+    """
+    physical = config.list_physical_devices("GPU")
+    logical = config.logical_devices("GPU")
+    if not physical:
+        return None
+    made: dict[str, list[str]] = {}
+    for dev in logical:
+        made.setdefault(dev.physical.name, []).append(dev.name)
+    split = [f"{name} is split into {' and '.join(names)}" for name, names in made.items()
+             if len(names) > 1]
+    hidden = [f"{p.name} is hidden (devlab.config.set_visible_devices)" for p in physical
+              if p.name not in made]
+    if not split and not hidden:
+        return None
+    return (f"{len(physical)} Physical GPU{'s' if len(physical) != 1 else ''}, {len(logical)} "
+            f"Logical GPU{'s' if len(logical) != 1 else ''}: " + "; ".join(split + hidden) + ".")
 
 
 def _reading(dev: config.LogicalDevice) -> tuple[int | None, int | None, int | None, int | None]:

@@ -1,13 +1,34 @@
 """Device names: TensorFlow device strings and torch names as one `DeviceSpec`.
 
-Parsing follows `tf.DeviceSpec.from_string` field for field, including its canonical
-`to_string()` (with TensorFlow's upper-casing of `cpu` and `gpu`) and its error texts, which
-echo an over-long input only in part. Nothing here touches CUDA.
+The rule (`DeviceSpec.from_string`, the one parser of device names):
+
+- A name is a string of printable ASCII without whitespace. Surrounding whitespace is not
+  trimmed: `' /GPU:0'` and `'/GPU:0\\n'` are errors that show the name without it.
+- torch's names `cuda`, `cuda:N`, `mps`, `mps:N` (`cpu`, `cpu:N` are TensorFlow's short form).
+- TensorFlow's names: parts joined by `/`, each one of `job:NAME`, `replica:N`, `task:N`,
+  `device:TYPE:N`, `device:TYPE:*`, or the short `TYPE`, `TYPE:N`, `TYPE:*`, with at most one
+  device type: `/GPU:1`, `/gpu:1`, `GPU:1`, `/device:GPU:1`,
+  `/job:localhost/replica:0/task:0/device:GPU:1`. Empty parts are skipped, as TensorFlow skips
+  them, so `''` is the empty spec.
+- `N` is one or more of the ASCII digits 0-9 (`/GPU:01` is `/GPU:1`): no sign, no `_`, no
+  other script's digits, so no negative index. `NAME` and a `TYPE` after `device:` are a
+  letter then letters, digits or `_`, as TensorFlow's runtime parser (`device_name_utils.cc`)
+  reads them; a short `TYPE` is one of TensorFlow's (CPU, GPU, TPU, ...) or MPS, in any case,
+  and torch's types are matched in any case too. `cpu` and `gpu` become `CPU` and `GPU`.
+
+Anything else is a `ValueError` saying what was wrong, in TensorFlow's words where TensorFlow
+has them (an over-long input is echoed only by its ends). A name used as a device
+(`full_name`, `to_torch`, `devlab.scope.resolve`) must also name a device type: `''` and
+`/job:localhost` name none. `to_torch` maps `GPU:N` to `cuda:N` for the indices torch can hold
+(0-127: torch keeps a device index in 8 bits), and `CPU:0`/`MPS:0` to torch's one `cpu`/`mps`;
+`/CPU:1` names no torch device (logical CPUs of `devlab.config` are `resolve`'s to look up).
+Nothing here touches CUDA.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import torch
@@ -19,6 +40,11 @@ VALID_DEVICE_TYPES = frozenset({"CPU", "GPU", "TPU", "CUSTOM", "EPU", "MPS"})
 # torch device types accepted as aliases, and the TensorFlow type each means.
 TORCH_ALIASES = {"cpu": "CPU", "cuda": "GPU", "mps": "MPS"}
 _TORCH_TYPES = {v: k for k, v in TORCH_ALIASES.items()}
+# torch has one device of these types: index 0 is the only one.
+_SINGLE_DEVICE_TYPES = frozenset({"cpu", "mps"})
+
+# torch keeps a device index in 8 signed bits (c10::DeviceIndex): cuda:127 is the last one.
+MAX_DEVICE_INDEX = 127
 
 LOCAL_JOB = "localhost"
 
@@ -29,6 +55,10 @@ _UPPER_CASED = {"cpu": "CPU", "gpu": "GPU"}
 # Error messages quote user input up to this many characters, then only its ends.
 _ECHO_LIMIT = 60
 
+_NUMBER = re.compile(r"[0-9]+")
+_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_PRINTABLE_ASCII = re.compile(r"[!-~]*")  # no space, no control character, nothing past ASCII
+
 
 @dataclasses.dataclass(frozen=True)
 class DeviceSpec:
@@ -36,7 +66,8 @@ class DeviceSpec:
 
     Every field is optional; `device_index=None` means "any" (`*`). As in TensorFlow, the
     device types `cpu` and `gpu` become `CPU` and `GPU` however the spec is made
-    (`/device:gpu:0` -> `/device:GPU:0`).
+    (`/device:gpu:0` -> `/device:GPU:0`). Fields made by hand follow the same rule as names
+    (the module's docstring): a negative index or a job with a space is a `ValueError`.
     """
 
     job: str | None = None
@@ -46,6 +77,17 @@ class DeviceSpec:
     device_index: int | None = None
 
     def __post_init__(self) -> None:
+        for field in ("replica", "task", "device_index"):
+            value = getattr(self, field)
+            if value is not None and (type(value) is not int or value < 0):
+                raise ValueError(f"DeviceSpec {field} is a whole number 0 or more, or None; got {value!r}.")
+        for field in ("job", "device_type"):
+            value = getattr(self, field)
+            if value is not None and not (isinstance(value, str) and _IDENTIFIER.fullmatch(value)):
+                raise ValueError(
+                    f"DeviceSpec {field} is a letter followed by letters, digits or '_' "
+                    f"(ASCII), or None; got {value!r}."
+                )
         canonical = _UPPER_CASED.get(self.device_type or "")
         if canonical is not None:
             object.__setattr__(self, "device_type", canonical)
@@ -53,13 +95,14 @@ class DeviceSpec:
     @classmethod
     def from_string(cls, spec: str) -> DeviceSpec:
         """Parse a TensorFlow device string (`/GPU:1`, `/device:GPU:1`, `gpu`, ...) or a torch
-        name (`cpu`, `cuda`, `cuda:1`, `mps`)."""
+        name (`cpu`, `cuda`, `cuda:1`, `mps`), by the rule in this module's docstring."""
         if isinstance(spec, DeviceSpec):
             return spec
         if not isinstance(spec, str):
             raise TypeError(
                 f"A device name must be a string such as '/GPU:0' or 'cuda:0', not {type(spec).__name__}."
             )
+        _check_characters(spec)
         torch_alias = _parse_torch_alias(spec)
         if torch_alias is not None:
             return torch_alias
@@ -99,38 +142,38 @@ class DeviceSpec:
         This is the plain mapping (`GPU:1` -> `cuda:1`); whether that device exists, and
         which physical device a logical one runs on, is `devlab.scope.resolve`'s job.
         """
-        if self.device_type is None:
-            raise ValueError(
-                f"The device name {echo(self.to_string())} names no device type; "
-                "use a name such as '/GPU:0', '/CPU:0' or 'cuda:0'."
-            )
+        self._check_names_a_device()
         if self.job not in (None, LOCAL_JOB) or self.replica not in (None, 0) or self.task not in (None, 0):
             raise ValueError(
                 f"{echo(self.to_string())} names a remote device; devlab runs in one process, "
                 f"so only /job:{LOCAL_JOB}/replica:0/task:0 exists."
             )
+        assert self.device_type is not None
         torch_type = _TORCH_TYPES.get(self.device_type.upper())
         if torch_type is None:
             raise ValueError(
                 f"Device type {echo(self.device_type)} has no PyTorch device; "
                 f"devlab maps {', '.join(sorted(_TORCH_TYPES))}."
             )
-        if torch_type == "cpu":
-            # Logical CPUs all run on torch's one CPU device.
-            return torch.device("cpu")
         index = self.device_index or 0
-        try:
-            device = torch.device(torch_type, index)
-        except (OverflowError, RuntimeError, ValueError):
-            device = None
-        # torch keeps a device index in a small integer and wraps a larger one round
-        # (cuda:128 becomes cuda:-128, cuda:2**32 becomes cuda:0): that names another device.
-        if device is None or device.index != index:
+        if torch_type in _SINGLE_DEVICE_TYPES:
+            if index != 0:
+                kind = TORCH_ALIASES[torch_type]
+                raise ValueError(
+                    f"{echo(self.to_string())} names no torch device: torch has one "
+                    f"{torch_type} device, '{torch_type}', which is /device:{kind}:0. Use "
+                    f"/{kind}:0 (a logical /{kind}:{index} made with "
+                    "devlab.config.set_logical_device_configuration is found by devlab.resolve)."
+                )
+            return torch.device(torch_type)
+        if index > MAX_DEVICE_INDEX:
+            # torch.device would wrap it round (cuda:128 is cuda:-128, cuda:2**32 is cuda:0).
             raise ValueError(
-                f"{echo(self.to_string())} has a device index no torch device can have; "
-                "use the index of an existing device, such as 0 or 1."
+                f"{echo(self.to_string())} has a device index no torch device can have: torch "
+                f"numbers devices 0 to {MAX_DEVICE_INDEX}; use the index of an existing device, "
+                "such as 0 or 1."
             )
-        return device
+        return torch.device(torch_type, index)
 
     def full(self) -> DeviceSpec:
         """This spec with the local job, replica and task filled in and index `*` as 0."""
@@ -146,6 +189,13 @@ class DeviceSpec:
         """A copy with the given fields changed."""
         return dataclasses.replace(self, **changes)
 
+    def _check_names_a_device(self) -> None:
+        if self.device_type is None:
+            raise ValueError(
+                f"The device name {echo(self.to_string())} names no device type; "
+                "use a name such as '/GPU:0', '/CPU:0' or 'cuda:0'."
+            )
+
     def __str__(self) -> str:
         return self.to_string()
 
@@ -158,8 +208,11 @@ class DeviceSpec:
 
 def full_name(x: str | DeviceSpec | torch.device | torch.Tensor) -> str:
     """The fully qualified TensorFlow name of a device, a name, or a tensor's device:
-    `/job:localhost/replica:0/task:0/device:GPU:1`."""
-    return as_spec(x).full().to_string()
+    `/job:localhost/replica:0/task:0/device:GPU:1`. A name without a device type (`''`) is
+    an error, as it is for `devlab.resolve`."""
+    spec = as_spec(x)
+    spec._check_names_a_device()
+    return spec.full().to_string()
 
 
 def as_spec(x: str | DeviceSpec | torch.device | torch.Tensor) -> DeviceSpec:
@@ -174,11 +227,38 @@ def as_spec(x: str | DeviceSpec | torch.device | torch.Tensor) -> DeviceSpec:
 
 
 def echo(text: str, quote: str = "'") -> str:
-    """`text` quoted for an error message: whole up to a readable length, else its two ends
-    and its length, e.g. `'/GPU:11111111…11111111' (5,005 characters)`."""
-    if len(text) <= _ECHO_LIMIT:
-        return f"{quote}{text}{quote}"
-    return f"{quote}{text[:_ECHO_LIMIT - 20]}…{text[-20:]}{quote} ({len(text):,} characters)"
+    """`text` quoted for an error message, on one line: whole up to a readable length, else
+    its two ends and its length, e.g. `'/GPU:11111111…11111111' (5,005 characters)`; a
+    newline or other unprintable character shows as its escape (`\\n`)."""
+    if len(text) > _ECHO_LIMIT:
+        return f"{quote}{_visible(text[:_ECHO_LIMIT - 20])}…{_visible(text[-20:])}{quote} ({len(text):,} characters)"
+    return f"{quote}{_visible(text)}{quote}"
+
+
+def _visible(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _check_characters(spec: str) -> None:
+    if _PRINTABLE_ASCII.fullmatch(spec):
+        return
+    stripped = spec.strip()
+    if stripped != spec and _PRINTABLE_ASCII.fullmatch(stripped):
+        raise ValueError(
+            f"The device name {echo(spec)} has whitespace around it; write it without: {echo(stripped)}."
+        )
+    bad = next(c for c in spec if not _PRINTABLE_ASCII.fullmatch(c))
+    ascii_digits = "".join(str(int(c)) if c.isdecimal() else c for c in spec)
+    if bad.isdecimal() and _PRINTABLE_ASCII.fullmatch(ascii_digits):
+        raise ValueError(
+            f"The device name {echo(spec)} has the digit {echo(bad)} (U+{ord(bad):04X}); write "
+            f"numbers with the ASCII digits 0-9: {echo(ascii_digits)}."
+        )
+    problem = "whitespace" if bad.isspace() else f"{echo(bad)} (U+{ord(bad):04X})"
+    raise ValueError(
+        f"The device name {echo(spec)} has {problem}; a device name is ASCII letters, the "
+        "digits 0-9, ':', '/', '*' and '_', such as '/GPU:0' or 'cuda:0'."
+    )
 
 
 def _parse_torch_alias(spec: str) -> DeviceSpec | None:
@@ -186,10 +266,10 @@ def _parse_torch_alias(spec: str) -> DeviceSpec | None:
     name, _, index = spec.partition(":")
     if name.lower() not in ("cuda", "mps"):
         return None
-    if index and not index.isdigit():
+    if index and not _NUMBER.fullmatch(index):
         raise ValueError(
             f"Invalid device index {echo(index)} in the torch device name {echo(spec)}; "
-            f"write '{name}' or '{name}:N' with N a whole number."
+            f"write '{name}' or '{name}:N' with N a whole number 0 or more, in digits 0-9."
         )
     return DeviceSpec(
         device_type=TORCH_ALIASES[name.lower()],
@@ -198,8 +278,9 @@ def _parse_torch_alias(spec: str) -> DeviceSpec | None:
 
 
 def _string_to_components(spec: str) -> tuple[str | None, int | None, int | None, str | None, int | None]:
-    # A line-for-line port of TensorFlow's device_spec._string_to_components so that the
-    # same strings are accepted and rejected with the same words.
+    # A port of TensorFlow's device_spec._string_to_components, so the same strings are
+    # accepted and rejected with the same words, with the names and numbers of TensorFlow's
+    # runtime parser (ASCII identifiers and digits) where Python's int() would take more.
     job: str | None = None
     replica: int | None = None
     task: int | None = None
@@ -209,7 +290,7 @@ def _string_to_components(spec: str) -> tuple[str | None, int | None, int | None
         y = part.split(":")
         ly = len(y)
         if ly == 2 and y[0] == "job":
-            job = y[1]
+            job = _parse_identifier(y[1], "job name", spec)
         elif ly == 2 and y[0] == "replica":
             replica = _parse_int(y[1], "replica", spec)
         elif ly == 2 and y[0] == "task":
@@ -227,7 +308,7 @@ def _string_to_components(spec: str) -> tuple[str | None, int | None, int | None
                 raise ValueError(
                     f"Multiple device types are not allowed while parsing the device spec: {echo(spec, '')}."
                 )
-            device_type = y[1]
+            device_type = _parse_identifier(y[1], "device type", spec)
             if y[2] != "*":
                 device_index = _parse_int(y[2], "device index", spec)
         elif ly and y[0] != "":
@@ -237,15 +318,25 @@ def _string_to_components(spec: str) -> tuple[str | None, int | None, int | None
     return job, replica, task, device_type, device_index
 
 
-def _parse_int(text: str, field: str, spec: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        # TensorFlow lets int()'s own message through; naming the field is kinder.
-        if text.isdigit():  # digits int() refuses: more than Python converts (4,300 by default)
-            problem = "it is too long for a number; use a small whole number such as 0 or 1."
-        else:
-            problem = "it must be a whole number" + (" or '*'." if field == "device index" else ".")
+def _parse_identifier(text: str, field: str, spec: str) -> str:
+    if not _IDENTIFIER.fullmatch(text):
+        example = "'localhost' or 'worker'" if field == "job name" else "'GPU' or 'CPU'"
         raise ValueError(
-            f"Invalid {field} {echo(text)} while parsing the device spec: {echo(spec)}; {problem}"
-        ) from None
+            f"Invalid {field} {echo(text)} while parsing the device spec: {echo(spec)}; it must be "
+            f"a letter followed by letters, digits or '_', such as {example}."
+        )
+    return text
+
+
+def _parse_int(text: str, field: str, spec: str) -> int:
+    if _NUMBER.fullmatch(text):
+        try:
+            return int(text)
+        except ValueError:  # more digits than Python converts (4,300 by default)
+            problem = "it is too long for a number; use a small whole number such as 0 or 1."
+    elif text.startswith("-") and _NUMBER.fullmatch(text[1:]):
+        problem = f"a {field} is 0 or more."
+    else:
+        problem = "it must be a whole number written with the digits 0-9" + (
+            " or '*'." if field == "device index" else ".")
+    raise ValueError(f"Invalid {field} {echo(text)} while parsing the device spec: {echo(spec)}; {problem}")

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from devlab import simulated
 from devlab.aten_ops import COPY_OPS, COPY_TO_HOST, SYNC_OPS, copy_ends
-from devlab.names import DeviceSpec
+from devlab.names import DeviceSpec, echo
 from devlab.sizes import format_bytes
 
 OP, COPY, SYNC, NOTE, COLLECTIVE = "op", "copy", "sync", "note", "collective"
@@ -442,3 +442,25 @@ def _flat(value: Any) -> Iterator[Any]:
 
 def _s(n: int) -> str:
     return "" if n == 1 else "s"
+
+
+def check_log_file(path: str | Path) -> Path:
+    """`path` as a `Path` if a log can be appended to it (opening it to append creates it when
+    it does not exist), else a one-line `ValueError` saying why and what would work."""
+    path = Path(path).expanduser()
+    where = f"Cannot write the placement log to {echo(str(path))}"
+    try:
+        with path.open("a"):
+            pass
+    except IsADirectoryError:
+        raise ValueError(f"{where}: it is a folder; give a file's path, such as placement.log.") from None
+    except FileNotFoundError as e:
+        if not path.parent.is_dir():
+            raise ValueError(f"{where}: the folder {echo(str(path.parent))} does not exist.") from None
+        raise ValueError(f"{where}: {e.strerror}.") from None
+    except PermissionError:
+        raise ValueError(f"{where}: no permission to write there; give a path in a folder you "
+                         "can write to.") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL character in the path
+        raise ValueError(f"{where}: {getattr(e, 'strerror', None) or e}.") from None
+    return path

@@ -67,11 +67,27 @@ def resolve(name: str | DeviceSpec | torch.device, soft: bool | None = None) -> 
             f"{echo(wanted.to_string(), '')} unknown device. Could not satisfy device specification "
             f"{echo(wanted.to_string())}. All available devices: [{names}]. "
             "Turn on soft placement (devlab.config.set_soft_device_placement(True), or "
-            "%%device --soft) to fall back instead."
+            "%%device --soft) to fall back instead." + _simulate_hint(wanted)
         )
     same_kind = [d for d in available if d.device_type == wanted.device_type.upper()]
     fallback = same_kind[0] if same_kind else next(d for d in available if d.device_type == "CPU")
     return Placement(spec, fallback, fell_back=True)
+
+
+def _simulate_hint(wanted: DeviceSpec) -> str:
+    """For a GPU that does not exist: how simulated GPUs would give it, where they can."""
+    if wanted.device_type.upper() != "GPU" or not isinstance(wanted.device_index, int):
+        return ""
+    if config.list_physical_devices("GPU") and not simulated.is_active():
+        return ""  # real GPUs: devlab does not simulate beside them
+    count = wanted.device_index + 1
+    if count > 64:  # an index no one means as a count of GPUs
+        return ""
+    call = f"devlab.config.simulate_gpus({count})"
+    if runtime.is_initialized():
+        return (f" Or simulate GPUs on the CPU: restart the kernel, then call {call} before "
+                "placing any work (devices cannot change once work has been placed).")
+    return f" Or simulate GPUs on the CPU: {call}, before placing any work."
 
 
 def resolve_device(device: str | DeviceSpec | torch.device) -> torch.device:
@@ -85,18 +101,23 @@ def resolve_device(device: str | DeviceSpec | torch.device) -> torch.device:
     return resolve(device).device
 
 
-def device_label(device: torch.device) -> str:
+def device_label(device: torch.device, name: str | None = None) -> str:
     """A short TensorFlow-style label for charts and tables: `CPU:0`, `GPU:1`, `GPU:0 (simulated)`,
-    `GPU:0 (modeled T4)` (a simulated GPU with a performance model)."""
+    `GPU:0 (modeled T4)` (a simulated GPU with a performance model).
+
+    `name` replaces the `GPU:1` part (a logical device's own name, or `GPU:0 + GPU:1` for work
+    on two GPUs); what kind of device it is still follows from `device`.
+    """
     if device.type == "cpu":
-        return "CPU:0"
+        return name or "CPU:0"
     if device.type == "cuda":
         index = 0 if device.index is None else device.index
+        name = name or f"GPU:{index}"
         if not simulated.is_active():
-            return f"GPU:{index}"
+            return name
         spec = simulated.model()
-        return f"GPU:{index} " + ("(simulated)" if spec is None else f"(modeled {spec.name})")
-    return str(device).upper()
+        return f"{name} " + ("(simulated)" if spec is None else f"(modeled {spec.name})")
+    return name or str(device).upper()
 
 
 class device(contextlib.ContextDecorator):

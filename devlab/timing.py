@@ -7,13 +7,21 @@ the queued work then lands in whatever is timed next. It also includes no warm-u
 first calls pay for CUDA context start-up, allocator growth and kernel selection) and
 reports a mean, which one slow outlier drags. `time_on_device`:
 
-1. runs the function a few times first (warm-up) and waits for the device;
-2. synchronizes the device before starting and before stopping each clock (real CUDA:
-   `torch.cuda.synchronize`; simulated GPUs: the same call, which the simulation patches to
-   wait for its worker; CPU: nothing to wait for);
+1. runs the function a few times first (warm-up); the first warm-up call runs under a light
+   TorchFunctionMode that notes the device of every tensor it takes or makes, so timing knows
+   where the work really runs. Work on other devices than the one named is refused
+   (`DeviceMismatch`, naming both) rather than timed under the wrong name: in a comparison
+   a relabelled row would compare a device with itself, and the mistake (tensors made
+   elsewhere) is the very thing to learn. Work on the named device *and* others (two GPUs
+   at once) is timed, and labelled with all of them;
+2. synchronizes every device the call ran on before starting and before stopping each clock
+   (real CUDA: `torch.cuda.synchronize`; simulated GPUs: the same call, which the simulation
+   patches to wait for its worker; CPU: nothing to wait for), so no queued work is left
+   behind, also when the call fails or is refused;
 3. groups calls into blocks long enough for the clock to be exact, and repeats blocks until
    a minimum total time has passed;
-4. reports the median per call and the spread (interquartile range), robust to outliers.
+4. reports the median per call and the spread (interquartile range), robust to outliers, and
+   whether the measurement was steady (most blocks close to the fastest: see `STEADY`).
 """
 
 from __future__ import annotations
@@ -29,12 +37,15 @@ from html import escape
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from devlab import scope, simulated
 from devlab.figures import ensure_figure_formatter, figure_png
-from devlab.scope import device_label, resolve_device
+from devlab.scope import device_label
 
 __all__ = [
+    "STEADY",
+    "DeviceMismatch",
     "TimingResult",
     "Comparison",
     "time_on_device",
@@ -48,6 +59,14 @@ __all__ = [
 # One measured block should last at least this long: perf_counter and a synchronize cost
 # about a microsecond, so a 1 ms block keeps their error under 0.1%.
 _BLOCK_TIME = 1e-3
+
+# A measurement is steady when its median block took at most this many times its fastest:
+# at least half the blocks ran close to the machine's own speed. Load only ever adds time
+# (a block that waited for the CPU is slower, never faster), so a median far above the
+# fastest block means the machine was busy while measuring: on 2 busy cores a 2-thread
+# 128x128 product's median block took 440x its fastest (benchmarks/timing.py prints the
+# ratio for its workloads). Blocks of a quiet CPU agree within a few per cent.
+STEADY = 1.5
 
 
 def format_seconds(t: float) -> str:
@@ -139,6 +158,119 @@ def _on_device(name: torch.device | str, device: torch.device) -> Iterator[None]
         yield
 
 
+class DeviceMismatch(RuntimeError):
+    """The timed work ran on other devices than the one it was timed on (its tensors live
+    there). Raised after those devices were synchronized: nothing is left queued."""
+
+
+_DisableTorchFunction = torch._C.DisableTorchFunction
+
+
+class _DevicesSeen(TorchFunctionMode):
+    """Notes the device of every tensor a torch call takes or makes: where the work ran.
+
+    Watches one untimed call (the first warm-up call), so the timed ones pay nothing. Sees
+    the Python-level calls, as the simulation and `torch.device` do; what C++ runs from them
+    (a backward pass) runs where they ran. A 0-dim CPU tensor does not count: torch lets one
+    join work on any device, as a Python number would; nor does a meta tensor, which has no
+    data and runs nowhere.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.devices: set[torch.device] = set()
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - an error in the work shows the work's frames
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        with _DisableTorchFunction():
+            for value in (*args, *kwargs.values(), out):
+                if isinstance(value, torch.Tensor):
+                    self._note(value)
+                elif isinstance(value, (list, tuple)):
+                    for item in value:
+                        if isinstance(item, torch.Tensor):
+                            self._note(item)
+        return out
+
+    def _note(self, t: torch.Tensor) -> None:
+        device = t.device  # the simulation's mark, for a simulated GPU's tensor
+        if device.type == "meta" or (device.type == "cpu" and t.dim() == 0):
+            return
+        if device.index is None and device.type != "cpu":
+            device = torch.device(device.type, 0)
+        self.devices.add(device)
+
+
+def _same(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
+
+
+def _sync_all(devices: Sequence[torch.device]) -> Callable[[], None]:
+    """One call that waits for every device in `devices` (nothing for the CPU)."""
+    calls = [synchronizer(d)[0] for d in devices if d.type != "cpu"]
+    if not calls:
+        return lambda: None
+    if len(calls) == 1:
+        return calls[0]
+
+    def sync() -> None:
+        for call in calls:
+            call()
+
+    return sync
+
+
+def _short(device: torch.device) -> str:
+    """`GPU:1`, `CPU:0`: a device's TensorFlow name without its kind."""
+    return device_label(device).split(" (")[0]
+
+
+def _mismatch(named: str, device: torch.device, ran: set[torch.device]) -> DeviceMismatch:
+    """The error for work that ran elsewhere than `device` (whose short name is `named`)."""
+    where = sorted(ran, key=str)
+    if device.type == "cpu":
+        make = "on the host (t.cpu() moves a tensor t made before)"
+    else:
+        make = (f"on {named}: in setup, or inside the timed code, where {named} is the default "
+                f"device (t.to('{device}') moves a tensor t made before)")
+    return DeviceMismatch(
+        f"The timed work ran on {' and '.join(f'{_short(d)} ({d})' for d in where)}, not on "
+        f"{named} ({device}), the device it was timed on: its tensors live there, so its time "
+        f"would carry the wrong device's name. Time it on '/{_short(where[0])}', or make its "
+        f"tensors {make}.")
+
+
+def _drop_own_frames(err: BaseException) -> None:
+    """A `DeviceMismatch` is the caller's mistake: its traceback ends at the caller's line,
+    without this module's frames (a bare `raise` keeps the edited traceback on 3.11+)."""
+    if not isinstance(err, DeviceMismatch):
+        return
+    kept = []
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename != __file__:
+            kept.append(tb)
+        tb = tb.tb_next
+    for outer, inner in zip(kept, kept[1:], strict=False):
+        outer.tb_next = inner
+    if kept:
+        kept[-1].tb_next = None
+    err.__traceback__ = kept[0] if kept else None
+
+
+def _check_where(named: str, device: torch.device, ran: set[torch.device]) -> None:
+    """Refuse work that did not run on `device`; accept work on it (and on others too)."""
+    gpus = {d for d in ran if d.type != "cpu"}
+    if device.type == "cpu":
+        if gpus:
+            raise _mismatch(named, device, gpus)
+    elif ran and not any(_same(d, device) for d in ran):
+        raise _mismatch(named, device, ran)
+
+
 @dataclass
 class TimingResult:
     """Per-call times of one function on one device, with median and spread.
@@ -156,6 +288,7 @@ class TimingResult:
     name: str = ""
     simulated: bool = False
     modeled: str | None = None  # the real GPU whose specifications gave these times
+    ran_on: tuple[str, ...] = ()  # the torch devices the work ran on (its first call's)
 
     @property
     def median(self) -> float:
@@ -183,6 +316,19 @@ class TimingResult:
         return min(self.times)
 
     @property
+    def steady(self) -> bool:
+        """Whether at least half the blocks ran close to the fastest (median within `STEADY`
+        times the fastest block). A modeled clock gives every block the same time: steady."""
+        return bool(self.modeled) or self.median <= STEADY * self.min
+
+    @property
+    def spread(self) -> str:
+        """The IQR as shown: a modeled clock has none (its blocks differ only by rounding)."""
+        if self.modeled:
+            return "none (modeled: every block the same)"
+        return format_seconds(self.iqr)
+
+    @property
     def repeats(self) -> int:
         return len(self.times)
 
@@ -199,23 +345,39 @@ class TimingResult:
         return {"label": self.label, "device": self.device, "median": self.median,
                 "iqr": self.iqr, "q1": self.q1, "q3": self.q3, "min": self.min,
                 "mean": self.mean, "repeats": self.repeats, "number": self.number,
-                "warmup": self.warmup, "synchronize": self.synchronize}
+                "warmup": self.warmup, "synchronize": self.synchronize,
+                "steady": self.steady, "modeled": self.modeled, "ran_on": list(self.ran_on)}
 
     def __repr__(self) -> str:
         return str(self)
 
     def __str__(self) -> str:
-        modeled = f" [modeled from {self.modeled} specifications, not measured]" if self.modeled else ""
+        if self.modeled:
+            # One number: the modeled clock has no spread to show.
+            return (f"{self.label}: {format_seconds(self.median)} per call, "
+                    f"{self.repeats} x {self.number} calls [modeled from {self.modeled} "
+                    "specifications, not measured: the same every run]")
+        unsteady = "" if self.steady else " (unsteady: the machine was busy?)"
         return (f"{self.label}: {format_seconds(self.median)} per call (median), "
-                f"IQR {format_seconds(self.iqr)}, {self.repeats} x {self.number} calls{modeled}")
+                f"IQR {format_seconds(self.iqr)}, {self.repeats} x {self.number} "
+                f"calls{unsteady}")
 
     def _rows(self) -> list[tuple[str, str]]:
+        if self.modeled:
+            spread = [("spread", "none: the modeled clock gives every block the same time")]
+        else:
+            spread = [
+                ("IQR (q1 – q3)", f"{format_seconds(self.iqr)} "
+                                  f"({format_seconds(self.q1)} – {format_seconds(self.q3)})"),
+                ("min / mean", f"{format_seconds(self.min)} / {format_seconds(self.mean)}"),
+                ("steady", "yes" if self.steady else
+                 f"no: the median block took {self.median / self.min:.2f}x the fastest "
+                 "(the machine was busy?)"),
+            ]
         return [
-            ("device", f"{self.label} ({self.device})"),
+            ("device", f"{self.label} ({', '.join(self.ran_on) or self.device})"),
             ("median per call", format_seconds(self.median)),
-            ("IQR (q1 – q3)", f"{format_seconds(self.iqr)} "
-                              f"({format_seconds(self.q1)} – {format_seconds(self.q3)})"),
-            ("min / mean", f"{format_seconds(self.min)} / {format_seconds(self.mean)}"),
+            *spread,
             ("measured", f"{self.repeats} blocks x {self.number} calls, after {self.warmup} "
                          f"warm-up calls"),
             ("synchronize", self.synchronize),
@@ -284,63 +446,118 @@ def time_on_device(
     `fn` is called with no arguments while `device` is the default device (factories such
     as `torch.ones` create tensors there). That device context is a TorchFunctionMode and
     adds about a microsecond to each torch call: for microsecond-scale work whose tensors
-    already exist, `as_default=False` times it without (setup still runs under it). Measurement goes on until at least `repeats`
-    blocks and `min_time` seconds have been measured (or `max_repeats` blocks). `number`
-    is the calls per block, chosen so a block lasts about a millisecond when not given.
-    `setup()`, if given, runs once on the device before the warm-up, untimed (making
-    inputs). `progress(fraction)` is called now and then, for a progress bar.
+    already exist, `as_default=False` times it without (setup still runs under it).
+    Measurement goes on until at least `repeats` blocks and `min_time` seconds have been
+    measured (or `max_repeats` blocks). `number` is the calls per block, chosen so a block
+    lasts about a millisecond when not given. `setup()`, if given, runs once on the device
+    before the warm-up, untimed (making inputs). `progress(fraction)` is called now and then,
+    for a progress bar.
 
-    Unlike `%timeit`, the clock stops only once the device has finished (see the module
+    The first warm-up call (made even with `warmup=0`) finds the devices `fn` runs on: work
+    that ran elsewhere than `device` raises `DeviceMismatch` naming both; work on `device`
+    and other devices too is timed and labelled with all of them. Every one of them is
+    synchronized before each clock starts and stops, and again if timing stops on an error.
+
+    Unlike `%timeit`, the clock stops only once the devices have finished (see the module
     docstring), so GPU times are the device's real times. On a simulated GPU with a
     performance model (`simulate_gpus(2, model="T4")`) the clock is the modeled one: the times
     are modeled from that GPU's specifications, not measured, and the same on every run, so
-    `min_time` does not apply.
+    `min_time` does not apply, and two blocks that took the same time end the measurement.
     """
     __tracebackhide__ = True  # noqa: F841 - an error in fn shows fn's frames, not these
     check_options(warmup=warmup, repeats=repeats, min_time=min_time, max_repeats=max_repeats,
                   number=number)
-    dev = resolve_device(device)
-    sync, how = synchronizer(dev)
+    dev, short = _resolve(device)
     clock, spec = clock_for(dev)
     if spec is not None:
         min_time = 0.0
+    waited: list[torch.device] = [] if dev.type == "cpu" else [dev]  # devices to synchronize
+    set_up, seen = _DevicesSeen(), _DevicesSeen()
     times: list[float] = []
-    if setup is not None:
-        with _on_device(device, dev):
-            setup()
-    # Host work is timed as plain PyTorch runs it, without the simulation's modes.
-    with (simulated.host_only() if dev.type == "cpu" else contextlib.nullcontext()), \
-            (_on_device(device, dev) if as_default else contextlib.nullcontext()):
-        for _ in range(warmup):
-            fn()
-        sync()
-        if number is None:
-            t0 = clock()
-            fn()
+    try:
+        if setup is not None:
+            with _on_device(device, dev), set_up:
+                setup()
+            _add(waited, set_up.devices)
+        # Host work is timed as plain PyTorch runs it, without the simulation's modes.
+        with (simulated.host_only() if dev.type == "cpu" else contextlib.nullcontext()), \
+                (_on_device(device, dev) if as_default else contextlib.nullcontext()):
+            with seen:  # the first warm-up call: where does the work run?
+                fn()
+            ran = seen.devices
+            _add(waited, ran)
+            sync = _sync_all(waited)
             sync()
-            one = clock() - t0
-            # The call above is one more warm-up; it sizes the blocks.
-            number = max(1, min(int(_BLOCK_TIME / max(one, 1e-9)), 1_000_000))
-        measured = 0.0
-        last_report = clock()
-        while len(times) < max_repeats and (len(times) < repeats or measured < min_time):
-            sync()
-            t0 = clock()
-            for _ in range(number):
+            _check_where(short, dev, ran)
+            for _ in range(warmup - 1):
                 fn()
             sync()
-            elapsed = clock() - t0
-            times.append(elapsed / number)
-            measured += elapsed
-            if progress is not None and clock() - last_report > 0.1:
-                last_report = clock()
-                progress(min(1.0, max(len(times) / repeats, measured / max(min_time, 1e-9))))
+            if number is None:
+                # One more warm-up call sizes the blocks; a quick one is tried thrice, so one
+                # call that waited for the machine does not shrink every block to one call.
+                one = math.inf
+                for _ in range(3):
+                    t0 = clock()
+                    fn()
+                    sync()
+                    one = min(one, clock() - t0)
+                    if one >= _BLOCK_TIME:
+                        break
+                number = max(1, min(int(_BLOCK_TIME / max(one, 1e-9)), 1_000_000))
+            measured = 0.0
+            last_report = clock()
+            while len(times) < max_repeats and (len(times) < repeats or measured < min_time):
+                sync()
+                t0 = clock()
+                for _ in range(number):
+                    fn()
+                sync()
+                elapsed = clock() - t0
+                times.append(elapsed / number)
+                measured += elapsed
+                if spec is not None and len(times) >= 2 and math.isclose(
+                        times[-1], times[-2], rel_tol=1e-9, abs_tol=1e-15):
+                    break  # a modeled clock: every further block would take the same time
+                if progress is not None and clock() - last_report > 0.1:
+                    last_report = clock()
+                    progress(min(1.0, max(len(times) / repeats, measured / max(min_time, 1e-9))))
+    except BaseException as e:
+        # Whatever stopped the timing (an error in fn, a refusal, an interrupt), the work it
+        # queued is finished now, not in whatever runs next. The error itself is what shows.
+        _add(waited, set_up.devices | seen.devices)  # as far as they were seen
+        with contextlib.suppress(Exception):
+            _sync_all(waited)()
+        _drop_own_frames(e)
+        raise
     if progress is not None:
         progress(1.0)
-    name = device if isinstance(device, str) else str(device)
-    return TimingResult(label or device_label(dev), str(dev), times, number, warmup, how, name,
+    others = [d for d in waited if not _same(d, dev)]
+    if label is None:
+        label = device_label(dev, " + ".join([short, *(_short(d) for d in others)]))
+    how = synchronizer(waited[0] if waited else dev)[1]
+    if len(waited) > 1:
+        how += " (" + ", ".join(str(d) for d in waited) + ")"
+    return TimingResult(label, str(dev), times, number, max(warmup, 1), how,
+                        device if isinstance(device, str) else str(device),
                         simulated=dev.type == "cuda" and simulated.is_active(),
-                        modeled=spec.full_name if spec is not None else None)
+                        modeled=spec.full_name if spec is not None else None,
+                        ran_on=tuple(sorted(str(d) for d in ran)))
+
+
+def _resolve(device: torch.device | str) -> tuple[torch.device, str]:
+    """The torch device work named `device` runs on, and its short TensorFlow name (`GPU:1`:
+    the logical device's own, which on a split real GPU is not the CUDA index's)."""
+    if isinstance(device, torch.device):
+        return device, _short(device)
+    placement = scope.resolve(device)
+    return placement.device, placement.logical.name.rsplit("device:", 1)[-1]
+
+
+def _add(devices: list[torch.device], more: Iterable[torch.device]) -> None:
+    """Add the non-CPU devices of `more` to `devices`, each once, in a stable order."""
+    for d in sorted(more, key=str):
+        if d.type != "cpu" and not any(_same(d, have) for have in devices):
+            devices.append(d)
 
 
 def clock_for(device: torch.device) -> tuple[Callable[[], float], Any]:
@@ -419,7 +636,7 @@ class Comparison:
             "device", "median per call", "IQR", "calls", f"speed-up vs {self.baseline.label}"))
         rows = "".join(
             "<tr>" + "".join(f"<td>{escape(v)}</td>" for v in (
-                r.label, format_seconds(r.median), format_seconds(r.iqr),
+                r.label, format_seconds(r.median), r.spread,
                 f"{r.repeats} x {r.number}", f"{speedups[r.label]:.2f}x")) + "</tr>"
             for r in self.results)
         note = f"<p class='devlab-note'><i>{escape(self.note)}</i></p>" if self.note else ""
@@ -481,7 +698,11 @@ def compare(
         raise ValueError("no devices to compare")
     comparison = Comparison()
     for device, f in pairs:
-        result = comparison.add(time_on_device(f, device, **timing))
+        try:
+            result = comparison.add(time_on_device(f, device, **timing))
+        except DeviceMismatch as e:
+            _drop_own_frames(e)
+            raise
         if on_result is not None:
             on_result(result)
     return comparison

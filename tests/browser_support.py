@@ -327,9 +327,11 @@ def cell(page: Any, index: int) -> Any:
     return page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(index)
 
 
-def output_images(locator: Any) -> list[dict[str, Any]]:
-    """The PNGs shown in widget views under `locator`: src and natural size."""
-    return locator.locator(".jupyter-widgets img, .widget-output img").evaluate_all(
+def output_images(locator: Any, in_widgets: bool = True) -> list[dict[str, Any]]:
+    """The PNGs shown in widget views under `locator` (or in any of its outputs): src and
+    natural size."""
+    where = ".jupyter-widgets img, .widget-output img" if in_widgets else ".jp-OutputArea-output img"
+    return locator.locator(where).evaluate_all(
         "imgs => imgs.map(i => ({src: i.getAttribute('src') || '', "
         "width: i.naturalWidth, height: i.naturalHeight, complete: i.complete}))")
 

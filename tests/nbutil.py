@@ -16,27 +16,33 @@ IPYWIDGETS7 = ROOT / ".venv" / "ipywidgets7"
 IPYWIDGETS7_SPEC = ["ipywidgets==7.7.5", "ipython_genutils==0.2.0"]
 
 
-def _kernel_env() -> dict[str, str]:
+def _kernel_env(checkout_on_path: bool = True) -> dict[str, str]:
     env = dict(os.environ)
     # The kernel must import this checkout's devlab, and must not inherit a simulation switch
     # from the test runner's environment unless a test asks for one.
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("DEVLAB_SIMULATE_GPUS", None)
+    if checkout_on_path:
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    for name in ("DEVLAB_SIMULATE_GPUS", "DEVLAB_SIMULATE_GPU_MEMORY_MB", "DEVLAB_SIMULATE_GPU_MODEL"):
+        env.pop(name, None)
     env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     return env
 
 
 def execute(nb: nbformat.NotebookNode, timeout: int = 600, cwd: Path | None = None,
-            allow_errors: bool = False, env: dict[str, str] | None = None) -> nbformat.NotebookNode:
-    """Execute a notebook in a fresh python3 kernel and return it with outputs."""
+            allow_errors: bool = False, env: dict[str, str] | None = None,
+            kernel_name: str = "python3", checkout_on_path: bool = True) -> nbformat.NotebookNode:
+    """Execute a notebook in a fresh kernel (this venv's python3) and return it with outputs.
+
+    `env` adds to the kernel's environment; `checkout_on_path=False` leaves this checkout off
+    its path (a kernel that must import an installed devlab)."""
     client = NotebookClient(
         nb,
         timeout=timeout,
-        kernel_name="python3",
+        kernel_name=kernel_name,
         allow_errors=allow_errors,
         resources={"metadata": {"path": str(cwd or NOTEBOOKS)}},
     )
-    kernel_env = _kernel_env()
+    kernel_env = _kernel_env(checkout_on_path)
     if env:
         kernel_env.update(env)
     with _patched_environ(kernel_env):

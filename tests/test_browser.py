@@ -2,8 +2,9 @@
 
 Starts this venv's JupyterLab on a free port, opens a notebook in Debian's Chromium through
 Playwright, runs it with Run > Run All Cells, and checks what the page shows: the `%%memwatch`
-chart growing while its cell runs, the `%%compare_devices` chart and table, the summaries, and
-no "Error displaying widget" anywhere. Screenshots go to test-artifacts/browser/.
+chart growing while its cell runs, then each finished widget's final state left as static
+output (no widget view), the `%%compare_devices` chart and table, the summaries, and no
+"Error displaying widget" anywhere. Screenshots go to test-artifacts/browser/.
 
 A control test runs the same checks on a notebook with plain ipywidgets and matplotlib (no
 devlab): if it fails too, the browser set-up is broken rather than devlab's widgets.
@@ -177,11 +178,18 @@ def run_all_watching(page: Any, index: int, timeout: float) -> set[int]:
     return frames
 
 
-def assert_chart(target: Any, what: str, min_size: tuple[int, int] = (300, 150)) -> None:
-    """A widget view in `target` with a drawn (non-blank) matplotlib PNG in it."""
-    assert target.locator(".jupyter-widgets").count() > 0, f"{what}: no ipywidgets view rendered"
-    imgs = [i for i in output_images(target) if i["src"].startswith("data:image/png;base64,")]
-    assert imgs, f"{what}: no PNG chart inside the widget views"
+def assert_chart(target: Any, what: str, min_size: tuple[int, int] = (300, 150),
+                 live: bool = True) -> None:
+    """A drawn (non-blank) matplotlib PNG in `target`: inside a widget view (`live`), or, for
+    devlab's finished widgets, in the static output that replaced the view (no view left)."""
+    views = target.locator(".jupyter-widgets").count()
+    if live:
+        assert views > 0, f"{what}: no ipywidgets view rendered"
+    else:
+        assert views == 0, f"{what}: {views} widget view(s) left after the cell finished"
+    imgs = [i for i in output_images(target, in_widgets=live)
+            if i["src"].startswith("data:image/png;base64,")]
+    assert imgs, f"{what}: no PNG chart in the output"
     for img in imgs:
         assert img["complete"] and img["width"] >= min_size[0] and img["height"] >= min_size[1], (
             f"{what}: chart image not drawn at a useful size: {img['width']}x{img['height']}")
@@ -190,7 +198,13 @@ def assert_chart(target: Any, what: str, min_size: tuple[int, int] = (300, 150))
 
 
 def progress_percent(target: Any) -> float:
-    """How full the (one) ipywidgets progress bar in `target` is drawn, in percent."""
+    """How full the (one) ipywidgets progress bar in `target` is drawn, in percent; or the
+    static <progress> a finished devlab widget left."""
+    static = target.locator("progress.devlab-progress")
+    if static.count():
+        assert static.count() == 1, f"expected one progress bar, found {static.count()}"
+        value, top = static.first.evaluate("p => [p.value, p.max]")
+        return 100.0 * value / top
     bars = target.locator(".widget-hprogress .progress-bar")
     assert bars.count() == 1, f"expected one progress bar, found {bars.count()}"
     width = bars.first.evaluate("b => b.style.width")
@@ -238,9 +252,10 @@ def check_devlab(server: LabServer, page: Any) -> None:
     loaded = cell(page, LOADED).inner_text()
     assert "devlab loaded" in loaded and "/GPU:0" in loaded, loaded
 
-    # %%memwatch: the live chart, the final status line and the summary table.
+    # %%memwatch: the live chart while it ran, then its final state (status line, chart) as
+    # static output with no widget left, and the summary table.
     mem = cell(page, MEMWATCH)
-    assert_chart(mem, "%%memwatch")
+    assert_chart(mem, "%%memwatch", live=False)
     assert len(frames) >= 2, (
         f"%%memwatch: the chart did not change while the cell ran ({len(frames)} frame(s) seen)")
     text = mem.inner_text()
@@ -259,7 +274,7 @@ def check_devlab(server: LabServer, page: Any) -> None:
 
     # %%compare_devices: the bar chart, the finished progress and the speed-up table.
     cmp_cell = cell(page, COMPARE)
-    assert_chart(cmp_cell, "%%compare_devices", min_size=(300, 80))
+    assert_chart(cmp_cell, "%%compare_devices", min_size=(300, 80), live=False)
     cmp_text = cmp_cell.inner_text()
     assert "done: 2 devices" in cmp_text, f"%%compare_devices: not finished:\n{cmp_text}"
     assert progress_percent(cmp_cell) == 100.0, "%%compare_devices: progress bar not full"

@@ -2,9 +2,12 @@
 
 Colab cannot be reached from here, so a stand-in plays it: a fresh virtual environment that
 already has "Colab's" packages (this project's torch, ipywidgets, matplotlib, ..., linked in,
-nvidia-ml-py left out) but no devlab, with a `google.colab` module present. The cell must
-install devlab from a git repository pinned to a commit, add only the dependency that is
-missing, and leave everything else as it was. Off Colab it must do nothing at all.
+nvidia-ml-py and cloudpickle left out) but no devlab, with a `google.colab` module present.
+The cell must install devlab from a git repository pinned to a commit, add only the
+dependencies that are missing, and leave everything else as it was. Off Colab it must do
+nothing at all. The lessons themselves run in a Colab-like environment (Python 3.12, IPython
+7.34, ipykernel 6.17, ipywidgets 7.7, a CUDA build of torch) in the `colab` column of
+tests/test_lessons.py.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ FAKE_COLAB = """
 import sys, types
 sys.modules["google.colab"] = types.ModuleType("google.colab")  # what Colab's kernel has loaded
 exec(compile(open(sys.argv[1]).read(), "setup-cell", "exec"), {})
-import devlab, pynvml
+import devlab, pynvml, cloudpickle  # devlab.launch and %%distributed pickle with cloudpickle
 print(devlab.__file__)
 """
 
@@ -118,8 +121,8 @@ def _git_head() -> str:
 
 def _colab_like_venv(where: Path) -> Path:
     """A new venv whose site-packages links in this project's packages, as Colab has them
-    preinstalled, but not devlab, nor nvidia-ml-py (so the cell must add it), and with an
-    IPython older than devlab's requirement (so a plain `pip install` would replace it)."""
+    preinstalled, but not devlab, nor nvidia-ml-py and cloudpickle (so the cell must add them),
+    and with Colab's IPython, 7.34."""
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
     site = next(where.glob("lib/python*/site-packages"))
     ours = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()))
@@ -127,7 +130,8 @@ def _colab_like_venv(where: Path) -> Path:
     for entry in ours.iterdir():
         name = entry.name.lower()
         if (entry.name in own or name.endswith(".pth") or name.startswith(("__editable__", "devlab",
-                "pynvml", "nvidia_ml_py", "pip", "setuptools", "_distutils_hack", "__pycache__"))):
+                "pynvml", "nvidia_ml_py", "cloudpickle", "pip", "setuptools", "_distutils_hack",
+                "__pycache__"))):
             continue
         if name.startswith("ipython-") and name.endswith(".dist-info"):
             _pretend_version(entry, site, OLD_IPYTHON)
@@ -137,8 +141,8 @@ def _colab_like_venv(where: Path) -> Path:
 
 
 def _pretend_version(dist_info: Path, site: Path, version: str) -> None:
-    """Record a distribution under another version: devlab asks for `ipython>=8`, and a
-    runtime with an older IPython (Colab long pinned 7.34) must keep it all the same."""
+    """Record a distribution under another version: the runtime's IPython (Colab long pinned
+    7.34) must stay as it is."""
     name = dist_info.name.split("-")[0]
     copy = site / f"{name}-{version}.dist-info"
     shutil.copytree(dist_info, copy)
@@ -157,7 +161,8 @@ def test_on_colab_the_cell_installs_devlab_pinned_and_keeps_colabs_packages(tmp_
     python = _colab_like_venv(tmp_path / "colab")
     before = _installed(python)
     assert "torch" in before and "ipywidgets" in before and "devlab" not in before
-    assert "nvidia-ml-py" not in before and before["ipython"] == OLD_IPYTHON
+    assert "nvidia-ml-py" not in before and "cloudpickle" not in before
+    assert before["ipython"] == OLD_IPYTHON
     cell = tmp_path / "cell.py"
     cell.write_text(colab_cell.source(source))
 
@@ -168,6 +173,31 @@ def test_on_colab_the_cell_installs_devlab_pinned_and_keeps_colabs_packages(tmp_
 
     after = _installed(python)
     added = {name: v for name, v in after.items() if name not in before}
-    assert set(added) == {"devlab", "nvidia-ml-py"}, added
+    assert set(added) == {"devlab", "nvidia-ml-py", "cloudpickle"}, added
     changed = {name for name in before if after.get(name) != before[name]}
     assert not changed, f"the set-up cell changed Colab's packages: {changed}"
+
+
+def test_pyproject_declares_the_ranges_that_are_tested() -> None:
+    """devlab's IPython, ipykernel and ipywidgets ranges hold Colab's versions, which the
+    compatibility job's Colab-like environment runs the lessons on, and this suite's own."""
+    import ipykernel
+    import IPython
+    import ipywidgets
+    import tomllib
+    from packaging.requirements import Requirement
+
+    from tools import compat
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {r.name: r.specifier for r in map(Requirement, [
+        *project["dependencies"], *project["optional-dependencies"]["lab"]])}
+    colab = dict(pin.split("==") for pin in compat.COLAB["kernel"] if "==" in pin)
+    tested = {"ipython": [colab["ipython"], IPython.__version__],
+              "ipykernel": [colab["ipykernel"], ipykernel.__version__],
+              "ipywidgets": [colab["ipywidgets"], ipywidgets.__version__, "7.7.5"]}
+    for name, versions in tested.items():
+        for version in versions:
+            assert declared[name].contains(version), f"{name} {version} is tested, not declared"
+    assert colab["ipython"].startswith("7.34") and colab["ipykernel"].startswith("6.17")
+    assert set(colab_cell.small_dependencies()) == {"pynvml", "psutil", "cloudpickle"}

@@ -106,6 +106,34 @@ def test_memory_limits_are_whole_megabytes_above_zero_wherever_they_are_given(ba
     assert not devlab.simulated.is_active()
 
 
+def test_issue_16_memory_limit_2_to_the_70_and_10000_logical_devices_are_refused() -> None:
+    # As the issue wrote it: `memory_limit=2**70` and 10,000 logical devices were accepted.
+    with pytest.raises(ValueError, match=r"memory_limit is at most 8,796,093,022,207 MB \(8 EiB"):
+        LogicalDeviceConfiguration(memory_limit=2**70)
+    with pytest.raises(ValueError, match="at most 8,796,093,022,207 MB"):
+        config.simulate_gpus(1, memory_limit=2**70)
+    assert not devlab.simulated.is_active()
+    assert LogicalDeviceConfiguration(memory_limit=(2**63 - 1) // 2**20).memory_limit
+    config.simulate_gpus(1)
+    (gpu,) = config.list_physical_devices("GPU")
+    with pytest.raises(ValueError, match="torch numbers devices 0 to 127, so there can be at most 128"):
+        config.set_logical_device_configuration(gpu, [LogicalDeviceConfiguration(memory_limit=1)] * 10_000)
+    with pytest.raises(ValueError, match="at most 128"):
+        config.set_logical_device_configuration(CPU, [LogicalDeviceConfiguration()] * 10_000)
+    # Nothing was half-configured: one GPU, one CPU, as before.
+    assert config.get_logical_device_configuration(gpu) is None
+    assert [d.name for d in config.logical_devices()] == ["/device:CPU:0", "/device:GPU:0"]
+    config.set_logical_device_configuration(gpu, [LogicalDeviceConfiguration(memory_limit=1)] * 128)
+    assert config.logical_devices("GPU")[-1].torch_device == torch.device("cuda", 127)
+
+
+def test_logical_configuration_fields_are_checked_where_given() -> None:
+    with pytest.raises(TypeError, match="experimental_priority is a whole number or None"):
+        LogicalDeviceConfiguration(memory_limit=64, experimental_priority="high")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="a number of 16,610 bits"):
+        LogicalDeviceConfiguration(memory_limit=10**5000)
+
+
 def test_d2l_helpers_without_a_gpu_are_drop_in() -> None:
     assert devlab.cpu() == torch.device("cpu")
     assert devlab.gpu() == torch.device("cuda", 0)

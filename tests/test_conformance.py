@@ -9,7 +9,9 @@ as the CPU run within the manifest's tolerance; a notebook's cells must show the
 stores from its author's GPU run. A distributed program's ranks (separate processes, each on its
 own simulated GPU) must train one model: start and end with the same parameters, which match
 its checkpoint and, where the manifest has one, a CPU replay of the training (its CPU run).
-docs/conformance.md lists the programs.
+Programs that a framework starts (Lightning's Trainer, `fabric run`, `accelerate launch`) run as
+their users start them, notebooks that fork their ranks from the kernel in a real Jupyter
+kernel. docs/conformance.md lists the programs.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def test_corpus_is_large_enough_and_covers_two_gpus() -> None:
     assert len(set(ALL)) == len(ALL)
     assert any(p.gpus_used == 2 for p in corpus.CORPUS)
     assert len(COMPARED) >= 5
-    assert any(p.torchrun for p in corpus.CORPUS) and any(p.replays for p in corpus.CORPUS)
+    assert any(p.launch for p in corpus.CORPUS) and any(p.replays for p in corpus.CORPUS)
+    assert any(p.kernel for p in corpus.CORPUS)
     for p in corpus.CORPUS:
         if p.ranks is not None:
             assert p.gpus_used == p.ranks.world, p.name
@@ -86,6 +89,8 @@ def test_runs_on_simulated_gpus(name: str) -> None:
         assert sim.returncode == 0, sim.describe()
     peaks = rep["peak"]
     assert len(peaks) == GPUS
+    if not program.gpus_used:  # a launcher's test whose ranks make no tensor (see its notes)
+        return
     assert rep["is_used"], f"{name} never created a tensor on a simulated GPU"
     used = [i for i, p in enumerate(peaks) if p > 0]
     assert len(used) >= program.gpus_used, (
@@ -191,3 +196,67 @@ def test_rank_checks_catch_ranks_that_disagree() -> None:
     seeded = {"replay": {"initial": [0.5, 2.0], "final": [1.0, 2.0]}}
     assert "initial parameters differ from the CPU replay" in " ".join(
         run_program.rank_problems(replayed, good, seeded))
+
+
+def test_ranks_that_need_not_train_are_known_by_their_launchers_rank() -> None:
+    program = corpus.get("accelerate_test_ops")
+
+    def process(pid: int, env_rank: str | None, peak: list[int], parent: int | None = None) -> dict:
+        return {"pid": pid, "parent": parent, "rank": None, "env_rank": env_rank, "steps": 0,
+                "initial": None, "final": None, "errors": [], "is_used": any(peak), "peak": peak}
+
+    launcher = process(10, None, [0, 0])
+    rank0, rank1 = process(11, "0", [512, 0]), process(12, "1", [0, 512])
+    assert run_program.rank_problems(program, {"processes": [launcher, rank0, rank1]}) == []
+    worker = process(13, "1", [0, 512], parent=12)  # a DataLoader worker forked from rank 1
+    assert run_program.rank_problems(program, {"processes": [launcher, rank0, rank1, worker]}) == []
+    wrong_gpu = process(12, "1", [512, 0])
+    assert "did not hold tensors on cuda:1" in " ".join(
+        run_program.rank_problems(program, {"processes": [launcher, rank0, wrong_gpu]}))
+    assert "expected ranks 0..1" in run_program.rank_problems(
+        program, {"processes": [launcher, rank0]})[0]
+
+
+OBSERVED_FORK = """
+import multiprocessing, torch
+
+def train():
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.5)
+    for _ in range(2):
+        p.grad = torch.ones(2)
+        opt.step()
+
+if __name__ == "__main__":
+    child = multiprocessing.get_context("fork").Process(target=train)
+    child.start()
+    child.join()
+    print(child.pid, flush=True)
+"""
+
+
+def test_observer_records_a_forked_child_that_exits_without_atexit(tmp_path: Path) -> None:
+    # A multiprocessing child ends with os._exit, after multiprocessing's own exit handlers:
+    # the ranks Lightning's ddp_notebook and accelerate's notebook_launcher fork end so.
+    import json
+    import os
+    import subprocess
+
+    script = tmp_path / "fork.py"
+    script.write_text(OBSERVED_FORK)
+    folder = tmp_path / "records"
+    folder.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(run_program.OBSERVER)]),
+           run_program.OBSERVE_VARIABLE: str(folder)}
+    env.pop("DEVLAB_SIMULATE_GPUS", None)
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    child = int(done.stdout.split()[-1])
+    records = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+    # The parent never stepped and never imported devlab: it writes nothing.
+    assert [r["pid"] for r in records] == [child], records
+    (record,) = records
+    assert record["parent"] == int(record["parent"]) and record["parent"] != child
+    assert record["steps"] == 2
+    assert record["initial"] == [1.0, 1.0] and record["final"] == [0.0, 0.0]

@@ -223,14 +223,6 @@ def test_nccl_runs_on_gloo_and_says_so_once(two, capfd, state_kept) -> None:
         group = dist.new_group(backend="nccl")
         return f"{dist.get_backend()} {dist.get_backend(group)}"
 
-    assert devlab.launch(init_twice) == ["cuda:gloo,cpu:gloo gloo"] * 2
+    assert devlab.launch(init_twice) == ["cuda:nccl,cpu:gloo nccl"] * 2
     err = [line for line in capfd.readouterr().err.splitlines() if "NCCL" in line]
-    assert sorted(err) == [f"[rank{r}] {devlab.simulated._distributed.NOTICE}" for r in (0, 1)]
-
-
-def test_the_gloo_backend_string_mapping() -> None:
-    from devlab.simulated._distributed import gloo_for_nccl
-
-    assert gloo_for_nccl("nccl") == "gloo" and gloo_for_nccl("NCCL") == "gloo"
-    assert gloo_for_nccl("cuda:nccl,cpu:gloo") == "cuda:gloo,cpu:gloo"
-    assert gloo_for_nccl("gloo") == "gloo" and gloo_for_nccl(None) is None
+    assert sorted(err) == [f"[rank{r}] {devlab.simulated._nccl.NOTICE}" for r in (0, 1)]

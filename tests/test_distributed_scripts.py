@@ -122,7 +122,7 @@ def _ranks(stdout: str, world: int, gpus: int) -> None:
     assert [int(m[1]) for m in found] == list(range(world)), stdout
     reference = torch.tensor(_reference())
     for rank, m in enumerate(found):
-        assert m[3] == str(gpus) and m[4] == "gloo"
+        assert m[3] == str(gpus) and m[4] == "nccl"
         assert m[2] == f"cuda:{rank % gpus}"
         torch.testing.assert_close(torch.tensor(ast.literal_eval(m[5])), reference)
 

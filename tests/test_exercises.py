@@ -44,6 +44,159 @@ def test_crossover_is_where_the_gpu_starts_winning_for_good(cpu, gpu, expected) 
     assert exercises.crossover_size([8, 16, 32, 64], cpu, gpu) == expected
 
 
+US, MS = 1e-6, 1e-3
+CPU, GPU = "cpu", "gpu"
+
+
+@pytest.mark.parametrize(
+    ("cpu", "cpu_steady", "gpu", "expected"),
+    [
+        # Steady on both sides: each size goes to the faster one.
+        ([2, 3, 10, 50], [True] * 4, [5, 5, 5, 5], [CPU, CPU, GPU, GPU]),
+        # The issue's table: 32 ms for n=32 on a busy CPU. Unsteady, so no call there.
+        ([2, 32000, 10, 50], [True, False, True, True], [5, 5, 5, 5], [CPU, None, GPU, GPU]),
+        # Unsteady at the largest size, but a steady smaller product already took longer
+        # than the GPU's time there: a larger product never takes less.
+        ([2, 3, 900, 40000], [True, True, True, False], [5, 5, 5, 500], [CPU, CPU, GPU, GPU]),
+        # The CPU's fastest block beats the GPU: certain, steady or not (load only adds time).
+        ([2, 3, 10, 50], [False] * 4, [5, 5, 5, 5], [CPU, CPU, None, None]),
+    ],
+)
+def test_which_device_is_faster_is_called_only_where_steady_times_make_it_certain(
+        cpu, cpu_steady, gpu, expected) -> None:
+    from devlab.exercises import matmul
+
+    cpu = [t * US for t in cpu]
+    gpu = [t * US for t in gpu]
+    assert matmul.faster(cpu, gpu, cpu_steady, [True] * 4) == expected
+    # A measured GPU whose time is unsteady cannot be beaten for certain either.
+    assert matmul.faster([1 * US], [5 * US], [True], [False]) == [None]
+
+
+@pytest.mark.parametrize(
+    ("winners", "expected"),
+    [
+        ([CPU, CPU, GPU, GPU], (32, None)),
+        ([GPU, GPU, GPU, GPU], (8, None)),
+        ([CPU, GPU, CPU, CPU], (None, None)),  # loses the largest: no crossover
+        ([CPU, None, GPU, GPU], (None, 16)),  # the size below the GPU's wins decides it
+        ([None, CPU, CPU, GPU], (64, None)),  # noise below the crossover does not matter
+        ([CPU, CPU, GPU, None], (None, 64)),
+    ],
+)
+def test_a_crossover_is_called_only_when_every_size_deciding_it_was_called(winners, expected):
+    from devlab.exercises import matmul
+
+    assert matmul.called_crossover([8, 16, 32, 64], winners) == expected
+
+
+def test_a_smaller_product_slower_than_a_larger_one_is_unsteady() -> None:
+    from devlab.exercises import matmul
+    from devlab.timing import TimingResult
+
+    def result(times):
+        return TimingResult("CPU:0", "cpu", [t * US for t in times], 1, 1, "none")
+
+    results = [result([2, 2, 2]), result([900, 900, 950]), result([10, 10, 11]),
+               result([50, 200, 200])]
+    # n=16 steady in itself but slower than n=32 (a waiting machine); n=64 not steady.
+    assert matmul.unsteady([8, 16, 32, 64], results) == [16, 64]
+
+
+class FixedTimes:
+    """Stands in for the exercise's clock: each (device type, n) gives the next measurement
+    from a fixed table, as blocks of seconds per call (the last one again when it runs out)."""
+
+    def __init__(self, table: dict[tuple[str, int], list[list[float]]]) -> None:
+        self.table = table
+        self.calls: dict[tuple[str, int], int] = {}
+
+    def __call__(self, a: torch.Tensor, device: torch.device, timing: dict) -> object:
+        from devlab.timing import TimingResult
+
+        key = (device.type, a.shape[0])
+        k = self.calls[key] = self.calls.get(key, 0) + 1
+        blocks = self.table[key][min(k, len(self.table[key])) - 1]
+        return TimingResult(device.type, str(device), [t * US for t in blocks], 1, 1, "none")
+
+
+STEADY_GPU = {("cuda", n): [[5, 5, 5]] for n in (16, 32, 64, 128)}
+
+
+def test_a_size_too_noisy_to_call_is_measured_again_then_named_not_claimed(monkeypatch) -> None:
+    from devlab.exercises import matmul
+
+    devlab.config.simulate_gpus(1)
+    # The issue's busy machine: n=32 took 32 ms a product on the CPU, every time it was tried.
+    clock = FixedTimes({("cpu", 16): [[2, 2, 2]], ("cpu", 32): [[32000, 60000, 70000]],
+                        ("cpu", 64): [[10, 10, 10]], ("cpu", 128): [[50, 50, 51]],
+                        **STEADY_GPU})
+    monkeypatch.setattr(matmul, "_time_product", clock)
+    r = exercises.matmul_cpu_vs_gpu(sizes=(16, 32, 64, 128), **FAST)
+    d = r.data
+    threads = len({torch.get_num_threads(), 1})  # the CPU is timed with its threads and with 1
+    assert clock.calls[("cpu", 32)] == threads * (1 + exercises.RETRIES)
+    assert clock.calls[("cpu", 16)] == threads and clock.calls[("cuda", 32)] == 1
+    assert d["crossover"] is None and d["too_noisy"] == [32]
+    assert d["faster"] == ["CPU:0", None, "GPU:0", "GPU:0"]
+    assert d["cpu_steady"] == [True, False, True, True]
+    shown = str(r)
+    assert d["verdict"] == (
+        "No crossover can be called: at n=32 the measurements were too noisy to say which "
+        "device is faster. GPU:0 (simulated) was faster from n=64 on; below that the "
+        "measurements cannot say where it starts to win. Run it again on a quieter machine, "
+        "or with more time per size (min_time=0.5).")
+    assert "32 ms (noisy)" in shown and "too noisy to call" in shown
+    assert "Still noisy after 2 more tries: CPU:0 at n=32" in shown
+    assert "crossover)" not in shown and "wins from" not in shown
+
+
+def test_a_noisy_size_that_settles_when_measured_again_keeps_the_claim(monkeypatch) -> None:
+    from devlab.exercises import matmul
+
+    devlab.config.simulate_gpus(1)
+    clock = FixedTimes({("cpu", 16): [[2, 2, 2]], ("cpu", 32): [[32000, 60000, 70000], [3, 3, 3]],
+                        ("cpu", 64): [[10, 10, 10]], ("cpu", 128): [[50, 50, 51]],
+                        **STEADY_GPU})
+    monkeypatch.setattr(matmul, "_time_product", clock)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # one measurement per try
+    r = exercises.matmul_cpu_vs_gpu(sizes=(16, 32, 64, 128), **FAST)
+    assert r.data["attempts"][0] == [1, 2, 1, 1]
+    assert r.data["cpu"][1] == pytest.approx(3 * US)
+    assert r.data["crossover"] == 64 and r.data["too_noisy"] == []
+    assert r.data["verdict"] == "GPU:0 (simulated) wins from n=64 on (crossover)."
+    assert "noisy" not in str(r)
+
+
+def test_the_cpu_counts_at_its_faster_thread_count(monkeypatch) -> None:
+    from devlab.exercises import matmul
+
+    devlab.config.simulate_gpus(1)
+    seen = []
+
+    def clock(a, device, timing):
+        from devlab.timing import TimingResult
+
+        threads = torch.get_num_threads()
+        seen.append((device.type, a.shape[0], threads))
+        # Two threads help the large product and hurt the small one.
+        us = {(16, 1): 2, (16, 2): 4, (256, 1): 800, (256, 2): 450}.get((a.shape[0], threads), 5)
+        return TimingResult("x", str(device), [us * US] * 3, 1, 1, "none")
+
+    monkeypatch.setattr(matmul, "_time_product", clock)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        r = exercises.matmul_cpu_vs_gpu(sizes=(16, 256), **FAST)
+    finally:
+        torch.set_num_threads(before)
+    assert r.data["cpu_threads"] == [1, 2]
+    assert r.data["cpu"] == pytest.approx([2 * US, 450 * US])
+    assert [s for s in seen if s[0] == "cpu"] == [("cpu", 16, 2), ("cpu", 16, 1),
+                                                  ("cpu", 256, 2), ("cpu", 256, 1)]
+    assert "threads" in r.headers
+
+
 def test_matmul_times_every_size_on_the_cpu_and_a_simulated_gpu() -> None:
     devlab.config.simulate_gpus(2)
     r = exercises.matmul_cpu_vs_gpu(sizes=(32, 8, 16), **FAST)
@@ -64,6 +217,15 @@ def test_matmul_times_every_size_on_the_cpu_and_a_simulated_gpu() -> None:
     else:
         assert f"n={d['crossover']}" in d["verdict"]
     json.dumps(d)  # plain Python
+
+
+def test_the_matmul_plot_names_the_devices_as_the_table_does() -> None:
+    devlab.config.simulate_gpus(1, model="T4")
+    r = exercises.matmul_cpu_vs_gpu(sizes=(8, 16), **FAST)
+    legend = [t.get_text() for t in r.plot().axes[0].get_legend().get_texts()]
+    assert legend[:2] == ["CPU:0", "GPU:0 (modeled T4)"]
+    assert "GPU:0 (modeled T4) time" in r.headers
+    assert not any("simulated" in t for t in legend)
 
 
 def test_matmul_takes_tensorflow_names_for_the_gpu() -> None:
@@ -160,6 +322,32 @@ def test_norm_logging_per_step_syncs_n_times_on_device_once(n: int) -> None:
     json.dumps(r.data)
 
 
+def test_norm_logging_compares_times_only_when_they_are_steady(monkeypatch) -> None:
+    import importlib
+
+    from devlab.timing import TimingResult
+
+    module = importlib.import_module("devlab.exercises.norm_logging")  # not the function
+
+    devlab.config.simulate_gpus(1)
+    timed = []
+
+    def busy(fn, device, **timing):  # every run waited for the machine: unsteady
+        timed.append(fn.__name__)
+        return TimingResult("GPU:0", str(device), [0.01, 0.03, 0.03], 1, 1, "x")
+
+    monkeypatch.setattr(module, "time_on_device", busy)
+    r = exercises.norm_logging(n=7, size=8, repeats=3, warmup=0)
+    assert timed == ["per_step"] * (1 + exercises.RETRIES) + ["on_device"] * (1 + exercises.RETRIES)
+    said = str(r)
+    # The counts are what the placement log saw, whatever the load; the speed is not called.
+    assert "The per-step version made the host wait 7 times, the on-device version 1; " \
+           "which version is faster is too noisy to call: the per step and on device runs " \
+           "spread over more than 1.5x their fastest even after 2 more tries" in said
+    assert "x faster" not in said and "x slower" not in said
+    assert [v["steady"] for v in r.data["versions"]] == [False, False]
+
+
 def test_norm_logging_on_the_cpu_has_nothing_to_wait_for() -> None:
     r = exercises.norm_logging(n=5, size=4, repeats=1, warmup=0)
     per, on = r.data["versions"]
@@ -217,6 +405,10 @@ def test_scaling_explanation_says_why_there_is_no_speed_up() -> None:
     assert "asynchronous" in shared and "2 CPU cores" in shared and "3.0" in shared
     real = " ".join(scaling._explain(1.9, asynchronous=True, simulated=False, cores=8, load=0.1))
     assert "same time" in real and "CPU-backed" not in real
+    noisy = " ".join(scaling._explain(1.9, asynchronous=True, simulated=True, cores=2, load=3.0,
+                                      steady=False))
+    assert noisy.startswith("1.90x, but too noisy to call") and "same time" not in noisy
+    assert "CPU-backed" in noisy
 
 
 # --- shared behaviour --------------------------------------------------------------------------

@@ -1,8 +1,11 @@
-"""Simulated GPUs with a performance model of a named real GPU: a modeled clock per GPU, the
-roofline cost of each op, and everywhere it shows (events, timing, exercises, labels)."""
+"""Simulated GPUs with a performance model of a named real GPU: the model itself
+(devlab.gpu_model: tiles in waves, achieved rates, bandwidth curve, floors, two ways of timing),
+the modeled clock that charges it, and everywhere it shows (events, timing, exercises, labels);
+the model against measured kernels and whole models (benchmarks/gpu_model.py)."""
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -12,9 +15,10 @@ import torch
 from torch import nn
 
 import devlab
-from devlab import exercises, simulated, timing
+from devlab import exercises, gpu_model, simulated, timing
+from devlab.gpu_model import CALIBRATION, SPECS
+from devlab.gpu_model.kernels import COMPUTE, ELEMENTWISE, GEMM, LAYER_NORM, SOFTMAX
 from devlab.simulated import _roofline
-from devlab.simulated._gpu_specs import SPECS
 
 pytestmark = pytest.mark.usefixtures("no_simulation")
 
@@ -30,27 +34,90 @@ def t4():
     devlab.config.stop_simulation()
 
 
-def _matmul_seconds(n: int, tflops: float) -> float:
-    return 2 * n**3 / (tflops * 1e12)
+def _product(n: int, gpu: str = "T4", dtype: str = "float32") -> gpu_model.Kernel:
+    """The model's kernel of an n x n by n x n product."""
+    return gpu_model.predict("mm", ((n, n), (n, n)), dtype, gpu)
 
 
-# --- the roofline cost of one op ----------------------------------------------------------------
+# --- the model of one kernel (pure: no simulation, no op run) ----------------------------------
 
-def test_a_large_product_is_compute_bound_at_the_dtypes_peak() -> None:
-    a = torch.empty(2048, 2048, device="meta")
-    t = _roofline.op_time(T4, 0, torch.ops.aten.mm.default, (a, a), {}, a)
-    assert t.flops == 2 * 2048**3
-    assert t.compute == pytest.approx(_matmul_seconds(2048, T4.fp32_tflops))
-    assert t.memory == pytest.approx(3 * 2048 * 2048 * 4 / (T4.memory_bandwidth_gbs * 1e9))
-    assert t.bound == _roofline.COMPUTE and t.total == pytest.approx(LAUNCH + t.compute)
-    h = torch.empty(2048, 2048, device="meta", dtype=torch.float16)
-    half = _roofline.op_time(T4, 0, torch.ops.aten.mm.default, (h, h), {}, h)
-    assert half.compute == pytest.approx(_matmul_seconds(2048, T4.fp16_tflops))  # tensor cores
+def test_a_product_runs_in_whole_waves_of_tiles_at_the_achieved_rate() -> None:
+    tm, tn, per_sm = CALIBRATION["T4"].mm.tile
+    rows = tm * T4.sms * per_sm  # one column of tiles: exactly one full wave
+    full = gpu_model.predict("mm", ((rows, 4096), (4096, tn)), "float32", "T4")
+    over = gpu_model.predict("mm", ((rows + 1, 4096), (4096, tn)), "float32", "T4")
+    assert (full.waves, full.last_wave) == (1, 1.0)
+    assert over.waves == 2 and over.last_wave == pytest.approx(1 / (T4.sms * per_sm))
+    assert over.compute == pytest.approx(2 * full.compute)  # one more tile costs a whole wave
+    achieved = CALIBRATION["T4"].mm.fp32 * T4.fp32_tflops
+    assert full.achieved_tflops == pytest.approx(achieved) and achieved < T4.fp32_tflops
+    big = _product(8192)
+    # A full GPU runs at the achieved rate, less each tile's prologue and epilogue.
+    assert big.flops / big.compute / 1e12 == pytest.approx(achieved, rel=0.01)
+    assert big.bound == COMPUTE and big.seconds == pytest.approx(big.floor + big.compute)
+
+
+def test_tensor_core_products_run_at_the_published_rates() -> None:
+    for gpu, dtype, published in (("T4", "float16", 41.91), ("H100", "bfloat16", 797.51),
+                                  ("A100-80GB", "tf32", 116.0), ("T4", "bfloat16", 2.46)):
+        k = _product(8192, gpu, dtype)
+        assert k.achieved_tflops == pytest.approx(published), (gpu, dtype)
+        # Less a partly full last wave and the tiles' prologues.
+        assert 0.95 * published < k.flops / k.compute / 1e12 <= published, (gpu, dtype)
+
+
+def test_a_small_product_is_spread_over_more_sms_in_smaller_tiles() -> None:
+    small = _product(100)
+    tm, tn, _ = CALIBRATION["T4"].mm.tile
+    one_tile = tm * tn * 2 * (100 + gpu_model.calibration.PROLOGUE_K) / (
+        small.achieved_tflops * 1e12 / T4.sms)
+    assert small.tiles > 2 and small.compute < one_tile / 2
+
+
+def test_memory_bound_ops_follow_a_bandwidth_curve_below_the_achieved_peak() -> None:
+    sizes = [2**10, 2**20, 2**24, 2**28]
+    curve = [gpu_model.predict("add", ((n,), (n,)), "float32", "T4").bandwidth_gbs
+             for n in sizes]
+    big = gpu_model.predict("add", ((2**28,), (2**28,)), "float32", "T4")
+    assert curve == sorted(curve) and curve[0] < 0.05 * curve[-1]  # the floor dominates tiny ops
+    assert curve[-1] == pytest.approx(big.achieved_gbs, rel=0.01)
+    assert big.achieved_gbs == pytest.approx(CALIBRATION["T4"].bandwidth * T4.memory_bandwidth_gbs)
+    assert big.achieved_gbs < T4.memory_bandwidth_gbs and big.nbytes == 3 * 2**28 * 4
+    soft = gpu_model.predict("softmax", ((4096, 4096),), "float32", "T4")
+    norm = gpu_model.predict("aten::native_layer_norm", ((4096, 4096),), "float32", "T4")
+    assert (soft.family, norm.family) == (SOFTMAX, LAYER_NORM)
+    assert soft.memory == pytest.approx(2 * 4096**2 * 4 / (soft.achieved_gbs * 1e9))
+    assert gpu_model.family("aten::some_new_op_") == ELEMENTWISE
+
+
+def test_two_ways_of_timing_one_op() -> None:
+    for gpu in ("T4", "A100-PCIe-40GB", "H100"):
+        k = gpu_model.predict("relu", ((1024,),), "float32", gpu)
+        # Queued: the GPU's floor plus the work; timed alone with CUDA events: the host's work
+        # before the launch is on the clock too, a floor of tens of microseconds.
+        assert k.seconds == pytest.approx(k.floor + k.work) and k.floor < 2e-6
+        assert k.alone == pytest.approx(CALIBRATION[gpu].alone_floor_us * 1e-6 + k.work)
+        assert 10e-6 < k.alone < 26e-6
+
+
+def test_a_products_backward_is_two_products_and_a_convolution_is_one() -> None:
+    grads = gpu_model.ops.backward("mm", ((512, 256), (256, 1024)), "float32", "T4")
+    forward = gpu_model.predict("mm", ((512, 256), (256, 1024)), "float32", "T4")
+    assert [g.family for g in grads] == [GEMM, GEMM]
+    assert all(g.flops == forward.flops for g in grads)
+    conv = gpu_model.predict("conv2d", ((8, 64, 32, 32), (128, 64, 3, 3)), "float32", "T4",
+                             out=(8, 128, 32, 32))
+    assert conv.family == GEMM and conv.flops == 2 * (8 * 32 * 32) * 128 * (64 * 9)
+    up = gpu_model.predict("conv_transpose2d", ((8, 64, 16, 16), (64, 32, 4, 4)), "float32", "T4")
+    assert up.family == GEMM and up.flops == 2 * (8 * 16 * 16) * 64 * (32 * 16)
+    soft = gpu_model.ops.backward("softmax", ((64, 64),), "float32", "T4")
+    assert soft[0].nbytes == 1.5 * gpu_model.predict("softmax", ((64, 64),), "float32",
+                                                     "T4").nbytes
 
 
 def test_tf32_follows_torchs_switch_on_gpus_that_have_it() -> None:
-    a100 = SPECS["A100"]
-    a = torch.empty(1024, 1024, device="meta")
+    a100 = SPECS["A100-80GB"]
+    a = torch.empty(4096, 4096, device="meta")
     matmul = torch.backends.cuda.matmul
     before = matmul.allow_tf32
     try:
@@ -61,15 +128,15 @@ def test_tf32_follows_torchs_switch_on_gpus_that_have_it() -> None:
         slow = _roofline.op_time(a100, 0, torch.ops.aten.mm.default, (a, a), {}, a).compute
     finally:
         matmul.allow_tf32 = before
-    assert slow / fast == pytest.approx(a100.tf32_tflops / a100.fp32_tflops)
-    assert on_t4 == pytest.approx(_matmul_seconds(1024, T4.fp32_tflops))  # a T4 has no TF32
+    assert slow / fast > 4  # TF32 tensor cores
+    assert on_t4 == pytest.approx(_product(4096).compute)  # a T4 has no TF32
 
 
-def test_elementwise_ops_are_memory_bound_and_views_cost_nothing() -> None:
+def test_views_and_allocations_launch_no_kernel() -> None:
     x = torch.empty(4096, 4096, device="meta")
     t = _roofline.op_time(T4, 1, torch.ops.aten.add.Tensor, (x, x), {}, x)
     assert t.flops == 0 and t.bound == _roofline.MEMORY and t.device == 1
-    assert t.memory == pytest.approx(3 * x.numel() * 4 / (T4.memory_bandwidth_gbs * 1e9))
+    assert t.gpu == pytest.approx(gpu_model.predict("add", ((4096, 4096),) * 2).seconds)
     tiny = torch.empty(4, device="meta")
     assert _roofline.op_time(T4, 0, torch.ops.aten.add.Tensor, (tiny, tiny), {}, tiny).bound \
         == _roofline.LAUNCH
@@ -89,10 +156,9 @@ def test_events_give_modeled_milliseconds_of_queued_work(t4) -> None:
         y = x @ x
     end.record()
     torch.cuda.synchronize()
-    one = LAUNCH + _matmul_seconds(1024, T4.fp32_tflops)
+    one = _product(1024).seconds
     # The queue was idle at the start: the first product waits for its launch only.
-    assert start.elapsed_time(end) == pytest.approx((LAUNCH + 5 * (one - LAUNCH)) * 1e3,
-                                                    rel=1e-6)
+    assert start.elapsed_time(end) == pytest.approx((LAUNCH + 5 * one) * 1e3, rel=1e-6)
     assert torch.allclose(y.cpu(), x.cpu() @ x.cpu())  # values stay real
 
 
@@ -104,8 +170,7 @@ def test_ops_queue_and_a_host_sync_waits_for_the_queue(t4) -> None:
     launched = simulated.modeled_time() - t0
     assert launched == pytest.approx(LAUNCH)  # the host only launched it
     (x @ x).sum().item()
-    work = _matmul_seconds(1024, T4.fp32_tflops)
-    assert simulated.modeled_time() - t0 > 2 * work  # .item() waited for both products
+    assert simulated.modeled_time() - t0 > 2 * _product(1024).seconds  # .item() waited for both
 
 
 def test_two_gpus_have_two_queues(t4) -> None:
@@ -155,9 +220,14 @@ def test_backward_and_optimizer_kernels_are_charged_on_their_gpus(t4) -> None:
     names = [(op.op, op.device) for op in ops]
     for gpu in (0, 1):  # each layer's product, forward then backward, on its own GPU
         assert ("aten::linear", gpu) in names and ("aten::linear (backward)", gpu) in names
-    backward = [op for op in ops if op.op == "aten::linear (backward)" and op.device == 0]
-    forward = next(op for op in ops if op.op == "aten::linear" and op.device == 0)
-    assert len(backward) == 2 and all(op.flops == forward.flops > 0 for op in backward)
+    for gpu, products in ((0, 1), (1, 2)):
+        # l1's input needs no gradient: its weight's product and its bias's sum; l2 also
+        # passes the gradient back to its input, a second product.
+        backward = [op.kernel for op in ops if op.op == "aten::linear (backward)"
+                    and op.device == gpu]
+        forward = next(op for op in ops if op.op == "aten::linear" and op.device == gpu)
+        assert sorted(k.family for k in backward) == [GEMM] * products + ["reduction"]
+        assert all(k.flops == forward.flops > 0 for k in backward if k.family == GEMM)
     assert any(op.op.startswith("aten::_foreach") and op.device == 1 for op in ops)
     assert any("GPU:0→GPU:1" in op.op for op in ops) and any("GPU:1→GPU:0" in op.op for op in ops)
 
@@ -197,16 +267,27 @@ def test_a_thread_started_while_modeling_is_charged_too(t4) -> None:
 
 # --- explain, labels and honesty -----------------------------------------------------------
 
-def test_explain_breaks_an_op_into_launch_compute_and_memory(t4) -> None:
+def test_explain_breaks_an_op_into_launch_waves_achieved_rate_and_floor(t4) -> None:
     x = torch.randn(2048, 2048, device="cuda:0")
     e = simulated.explain(lambda: x @ x)
     (op,) = e.ops
+    k = _product(2048)
     assert (op.op, op.device, op.bound) == ("aten::matmul", 0, "compute-bound")
-    assert e.total == pytest.approx(LAUNCH + _matmul_seconds(2048, T4.fp32_tflops))
-    assert "Modeled from NVIDIA T4 (16 GB, PCIe) specifications, not measured." in str(e)
+    assert e.total == pytest.approx(LAUNCH + k.seconds) and op.alone == pytest.approx(k.alone)
+    row = dict(zip(e.HEADERS, e.rows()[0], strict=True))
+    assert row["waves"] == f"{k.waves} × {k.slots} tiles (last {k.last_wave:.0%} full)"
+    assert row["achieved"] == f"{k.achieved_tflops:.3g} TFLOPS"
+    assert row["alone (CUDA events)"] == f"{k.alone * 1e6:,.2f} µs"
+    text = str(e)
+    assert "Modeled from NVIDIA T4 (16 GB, PCIe) specifications, not measured." in text
+    assert "Times: queued back to back" in text and "if each op were timed alone" in text
     assert "compute-bound" in e._repr_html_()
     y = torch.randn(8, device="cuda:0")
-    assert simulated.explain(lambda: y + 1).bound == "launch-bound"
+    small = simulated.explain(lambda: y + 1)
+    assert small.bound == "launch-bound"
+    # The bandwidth curve: a tiny op gets a sliver of the achieved bandwidth.
+    got, of = small.rows()[0][7].replace(" GB/s", "").split(" of ")
+    assert float(got) < 0.01 * float(of.replace(",", ""))
 
 
 def test_every_modeled_figure_says_it_is_modeled(t4) -> None:
@@ -224,9 +305,11 @@ def test_every_modeled_figure_says_it_is_modeled(t4) -> None:
 
 
 def test_wrong_model_names_fail_clearly() -> None:
-    with pytest.raises(ValueError, match="no performance model for a GPU named 'V100'; the "
-                                         "models are T4, L4, A100, H100"):
-        devlab.config.simulate_gpus(2, model="V100")
+    with pytest.raises(ValueError, match="no performance model for a GPU named 'A10'; the "
+                                         "models are T4, P4, P100, V100, L4, A100-40GB, "
+                                         "A100-80GB, A100-PCIe-40GB, A100-PCIe-80GB, H100 "
+                                         "\\(and A100 = A100-80GB\\)"):
+        devlab.config.simulate_gpus(2, model="A10")
     assert not simulated.is_active()
     with pytest.raises(RuntimeError, match="no modeled GPU"):
         simulated.modeled_time()
@@ -236,9 +319,13 @@ def test_wrong_model_names_fail_clearly() -> None:
 
 
 def test_model_names_are_case_insensitive_and_listed() -> None:
-    assert simulated.models() == ["T4", "L4", "A100", "H100"]
-    devlab.config.simulate_gpus(1, model="a100")
-    assert simulated.model().name == "A100"
+    assert simulated.models() == gpu_model.models() == list(SPECS)
+    assert {"T4", "P100", "V100", "L4", "A100-40GB", "A100-80GB", "H100"} <= set(SPECS)
+    devlab.config.simulate_gpus(1, model="a100")  # plain "A100": the SXM4 80 GB board
+    assert simulated.model().name == "A100-80GB" and simulated.model().memory_gb == 80
+    devlab.config.simulate_gpus(1, model="A100-40gb")
+    assert simulated.model().full_name == "NVIDIA A100 SXM4 40 GB"
+    assert simulated.model().memory_gb == 40 and simulated.model().memory_bandwidth_gbs == 1555
 
 
 def test_timing_the_cpu_runs_without_the_simulations_modes(t4) -> None:
@@ -250,7 +337,8 @@ def test_timing_the_cpu_runs_without_the_simulations_modes(t4) -> None:
     before = (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack())
     assert before == (1, 0)
     timing.time_on_device(fn, "cpu", warmup=0, repeats=1, min_time=0, number=1)
-    assert set(seen) == {(0, 0)}
+    # The first, untimed call runs under devlab.timing's own watch of where the work runs.
+    assert seen[0] == (1, 0) and set(seen[1:]) == {(0, 0)}
     assert (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()) == before
 
 
@@ -273,7 +361,21 @@ def test_the_environment_chooses_a_model(monkeypatch) -> None:
 
 # --- the chapter's lessons, on a modeled T4, whatever this machine's cores -----------------
 
-def test_the_crossover_lies_between_64_and_2048(t4) -> None:
+def test_the_crossover_lies_between_64_and_2048(t4, monkeypatch) -> None:
+    # The CPU's side from a fixed table (a CPU like CI's: 2 µs a call, 60 GFLOP/s), so load
+    # on the machine cannot move the crossover; the T4's side is the model's own.
+    import importlib
+
+    matmul = importlib.import_module("devlab.exercises.matmul")
+    modeled = matmul._time_product
+
+    def cpu_table(a, device, options):
+        if device.type != "cpu":
+            return modeled(a, device, options)
+        per_call = 2e-6 + 2 * a.shape[0] ** 3 / 60e9
+        return timing.TimingResult("CPU:0", "cpu", [per_call] * 3, 1, 1, "none")
+
+    monkeypatch.setattr(matmul, "_time_product", cpu_table)
     r = exercises.matmul_cpu_vs_gpu(sizes=(16, 32, 64, 128, 256, 512, 1024, 2048),
                                     min_time=0.05, progress=False)
     assert r.data["crossover"] is not None and 64 <= r.data["crossover"] <= 2048, r
@@ -298,45 +400,155 @@ def test_two_modeled_gpus_scale_whatever_the_cores(t4, monkeypatch) -> None:
     assert "two GPUs, two queues" in str(r)
 
 
-# --- the model beside published measurements (docs/gpu-models.md) --------------------------
+# --- the model against measured kernels and whole models (docs/gpu-models.md) ------------------
 
-def _validation():
+def _benchmark():
+    """benchmarks/gpu_model.py and its gpu_measurements, imported from their files."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_model.py"
-    spec = importlib.util.spec_from_file_location("gpu_model_validation", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module, path.parents[1] / "docs" / "gpu-models.md"
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))  # gpu_model.py imports gpu_measurements beside it
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_model_validation",
+                                                      bench / "gpu_model.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(bench))
+    return module, bench.parent / "docs" / "gpu-models.md"
 
 
-def test_the_docs_show_the_models_own_predictions() -> None:
-    validation, doc = _validation()
+@pytest.fixture(scope="module")
+def bench():
+    module, _ = _benchmark()
+    if module.gm.data_dir() is None:
+        pytest.skip("no gpu-measurements directory (../shared/gpu-measurements or "
+                    "$DEVLAB_GPU_MEASUREMENTS): NeuSight's tables are not here")
+    return module
+
+
+@pytest.fixture(scope="module")
+def measured(bench):
+    return bench.gm.load()
+
+
+@pytest.fixture(scope="module")
+def held_out(bench, measured):
+    return bench.gm.held_out(measured)
+
+
+@pytest.fixture(scope="module")
+def sections(bench, measured, held_out):
+    return bench.sections(measured, held_out)
+
+
+def test_the_docs_show_what_the_benchmark_computes(bench, sections) -> None:
+    _, doc = _benchmark()
     text = doc.read_text(encoding="utf-8")
-    shown = text.split("<!-- model-table:start -->")[1].split("<!-- model-table:end -->")[0]
-    rows = validation.rows()
-    assert shown.strip() == validation.markdown(rows)
-    gpus = {r.gpu.split()[0] for r in rows}
-    assert {"T4", "A100", "H100"} <= gpus
+    for name, table in sections.items():
+        shown = text.split(f"<!-- {name}:start -->")[1].split(f"<!-- {name}:end -->")[0]
+        assert shown.strip() == table.strip(), name
+    rows = bench.rows()
+    assert {"T4", "A100-80GB", "H100", "L4", "P100", "V100"} <= {r.gpu for r in rows}
     assert {r.section for r in rows} >= {"matmul", "memory", "host", "latency"}
 
 
-def test_only_the_documented_rows_are_outside_2x() -> None:
-    validation, _ = _validation()
-    outside = sorted((r.gpu, r.what) for r in validation.rows() if not validation.within(r.ratio))
-    # docs/gpu-models.md says why for each: BF16 emulated on a T4, small products that do not
-    # fill an A100/H100, a throttled T4, one slow host's PCIe, a 4-link NVLink board.
-    assert outside == sorted([
-        ("T4", "same, BF16: no BF16 hardware [zzc-db]"),
-        ("T4", "torch.matmul, best of n = 256…6888, FP32 [chsasank]"),
-        ("A100 PCIe 40GB", "torch.mm n = 1024, FP32 [zzc#108]"),
-        ("A100 PCIe 40GB", "torch.mm n = 1024, FP16 [zzc#108]"),
-        ("A100 PCIe 40GB", "torch.mm n = 2048, FP32 [zzc#108]"),
-        ("A100 PCIe 40GB", "torch.mm n = 1024, TF32 [zzc#108]"),
-        ("H100", "torch.mm n = 1024, TF32 [zzc#79]"),
-        ("H100", "torch.mm n = 1024, FP16 [zzc#79]"),
-        ("A100 SXM4 40GB", "host → device, pinned, 32 MB [cuda-demo]"),
-        ("A100 (4 NVLinks)", "GPU → GPU, osu_bw, 32 MiB [EESSI#716]"),
-    ])
+def test_every_gpu_and_op_family_meets_the_target_but_the_documented_miss(bench, measured) -> None:
+    scores = bench.gm.table(measured)
+    assert {(s.gpu, s.family) for s in scores} >= {(g, f) for g in ("T4", "L4", "P100", "V100")
+                                                   for f in bench.gm.FAMILIES}
+    assert sum(s.rows for s in scores) == len(measured) > 25_000
+    # docs/gpu-models.md says why: the P4's batched products with 64 output columns and a long
+    # contraction run 2.5x slower than any rule fitted on its other rows (9 of its 72 rows).
+    assert [(s.gpu, s.family) for s in scores if not s.meets()] == [("P4", "bmm")]
+    for s in scores:
+        assert s.within_2x >= 0.85 and s.mape <= 0.25 and 0.8 <= s.median_ratio <= 1.25, s
+
+
+def test_unseen_gpus_in_neusights_protocol(bench, held_out) -> None:
+    scores, _ = held_out
+    by = {(s.gpu, s.family): s for s in scores}
+    assert {g for g, _ in by} == set(bench.gm.HELD_OUT)
+    # Fitted on five older GPUs, the rule carries over to the H100 and the A100 80 GB; the L4's
+    # FP32 products do twice the work per watt of any of the five (docs say so).
+    for (gpu, _), s in by.items():
+        if gpu != "L4":
+            assert s.meets(), s
+    assert by[("L4", "element-wise")].meets() and not by[("L4", "linear")].meets()
+
+
+def test_the_stored_constants_are_what_the_measurements_give(bench, measured) -> None:
+    cals, _ = bench.gm.fit(measured, keep_tiles=True)
+    for gpu, fitted in cals.items():
+        stored = CALIBRATION[gpu]
+        for kind in ("mm", "bmm"):
+            assert getattr(fitted, kind).fp32 == pytest.approx(getattr(stored, kind).fp32,
+                                                               abs=0.006), (gpu, kind)
+        for field in ("bandwidth", "softmax", "layer_norm"):
+            assert getattr(fitted, field) == pytest.approx(getattr(stored, field), abs=0.002)
+        assert fitted.alone_floor_us == pytest.approx(stored.alone_floor_us, abs=0.15)
+        assert (fitted.large_operand is None) == (stored.large_operand is None)
+    # The SXM4 boards take their PCIe card's fractions, to their own peaks and bandwidth.
+    assert CALIBRATION["A100-80GB"].mm == CALIBRATION["A100-PCIe-80GB"].mm
+
+
+def test_gpt2_large_whole_forward_passes_within_25_percent(bench, measured) -> None:
+    rows = bench.e2e_rows()
+    assert {g for g, *_ in rows} >= {"T4", "L4", "P100", "V100", "A100-PCIe-40GB", "H100"}
+    for gpu, batch, ms, model in rows:
+        assert 0.75 <= model / ms <= 1.25, (gpu, batch, ms, model)
+    checks = bench.block_checks(measured)
+    assert {c.gpu for c in checks} >= {"T4", "L4", "A100-PCIe-40GB"}
+    for c in checks:
+        assert 0.75 <= c.ratio <= 1.25 and c.covered >= 18, c
+
+
+class _GPT2Block(nn.Module):
+    """A GPT-2 block as Hugging Face's eager GPT2Block runs it (inference)."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.c_attn, self.c_proj = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+        self.c_fc, self.mlp_proj = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        d = h // self.heads
+        q, k, v = (t.view(b, s, self.heads, d).transpose(1, 2)
+                   for t in self.c_attn(self.ln_1(x)).split(h, dim=2))
+        att = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d)
+        att = torch.where(mask, att, torch.finfo(att.dtype).min).softmax(-1)
+        y = torch.matmul(att, v).transpose(1, 2).contiguous().view(b, s, h)
+        x = x + self.c_proj(y)
+        u = self.c_fc(self.ln_2(x))
+        u = 0.5 * u * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (u + 0.044715 * torch.pow(u, 3))))
+        return x + self.mlp_proj(u)
+
+
+def test_a_blocks_modeled_time_is_the_per_op_model_of_its_ops(t4) -> None:
+    batch, seq, hidden, heads = 2, 256, 256, 4
+    block = _GPT2Block(hidden, heads).to("cuda:0")
+    x = torch.randn(batch, seq, hidden, device="cuda:0")
+    mask = torch.ones(seq, seq, dtype=torch.bool, device="cuda:0").tril()
+    with torch.no_grad():
+        e = simulated.explain(lambda: block(x, mask))
+        torch.cuda.synchronize()
+        t0 = simulated.modeled_time()
+        block(x, mask)
+        torch.cuda.synchronize()
+        clocked = simulated.modeled_time() - t0 - SYNC
+    bench, _ = _benchmark()
+    ops = bench.gpt2_block(batch, seq, hidden, heads)
+    pure = bench.kernels(ops, "T4")
+    # Every product the clock charged is the per-op model's product of the same shape.
+    charged = sorted(round(op.compute, 12) for op in e.ops if op.kernel.family == GEMM)
+    assert charged == sorted(round(k.compute, 12) for k in pure if k.family == GEMM)
+    assert len(charged) == 6
+    # The block's queued time on the clock is the per-op model's sum (the matmuls' reshape
+    # copies, which torch makes inside C++, are the only ops the clock does not see).
+    expected = bench.queued_seconds(ops, "T4")
+    assert clocked == pytest.approx(expected, rel=0.10)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from nbutil import errors, html, run_cells, run_notebook, stream, text
+from nbutil import errors, html, run_cells, stream, text
 
 pytestmark = pytest.mark.notebook
 
@@ -26,6 +26,12 @@ def cells(tmp_path_factory):
         "before_error": "import torch\ntorch.get_default_device(), torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()",
         "error_in_cell": "%%device /GPU:0\nz = torch.ones(1)\n1/0",
         "after_error": "import torch\ntorch.get_default_device(), torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()",
+        # The case, as written: accepted, then "Error in callback … post_run_cell"
+        # under every later cell, even after %placement_log off.
+        "file_missing": "%placement_log on --file /nonexistent/x.log",
+        "after_missing": "1 + 1",
+        "off_after_missing": "%placement_log off",
+        "after_off": "2 + 2",
         "line_on": f"%placement_log on --limit 5 --file {logfile}",
         "logged": "w = torch.ones(3)\nfor _ in range(20):\n    w = w + 1",
         "cell_log_while_on": "%%placement_log\nw * 2",
@@ -35,11 +41,21 @@ def cells(tmp_path_factory):
         "device_line": "%device /CPU:0",
         "device_show": "%device",
         "device_reset": "%device --reset",
+        "device_comment": "%device /CPU:0  # a comment pasted with the line",
+        "memwatch_comment": "%%memwatch --device /CPU:0  # watch the CPU\nlen([0] * 10)",
         "simulate_late": "%devices --simulate-gpus 2",
         "copies": "%%placement_log\na = torch.ones(1000, 1000)\nb = a.to('cuda:0')\ns = b.sum()\ns.item()",
         "print_sync": "%%device /GPU:0 --log\nc = torch.ones(2)\nprint(c)",
         "bad_limit": "%placement_log on --limit -3",
         "help": "ip = get_ipython()\nprint(ip.find_cell_magic('device').__doc__)\nprint(ip.find_line_magic('placement_log').__doc__)\nprint(ip.find_line_magic('devices').__doc__)",
+        # The case: %reload_ext devlab silently stopped the simulation (a tensor made
+        # on cuda:1 then said cpu). Here there is one simulated GPU: cuda:0.
+        "before_reload": "on_gpu = torch.ones(3, device='cuda:0')\n%device /GPU:0\n%placement_log --limit 7",
+        "reload": "%reload_ext devlab",
+        "after_reload": "print(on_gpu.device, torch.cuda.is_available(), torch.get_default_device(), "
+        "torch.ones(1).device)\n%placement_log\n"
+        "print(get_ipython().magics_manager.registry['PlacementMagics'])",
+        "magics_after_reload": "%%device /CPU:0\ntorch.ones(1).device",
         "unload": "%unload_ext devlab",
         "gone": "%device",
         "torch_as_before": "(torch.get_default_device(), torch._C._len_torch_function_stack(), "
@@ -131,6 +147,12 @@ def test_device_line_forms(cells) -> None:
     assert f"Default device: {CPU0}" in text(cells["device_reset"])
 
 
+def test_a_trailing_comment_on_a_magic_line_is_a_comment(cells) -> None:
+    assert f"Default device: {CPU0} (torch cpu)" in text(cells["device_comment"])
+    assert not errors(cells["memwatch_comment"]) and "CPU:0 (process RSS)" in html(cells["memwatch_comment"])
+    assert text(cells["memwatch_comment"]).strip().endswith("10")
+
+
 def test_simulated_gpus_are_labelled_and_fixed_after_first_use(cells) -> None:
     table = text(cells["simulate"])
     assert f"{GPU0}  cuda:0" in table and "simulated" in table
@@ -165,23 +187,26 @@ def test_magics_have_full_help(cells) -> None:
     assert "--simulate-gpus N" in out
 
 
+def test_a_log_file_in_a_missing_folder_is_refused_when_given(cells) -> None:
+    assert usage_error(cells["file_missing"]) == (
+        "UsageError: Cannot write the placement log to '/nonexistent/x.log': the folder "
+        "'/nonexistent' does not exist.")
+    for name, shown in (("after_missing", "2"), ("off_after_missing", "Placement log off."),
+                        ("after_off", "4")):
+        assert text(cells[name]).strip() == shown, text(cells[name])
+        assert not errors(cells[name]) and not stream(cells[name], "stderr")
+
+
+def test_reload_keeps_the_simulation_and_the_session(cells) -> None:
+    assert not errors(cells["reload"])
+    assert text(cells["reload"]).startswith("devlab reloaded: devices /CPU:0, /GPU:0.")
+    after = text(cells["after_reload"])
+    assert after.startswith("cuda:0 True cuda:0 cuda:0"), after
+    assert "Placement log is off." in after
+    assert f"PlacementMagics(%device, %placement_log off, --limit 7, --file {cells['logfile']}, %devices)" in after
+    assert "device(type='cpu')" in text(cells["magics_after_reload"])
+
+
 def test_unload_removes_everything(cells) -> None:
     assert usage_error(cells["gone"]) == "UsageError: Line magic function `%device` not found."
     assert "(device(type='cpu'), 0, 0, False, 'torch._tensor_str')" in text(cells["torch_as_before"])
-
-
-def test_devices_and_placement_notebook() -> None:
-    nb = run_notebook("01-devices-and-placement.ipynb")
-    by_source = {c.source.splitlines()[0] if c.source else "": c for c in nb.cells if c.cell_type == "code"}
-    assert "Num GPUs Available:  2" in text(by_source['import devlab'])
-    matmul = text(by_source["a = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])"])
-    assert f"Executing op aten::mm in device {CPU0}" in matmul
-    gpu_cell = text(by_source["%%device /GPU:0 --log"])
-    assert f"Executing op aten::mm in device {GPU0}" in gpu_cell
-    assert "Host sync" in gpu_cell
-    copy_cell = text(by_source["%%placement_log"])
-    assert f"Copy 3.8 MiB from {CPU0} to {GPU0}" in copy_cell
-    assert "device:GPU:2 unknown device" in usage_error(by_source["%%device /device:GPU:2"])
-    soft = text(by_source["%%device /device:GPU:2 --soft --log"])
-    assert "Soft placement: /job:localhost/replica:0/task:0/device:GPU:2 does not exist" in soft
-    assert "device(type='cuda', index=0)" in soft

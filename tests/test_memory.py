@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from types import SimpleNamespace
@@ -400,3 +401,74 @@ def test_the_package_exports_every_public_name_once():
     for name in devlab.memory.__all__:
         obj = getattr(devlab.memory, name)
         assert [m for m in homes if getattr(m, name, None) is obj and name in m.__all__], name
+
+
+def test_issue_16_peak_of_a_cell_after_an_earlier_higher_one():
+    from devlab import config, simulated
+
+    config.simulate_gpus(2)
+    # As the issue wrote it: a cell that allocated 50 MiB after an earlier cell reached
+    # 100 MiB reported peak 0 B (the high-water mark was never reset).
+    x = torch.ones(25 * MiB, device="cuda:0")  # 100 MiB
+    del x
+    assert torch.cuda.max_memory_allocated(0) == 100 * MiB
+    with Sampler(["cuda:0"], interval=1.0) as s:  # no sample falls inside: only the watch's peak
+        y = torch.ones(12_800 * 1024, device="cuda:0")  # 50 MiB
+        seen_inside = torch.cuda.max_memory_allocated(0)
+        del y
+    d = s.summary()["GPU:0 (simulated)"]
+    assert (d.start, d.peak, d.end) == (0, 50 * MiB, 0)
+    assert not d.peak_at_least and "peak 50.0 MiB" in str(s.summary())
+    # The user's own reading of torch's peak was never changed: not inside, not after.
+    assert seen_inside == torch.cuda.max_memory_allocated(0) == 100 * MiB
+    assert not simulated._session.session.devices[0].watches  # the watch ended with the sampler
+
+
+def test_nested_watches_keep_their_own_peaks():
+    from devlab import config
+
+    config.simulate_gpus(2)
+    with Sampler(["cuda:1"], interval=1.0) as outer:
+        a = torch.ones(2 * MiB, device="cuda:1")  # 8 MiB
+        del a
+        with Sampler(["cuda:1"], interval=1.0) as inner:
+            b = torch.ones(MiB, device="cuda:1")  # 4 MiB
+            del b
+    assert outer.summary().devices[0].peak == 8 * MiB
+    assert inner.summary().devices[0].peak == 4 * MiB
+
+
+def test_an_old_high_water_mark_above_every_sample_makes_the_peak_at_least():
+    reader = ScriptedReader(used=100)
+    reader.peak = 500  # set before the watch, never risen: a spike between samples could hide
+    with Sampler([reader], interval=1.0) as s:
+        pass
+    d = s.summary()["fake"]
+    assert d.peak == 100 and d.peak_at_least
+    assert "peak ≥ 100 B" in str(s.summary())
+    assert "torch.cuda.reset_peak_memory_stats()" in s.summary()._repr_html_()
+    reader.peak = 50  # below what was sampled: a spike above the samples would have raised it
+    with Sampler([reader], interval=1.0) as s:
+        pass
+    assert not s.summary()["fake"].peak_at_least
+
+
+def test_public_objects_have_a_useful_repr():
+    # As the issue wrote it: `devlab.memory.Sampler([...])` showed as
+    # `<devlab.memory.sampler.Sampler object at 0x…>`.
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from devlab.magics.monitoring import MonitoringMagics
+    from devlab.magics.placement import PlacementMagics
+    from devlab.memory import NvmlReader, ProcessReader, SimulatedReader, TorchCudaReader
+
+    s = Sampler([ScriptedReader()], interval=0.02)
+    assert repr(s) == "Sampler(fake; every 20 ms; not started)"
+    with s:
+        time.sleep(0.05)
+    assert re.fullmatch(r"Sampler\(fake; every 20 ms; stopped after 0\.\d\d s, \d+ samples\)", repr(s))
+    ip = InteractiveShell.instance()
+    for obj in (ProcessReader(), TorchCudaReader(0), SimulatedReader(1), NvmlReader(0, "process"),
+                MemoryChart(), PlacementMagics(ip), MonitoringMagics(ip)):
+        assert " object at 0x" not in repr(obj), repr(obj)
+    assert repr(SimulatedReader(1)) == "SimulatedReader(1, label='GPU:1 (simulated)')"

@@ -58,8 +58,13 @@ def test_memwatch_error_propagates_and_stops_the_sampler(ip, capsys):
 
 
 @pytest.mark.parametrize("line, message", [
-    ("--interval 0", "--interval must be more than 0 ms"),
-    ("--interval -5", "--interval must be more than 0 ms"),
+    ("--interval 0", "--interval is the time between two readings in ms, from 1 "),
+    ("--interval -5", "got -5."),
+    # As the issue wrote it: --interval inf killed the sampler thread with OverflowError.
+    ("--interval inf", "to 9,223,372,036,000 (the longest a thread can wait); got inf."),
+    ("--interval nan", "got nan."),
+    ("--interval 1e300", "got 1e+300."),
+    ("--interval 0.5", "from 1 (faster only takes the CPU from the cell being watched)"),
     ("--device /GPU:9", "unknown device"),
     ("--device /foo:1", "Unknown attribute 'foo'"),
     ("--bogus", "unrecognized arguments"),
@@ -109,6 +114,31 @@ def test_compare_devices_setup_syntax_error_is_a_usage_error(ip):
         ip.run_cell_magic("compare_devices", "cpu --setup 'x = ('", "pass")
 
 
+def _live_widgets() -> int:
+    from ipywidgets.widgets import widget
+
+    return len(widget._instances)
+
+
+def test_the_widget_registry_does_not_grow_across_cells(ip, capsys):
+    # A count, not a time: each cell's widgets (chart, status, summary, progress, their
+    # layouts and styles) are closed when it ends, errors included.
+    ip.run_cell_magic("memwatch", "--device cpu", "pass")
+    ip.run_cell_magic("compare_devices", "cpu --min-time 0 --warmup 0 --repeats 1", "1 + 1")
+    before = _live_widgets()
+    for _ in range(2):
+        ip.run_cell_magic("memwatch", "--device cpu --interval 5", "x = [0] * 1000")
+        with pytest.raises(ZeroDivisionError):
+            ip.run_cell_magic("memwatch", "--device cpu", "1 / 0")
+        ip.run_cell_magic("compare_devices", "cpu /CPU:0 --min-time 0 --warmup 0 --repeats 1",
+                          "1 + 1")
+        with pytest.raises(NameError):
+            ip.run_cell_magic("compare_devices", "cpu", "undefined_name")
+    assert _live_widgets() == before
+    out = capsys.readouterr().out
+    assert out.count("MemoryMonitor(CPU:0 (process RSS))") >= 4  # shown live, then final
+
+
 # -- in a real kernel, with simulated GPUs -----------------------------------------------------
 
 KERNEL_CELLS = {
@@ -132,6 +162,19 @@ KERNEL_CELLS = {
     "bad_device": "%%memwatch --device /GPU:3\npass",
     "compare": "%%compare_devices /CPU:0 /GPU:0 --setup \"a = torch.rand(256, 256)\" --min-time 0.1\n"
                "b = a @ a",
+    # The issue's case: a cell that allocates 50 MiB after an earlier one reached 100 MiB.
+    "free_xs": "del xs",
+    "peak_big": "%%memwatch --interval 1000\nbig = torch.ones(25, 1024, 1024, device='cuda:0')\n"
+                "del big",
+    "user_peak": "users_peak = torch.cuda.max_memory_allocated(0)",
+    "peak_small": "%%memwatch --interval 1000\nsmall = torch.ones(12800, 1024, device='cuda:0')\n"
+                  "del small",
+    "user_peak_after": "print(torch.cuda.max_memory_allocated(0) == users_peak, users_peak >> 20)",
+    "interval_inf": "%%memwatch --interval inf\npass",
+    "widgets_left": "import gc\ngc.collect()\n"
+                    "from ipywidgets.widgets.widget import _instances\n"
+                    "from matplotlib.figure import Figure\n"
+                    "print(len(_instances), sum(type(o) is Figure for o in gc.get_objects()))",
 }
 
 
@@ -153,7 +196,11 @@ def test_kernel_memwatch_on_a_simulated_gpu(kernel):
     cells, state = kernel
     cell = cells["watch"]
     assert not errors(cell)
-    assert "application/vnd.jupyter.widget-view+json" in cell.outputs[0]["data"]
+    # The live widget gave way to its final state as plain output: status, chart, summary.
+    final = cell.outputs[0]["data"]
+    assert "application/vnd.jupyter.widget-view+json" not in final
+    assert "memory (stopped, every 20 ms)" in final["text/html"]
+    assert '<img src="data:image/png;base64,' in final["text/html"]
     summary = html(cell)
     assert "GPU:0 (simulated)" in summary
     assert "<td>128.0 MiB</td>" in summary  # peak: 8 x 16 MiB
@@ -179,7 +226,7 @@ def test_kernel_out_of_memory_cell(kernel):
 @pytest.mark.notebook
 def test_kernel_bad_input_one_line(kernel):
     cells, _ = kernel
-    for name, message in (("bad_interval", "--interval must be more than 0 ms"),
+    for name, message in (("bad_interval", "--interval is the time between two readings in ms"),
                           ("bad_device", "unknown device")):
         out = text(cells[name])
         assert "UsageError" in out and message in out
@@ -191,9 +238,35 @@ def test_kernel_chart_frames_and_compare(kernel):
     cells, state = kernel
     pngs = [o for m in _models(state, "OutputModel") for o in m["outputs"]
             if "image/png" in o.get("data", {})]
-    assert len(pngs) == 3  # two memory charts, one timing chart
+    assert len(pngs) == 5  # four memory charts (watch, over_limit, peak_*), one timing chart
     assert not errors(cells["compare"])
     tables = " ".join(m["value"] for m in _models(state, "HTMLModel"))
     assert "speed-up vs CPU:0" in tables and "GPU:0 (simulated)" in tables
     statuses = [m["value"] for m in _models(state, "HTMLModel") if "memory (stopped" in m["value"]]
     assert any("of 256.0 MiB" in s for s in statuses)
+
+
+@pytest.mark.notebook
+def test_kernel_issue_16_peak_is_the_cells_own_and_torchs_is_untouched(kernel):
+    cells, _ = kernel
+    assert "<td>100.0 MiB</td>" in html(cells["peak_big"])
+    small = html(cells["peak_small"])
+    assert "<td>50.0 MiB</td>" in small, small  # was 0 B: the cell's own peak, not torch's
+    assert "≥" not in small
+    assert text(cells["user_peak_after"]).split() == ["True", "128"]  # the user's reading
+
+
+@pytest.mark.notebook
+def test_kernel_issue_16_interval_inf_is_a_usage_error_and_no_thread_dies(kernel):
+    cells, _ = kernel
+    out = text(cells["interval_inf"])
+    assert "UsageError: --interval is the time between two readings in ms" in out
+    assert "OverflowError" not in out and "Traceback" not in out
+
+
+@pytest.mark.notebook
+def test_kernel_no_widget_or_figure_outlives_its_cell(kernel):
+    # As the issue wrote it: each %%memwatch left ~10 widgets and a matplotlib figure, each
+    # %%compare_devices 15 widgets. Every one of this kernel's cells has ended.
+    cells, _ = kernel
+    assert text(cells["widgets_left"]).strip() == "0 0"

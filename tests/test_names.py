@@ -183,3 +183,86 @@ def test_short_forms_mean_the_same_device(device_type: str, index: int | None, l
 def test_torch_round_trip(kind: str, index: int) -> None:
     device = torch.device("cpu") if kind == "cpu" else torch.device(kind, index)
     assert DeviceSpec.from_torch(device).to_torch() == device
+
+
+# -- the one rule (names.py's docstring), and the issue's cases as they were written ------------
+
+def test_issue_16_device_strings_as_written() -> None:
+    from devlab import resolve
+
+    # full_name('') returned a name while resolve('') raised: both refuse, in the same words.
+    with pytest.raises(ValueError) as by_name:
+        full_name("")
+    with pytest.raises(ValueError) as by_resolve:
+        resolve("")
+    assert str(by_name.value) == str(by_resolve.value)
+    assert "names no device type" in str(by_name.value)
+    # '/GPU:0\n' was accepted and '  /GPU:0 ' rejected: surrounding whitespace is refused alike.
+    for text in ("/GPU:0\n", "  /GPU:0 "):
+        with pytest.raises(ValueError, match="has whitespace around it; write it without: '/GPU:0'"):
+            DeviceSpec.from_string(text)
+    # '/GPU:٣' gave GPU:3 (int() takes any Unicode digit).
+    with pytest.raises(ValueError, match="write numbers with the ASCII digits 0-9: '/GPU:3'"):
+        DeviceSpec.from_string("/GPU:٣")
+    # full_name('/GPU:-1') gave …GPU:-1.
+    with pytest.raises(ValueError, match="a device index is 0 or more"):
+        full_name("/GPU:-1")
+    # to_torch('/CPU:1') gave cpu.
+    with pytest.raises(ValueError, match="names no torch device: torch has one cpu device"):
+        DeviceSpec.from_string("/CPU:1").to_torch()
+
+
+@pytest.mark.parametrize("text", [
+    "/GPU:+1", "/GPU:1_0", "/GPU: 1", "cuda:-1", "cuda:²", "/replica:-2", "/task:٣",
+    "/job:my-job/GPU:0", "/job:/GPU:0", "/device:G PU:0", "/device:1GPU:0", "/GPU:0\x00",
+    "/GPU:１",  # a full-width digit
+])
+def test_only_ascii_digits_and_identifiers(text: str) -> None:
+    with pytest.raises(ValueError) as err:
+        DeviceSpec.from_string(text)
+    assert "\n" not in str(err.value)  # one line, even for a name with a newline in it
+
+
+def test_specs_made_by_hand_follow_the_rule() -> None:
+    for fields in ({"device_index": -1}, {"replica": -1}, {"task": True},
+                   {"job": "my job"}, {"device_type": "G-PU"}):
+        with pytest.raises(ValueError):
+            DeviceSpec(**fields)
+    assert DeviceSpec(job="worker_1", device_type="gpu", device_index=0).to_string() == (
+        "/job:worker_1/device:GPU:0")
+
+
+def test_one_device_types_have_index_zero_only() -> None:
+    assert DeviceSpec.from_string("/CPU:0").to_torch() == torch.device("cpu")
+    assert DeviceSpec.from_string("cpu").to_torch() == torch.device("cpu")
+    with pytest.raises(ValueError, match="Use /MPS:0"):
+        DeviceSpec.from_string("/MPS:1").to_torch()
+
+
+_ACCEPTED = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789:/*_")
+
+
+@given(st.text(max_size=40) | st.text(alphabet=sorted(_ACCEPTED) + [" ", "\n", "-", "٣"], max_size=30))
+def test_any_text_is_a_name_or_one_valueerror(text: str) -> None:
+    try:
+        spec = DeviceSpec.from_string(text)
+    except ValueError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    # What is accepted is written in the rule's characters, and means its canonical form.
+    assert set(text) <= _ACCEPTED
+    assert DeviceSpec.from_string(spec.to_string()) == spec
+    # full_name and resolve agree on what names a device.
+    if spec.device_type is None:
+        with pytest.raises(ValueError, match="names no device type"):
+            full_name(text)
+    else:
+        assert full_name(text) == spec.full().to_string()
+
+
+@given(st.sampled_from(["/GPU:0", "cuda:1", "/device:CPU:0", "gpu", ""]),
+       st.sampled_from([" ", "\n", "\t", "\r\n", "\u00a0"]), st.booleans())
+def test_surrounding_whitespace_is_refused_one_way(name: str, space: str, before: bool) -> None:
+    text = space + name if before else name + space
+    with pytest.raises(ValueError, match="whitespace"):
+        DeviceSpec.from_string(text)

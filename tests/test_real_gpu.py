@@ -4,7 +4,7 @@ No GPU exists where these tests run, so torch.cuda's device queries and the NVML
 (`pynvml`, what devlab.nvml calls) answer as a driver with `n` GPUs would. What is tested is
 devlab's own logic on top: simulated GPUs are refused beside real ones with words that say
 what to do, the environment switch is ignored with a warning, and a lesson that needs more
-GPUs than there are says plainly what will not run.
+GPUs than there are gets them by splitting one, and says plainly what will not run.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from devlab import config, nvml, simulated
-from devlab.lesson import needs_gpus, shortfall_message
+from devlab import config, lesson, nvml, runtime, simulated
 
 T4_MEMORY = 15 * 1024**3
 
@@ -99,43 +98,69 @@ def test_the_environment_switch_is_ignored_with_a_warning(real_gpus, monkeypatch
     assert not simulated.is_active()
 
 
-def test_a_lesson_that_needs_two_says_what_will_not_run_on_one(real_gpus, capsys) -> None:
+CUDA0 = torch.device("cuda", 0)
+
+
+def test_one_real_gpu_is_split_into_two_logical_gpus_for_a_lesson(real_gpus, capsys) -> None:
+    # Colab's GPU runtime: as the TensorFlow guide simulates several GPUs on one.
     real_gpus(1)
-    needs_gpus(2, "exercise 4 (two GPUs at once)")
-    said = capsys.readouterr().out
-    assert said.startswith("This notebook uses 2 GPUs; this machine has 1 GPU (/GPU:0: Tesla T4).")
-    assert "exercise 4 (two GPUs at once) will not run here" in said
-    assert "(Run All stops there); the other cells run on the real GPU" in said
-    assert "Runtime > Change runtime type > CPU" in said
+    lab = lesson.setup(gpus=2)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("devlab.lesson: 1 real GPU (/GPU:0: Tesla T4); GPU:0 split into 2 "
+                           f"logical GPUs of {T4_MEMORY // 2**20 // 2} MB each (/GPU:0 and /GPU:1)")
+    assert "all are cuda:0, sharing its compute and memory" in line
+    assert line.endswith("GPUs: /GPU:0 = cuda:0, /GPU:1 = cuda:0.")  # no "simulated" anywhere
+    assert lab.gpus == [CUDA0, CUDA0] and lab.names == ["/GPU:0", "/GPU:1"]
+    assert not simulated.is_active()
+    assert not runtime.is_initialized(), "the split must be chosen before CUDA starts"
+    (gpu,) = config.list_physical_devices("GPU")
+    assert [c.memory_limit for c in config.get_logical_device_configuration(gpu)] == \
+        [T4_MEMORY // 2**20 // 2] * 2
+
+
+def test_on_a_real_gpu_cells_that_need_a_model_or_two_devices_are_named(real_gpus, capsys) -> None:
+    real_gpus(1)
+    lesson.setup(gpus=2, model="T4", cells={"model": "the explain cell",
+                                            "separate_gpus": "the Copying section's cells"})
+    line, *notes = capsys.readouterr().out.splitlines()
+    assert notes == [
+        "Times on a real GPU are measured, not modeled on the T4; the explain cell needs a "
+        "modeled GPU, so it will not run here (Run All goes on past it). A runtime without a "
+        "GPU (in Colab: Runtime > Change runtime type > CPU) runs them on simulated GPUs.",
+        "The Copying section's cells need two separate CUDA devices (cuda:0 and cuda:1), and "
+        "this machine has one real GPU, so they will not run here (Run All goes on past them). "
+        "A runtime without a GPU (in Colab: Runtime > Change runtime type > CPU) runs them on "
+        "simulated GPUs.",
+    ]
     assert not simulated.is_active()
 
 
-@pytest.mark.parametrize("real", [1, 2, 3])
-def test_a_lesson_with_enough_real_gpus_says_nothing(real_gpus, capsys, real: int) -> None:
+def test_a_one_gpu_lesson_says_which_cells_need_a_second_device(real_gpus, capsys) -> None:
+    real_gpus(1)
+    lab = lesson.setup(gpus=1, cells={"separate_gpus": "the data-parallel section's cells"})
+    line, note = capsys.readouterr().out.splitlines()
+    assert line == "devlab.lesson: 1 real GPU (/GPU:0: Tesla T4). GPUs: /GPU:0 = cuda:0."
+    assert note.startswith("The data-parallel section's cells need two separate CUDA devices")
+    assert lab.gpus == [CUDA0]
+
+
+@pytest.mark.parametrize("real", [2, 3])
+def test_with_enough_real_gpus_a_lesson_uses_them_and_hides_the_rest(real_gpus, capsys, real) -> None:
     real_gpus(real)
-    needs_gpus(min(real, 2), "anything")
-    assert capsys.readouterr().out == ""
+    lab = lesson.setup(gpus=2, cells={"separate_gpus": "anything"})
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"devlab.lesson: {real} real GPUs (/GPU:0: Tesla T4, /GPU:1: Tesla T4")
+    assert ("GPU:2 hidden (set_visible_devices): this lesson uses 2" in line) == (real == 3)
+    assert lab.gpus == [CUDA0, torch.device("cuda", 1)]
 
 
-def test_a_lesson_without_any_gpu_points_at_the_simulation(capsys) -> None:
-    assert config.list_physical_devices("GPU") == []  # this machine, not faked
-    needs_gpus(2, "the second half")
-    said = capsys.readouterr().out
-    assert "has none, so the second half will not run" in said
-    assert "devlab.config.simulate_gpus(2)" in said
-
-
-def test_simulated_gpus_count_as_gpus_for_a_lesson(capsys) -> None:
-    config.simulate_gpus(2)
-    needs_gpus(2, "anything")
-    assert capsys.readouterr().out == ""
-    needs_gpus(3, "the third GPU's cells")
-    said = capsys.readouterr().out
-    assert "2 simulated GPUs are running, so the third GPU's cells will not run" in said
-    assert "devlab.config.simulate_gpus(3)" in said
-
-
-def test_message_counts_several_real_gpus() -> None:
-    gpus = [config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(2)]
-    words = shortfall_message(4, "part 3", gpus)
-    assert words.startswith("This notebook uses 4 GPUs; this machine has 2 GPUs (/GPU:0, /GPU:1).")
+def test_once_cuda_has_started_a_gpu_cannot_be_split_and_the_lesson_says_so(real_gpus, capsys,
+                                                                            monkeypatch) -> None:
+    real_gpus(1)
+    monkeypatch.setattr(runtime, "_real_cuda_is_initialized", lambda: True)
+    lab = lesson.setup(gpus=2, cells={"gpus": "exercise 4"})
+    line, note = capsys.readouterr().out.splitlines()
+    assert "This lesson uses 2 GPUs and this kernel has 1, in use already, so exercise 4 will " \
+           "not run." in note and "Restart session" in note
+    assert lab.gpus == [CUDA0] and config.get_logical_device_configuration(
+        config.list_physical_devices("GPU")[0]) is None

@@ -28,6 +28,40 @@ def test_unknown_device_is_an_error_naming_it_and_the_available_ones() -> None:
     assert "All available devices: [/job:localhost/replica:0/task:0/device:CPU:0]" in message
 
 
+def test_an_unknown_gpu_on_a_machine_without_one_suggests_soft_placement_and_simulated_gpus():
+    with pytest.raises(RuntimeError) as err:
+        devlab.resolve("/GPU:1")
+    message = str(err.value)
+    assert "devlab.config.set_soft_device_placement(True), or %%device --soft" in message
+    assert message.endswith("Or simulate GPUs on the CPU: devlab.config.simulate_gpus(2), before "
+                            "placing any work.")
+    # What it suggests works: two simulated GPUs give /GPU:1.
+    config.simulate_gpus(2)
+    assert devlab.resolve("/GPU:1").device == torch.device("cuda", 1)
+
+
+def test_once_work_was_placed_the_suggestion_is_to_restart_first() -> None:
+    config.simulate_gpus(2)
+    torch.ones(1, device="cuda:0")  # the runtime starts: the devices are fixed now
+    with pytest.raises(RuntimeError) as err:
+        devlab.resolve("/GPU:3")
+    assert str(err.value).endswith(
+        "Or simulate GPUs on the CPU: restart the kernel, then call "
+        "devlab.config.simulate_gpus(4) before placing any work (devices cannot change once "
+        "work has been placed).")
+    with pytest.raises(RuntimeError, match="cannot be modified after being initialized"):
+        config.simulate_gpus(4)  # why the restart: simulating now is refused
+
+
+def test_no_simulation_is_suggested_beside_real_gpus(monkeypatch) -> None:
+    monkeypatch.setattr(config, "list_physical_devices", lambda kind=None: [
+        PhysicalDevice("/physical_device:GPU:0", "GPU")])
+    from devlab import scope
+
+    assert scope._simulate_hint(devlab.DeviceSpec.from_string("/GPU:1")) == ""
+    assert scope._simulate_hint(devlab.DeviceSpec.from_string("/CPU:1")) == ""
+
+
 def test_soft_placement_falls_back_and_says_so_in_the_log() -> None:
     with placement_log.capture() as log:
         with devlab.device("/GPU:2", soft=True) as placement:

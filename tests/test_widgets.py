@@ -58,13 +58,38 @@ def test_memory_monitor_draws_from_the_sampler_thread_and_summarizes():
     assert repr(mon) == "MemoryMonitor(GPU:0)"
 
 
-def test_redraws_are_throttled():
+def test_redraws_are_throttled(monkeypatch):
+    # The throttle's arithmetic on a fake clock, not the machine's speed (the sampler's achieved
+    # rate with a drawing widget is benchmarks/memory_sampler.py's).
     mon = MemoryMonitor([Reader()], interval=0.005, redraw_interval=0.2)
-    mon.start()
-    time.sleep(0.7)
-    mon.stop()
-    assert mon.sampler.rate() > 60  # sampling (200 Hz asked) is not held back by drawing...
-    assert 2 <= mon.draws <= 6  # ...and drawing happens at most every 0.2 s (+ last frame)
+    clock = [1000.0]
+    draws: list[float] = []
+
+    def draw(cost: float) -> None:
+        draws.append(clock[0])
+        clock[0] += cost  # the frame takes this long on the fake clock
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    mon._last_draw = clock[0]
+    mon.redraw = lambda: draw(0.0)
+    for _ in range(140):  # 0.7 s of samples every 5 ms
+        clock[0] += 0.005
+        mon._on_sample(mon.sampler)
+    assert len(draws) == 3  # every 0.2 s, not at each of the 140 samples
+    # Frames that cost 20 ms each: once the running average of the cost has settled, drawing
+    # takes at most ~2% of the time (a frame per second here), however slow the machine.
+    draws.clear()
+    mon.redraw = lambda: draw(0.020)
+    for _ in range(4000):  # 20 s
+        clock[0] += 0.005
+        mon._on_sample(mon.sampler)
+    settled = [d for d in draws if d > draws[0] + 10]
+    assert len(settled) >= 5
+    assert all(b - a >= 0.99 for a, b in zip(settled, settled[1:], strict=False))  # 20 ms a second
+    mon.sampler.stopped_at = clock[0]  # the last frame is always drawn
+    n = len(draws)
+    mon._on_sample(mon.sampler)
+    assert len(draws) == n + 1
 
 
 def test_context_manager_stops_on_error_and_summary_can_be_left_out():
@@ -136,6 +161,10 @@ with mon:
     time.sleep(0.6)
 print("draws", mon.draws)
 chart = TimingChart.run(lambda: torch.ones(100) * 2, ["cpu", "/CPU:0"], min_time=0.02)
+import gc
+from ipywidgets.widgets import widget
+gc.collect()
+print("live widgets", len(getattr(widget, "_instances", None) or widget.Widget.widgets))  # 8 or 7
 """
 
 
@@ -166,6 +195,14 @@ def _check_kernel_widgets(cells, state, major: str) -> None:
     assert "speed-up vs CPU:0" in html
     (progress,) = models(state, "IntProgressModel")
     assert progress["value"] == progress["max"] == 200
+    # Once finished, each widget gave way to its final state as plain output, and no widget
+    # model is left in the kernel.
+    shown = [o.get("data", {}) for o in cells[0].outputs if o.output_type == "display_data"]
+    assert shown and not any("application/vnd.jupyter.widget-view+json" in d for d in shown)
+    final = " ".join(d.get("text/html", "") for d in shown)
+    assert final.count('<img src="data:image/png;base64,') == 2
+    assert "peak" in final and "speed-up vs CPU:0" in final and "value='200' max='200'" in final
+    assert "live widgets 0" in out
 
 
 @pytest.mark.notebook

@@ -9,17 +9,28 @@ pyproject.toml; `tests/test_colab_setup.py` runs it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
+import tomllib
 
-from tools.links import Home
+from tools.links import ROOT, Home
 
 CELL_ID = "colab-setup"
 FIRST_LINE = "# Colab set-up: installs devlab if this runtime lacks it. Anywhere else it does nothing."
-# devlab's requirements that Colab might lack, by import name; the rest (torch, numpy,
-# IPython, ipywidgets, matplotlib) Colab ships, and they are left as they are.
-SMALL_DEPENDENCIES = {"pynvml": "nvidia-ml-py", "psutil": "psutil"}
+# devlab's requirements that Colab ships; the cell leaves them as they are. Every other
+# requirement in pyproject.toml is one the cell installs if the runtime lacks it.
+COLAB_SHIPS = {"torch", "ipython", "ipywidgets", "matplotlib", "numpy"}
+# Where a distribution's import name is not its own name.
+IMPORT_NAMES = {"nvidia-ml-py": "pynvml"}
+
+
+def small_dependencies(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]:
+    """devlab's requirements Colab may lack, import name -> pip name, from pyproject.toml."""
+    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    names = [re.match(r"[A-Za-z0-9_.-]+", d)[0].lower() for d in deps]  # type: ignore[index]
+    return {IMPORT_NAMES.get(n, n.replace("-", "_")): n for n in names if n not in COLAB_SHIPS}
 
 
 def source(install_source: str | None) -> str:
@@ -38,7 +49,7 @@ def source(install_source: str | None) -> str:
             "                       \"install it on Colab. Run it on a machine where devlab is installed.\")",
         ]
     else:
-        deps = repr(SMALL_DEPENDENCIES)
+        deps = repr(small_dependencies())
         body = [
             f"    missing = [pkg for mod, pkg in {deps}.items() if importlib.util.find_spec(mod) is None]",
             '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",',

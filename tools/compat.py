@@ -1,8 +1,18 @@
-"""The compatibility job: devlab's unit tests and one notebook on one version of torch.
+"""The compatibility job: devlab's unit tests and one notebook on one version of torch; or
+every lesson in a Colab-like environment.
 
     bash scripts/compat.sh TORCH_SPEC [CHECKOUT]
     bash scripts/compat.sh 'torch==2.11.*'                  # this repository
     bash scripts/compat.sh torch==2.15.0 /work/snapshot-base
+    bash scripts/compat.sh --colab [CHECKOUT]               # the lessons as on Colab
+
+`--colab` builds what Colab's runtime without a GPU has (`COLAB`: Python 3.12, IPython 7.34,
+ipykernel 6.17, ipywidgets 7.7, the CUDA build of torch, which runs on the CPU), installs
+devlab into it the way the notebooks' set-up cell does (the cell's own code, run with
+`google.colab` present, from a copy of CHECKOUT), and runs every notebook in a kernel of it:
+the `colab` column of tests/test_lessons.py, driven by this repository's own .venv
+(scripts/setup.sh), with `DEVLAB_COLAB_PYTHON` naming the environment's Python. It prints each
+notebook's error count and time, and the versions the kernel really had.
 
 Builds a fresh virtual environment `.venv-compat-<spec>` (git-ignored; removed at the end
 unless COMPAT_KEEP=1) in this repository with that torch, then devlab's other requirements (torch held at the version installed) and the
@@ -12,7 +22,7 @@ a GPU), its other requirements follow without the several GB of nvidia-* package
 otherwise with them. The tests run on a copy of CHECKOUT's files (default: this repository),
 so the checkout itself is never written to: the unit tests (`-m "not notebook and not browser
 and not binder"`, override with COMPAT_MARKERS) and one notebook, the d2l chapter on
-simulated GPUs (tests/test_simulated_notebook.py). It prints what it cost and found: install
+simulated GPUs (tests/test_lessons.py). It prints what it cost and found: install
 time and size, test counts and times, and each failure's first error line.
 
 Standard library only: it runs before any environment exists.
@@ -34,7 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT_MARKERS = "not notebook and not browser and not binder"
-NOTEBOOK_TESTS = ["tests/test_simulated_notebook.py"]
+NOTEBOOK_TESTS = ["tests/test_lessons.py::test_lesson[05-d2l-gpus-chapter-plain]"]
 # pyproject's `test` extra without the browser and Binder tools these tests leave out.
 TEST_TOOLS = ["pytest>=7", "hypothesis>=6", "nbclient>=0.9", "nbformat>=5.9", "nbconvert>=7",
               "ipykernel>=6", "setuptools>=70.1"]
@@ -213,10 +223,116 @@ def build_and_test(spec: str, checkout: Path, venv: Path, work: Path,
             run_pytest(python, work, "notebook", NOTEBOOK_TESTS)]
 
 
+# What Colab's runtime has (2025): the packages devlab meets there, pinned as Colab pins them.
+COLAB = {"python": "3.12", "torch": "torch==2.11.0",
+         "kernel": ["ipython==7.34.0", "ipykernel==6.17.1", "ipywidgets==7.7.1", "matplotlib",
+                    "numpy"]}
+_FAKE_COLAB = """
+import sys, types
+sys.modules["google.colab"] = types.ModuleType("google.colab")  # what Colab's kernel has loaded
+exec(compile(open(sys.argv[1]).read(), "setup-cell", "exec"), {})
+import devlab
+print(devlab.__file__)
+"""
+
+
+def find_python(version: str) -> str:
+    """A Python `version` ("3.12") that runs: $COMPAT_PYTHON, on PATH, or pyenv's."""
+    candidates = [os.environ.get("COMPAT_PYTHON"), shutil.which(f"python{version}"),
+                  *sorted(str(p) for p in Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))]
+    for candidate in filter(None, candidates):
+        if run([candidate, "-c", "import venv"]).returncode == 0:  # a pyenv shim may not run
+            return candidate
+    raise SystemExit(f"compat --colab: no Python {version} found (set COMPAT_PYTHON)")
+
+
+def colab(checkout: Path) -> int:
+    """The lessons in a Colab-like environment (see the module's docstring)."""
+    suite_python = ROOT / ".venv" / "bin" / "python"
+    if not suite_python.exists():
+        raise SystemExit("compat --colab: run scripts/setup.sh first: its .venv drives the kernels")
+    python_exe = find_python(COLAB["python"])
+    venv = ROOT / venv_name("colab")
+    python = venv / "bin" / "python"
+    stamp = venv / "colab-packages.json"
+    # COMPAT_REUSE=1 keeps an environment built before with the same packages (torch's CUDA
+    # build takes minutes to install), taking only devlab out of it.
+    reuse = (os.environ.get("COMPAT_REUSE") == "1" and stamp.exists()
+             and json.loads(stamp.read_text()) == COLAB)
+    if not reuse:
+        shutil.rmtree(venv, ignore_errors=True)
+    os.environ["PIP_CONSTRAINT"] = os.devnull
+    print(f"compat: Colab-like environment {venv.name} (Python {COLAB['python']}, "
+          f"{COLAB['torch']}, {', '.join(COLAB['kernel'][:3])}) for {checkout}", flush=True)
+    begin = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="devlab-colab-"))
+    try:
+        if reuse:
+            run([str(python), "-m", "pip", "uninstall", "-q", "-y", "devlab"])
+            print("  reusing the environment built before (COMPAT_REUSE=1)", flush=True)
+        else:
+            subprocess.run([python_exe, "-m", "venv", str(venv)], check=True)
+            torch = install_torch(python, COLAB["torch"])
+            print(f"  torch {torch['version']} installed {torch['how']} in "
+                  f"{torch['seconds']:.1f} s", flush=True)
+            kernel = pip(python, *COLAB["kernel"], "-c",
+                         _pin_file(venv, f"torch=={torch['dist_version']}"))
+            if kernel.returncode != 0:
+                raise SystemExit(f"compat --colab: Colab's packages failed:\n{kernel.stderr[-2000:]}")
+            stamp.write_text(json.dumps(COLAB))
+        copy_checkout(checkout, work / "checkout")
+        cell = work / "cell.py"
+        # The checkout's own cell, as tools.links writes it once the repository is public.
+        source = run([str(suite_python), "-c", "import sys; from tools import colab_cell; "
+                      "print(colab_cell.source(sys.argv[1]))",
+                      f"devlab @ file://{work / 'checkout'}"], cwd=str(work / "checkout"))
+        if source.returncode != 0:
+            raise SystemExit(f"compat --colab: no set-up cell:\n{source.stderr[-2000:]}")
+        cell.write_text(source.stdout)
+        start = time.perf_counter()
+        ran = run([str(python), "-c", _FAKE_COLAB, str(cell)], cwd=str(work))
+        if ran.returncode != 0:
+            raise SystemExit(f"compat --colab: the set-up cell failed:\n{ran.stderr[-3000:]}")
+        print(f"  the set-up cell installed devlab in {time.perf_counter() - start:.1f} s; "
+              f"environment {folder_mib(venv):.0f} MiB, built in "
+              f"{time.perf_counter() - begin:.1f} s", flush=True)
+        env = _test_env(work / "checkout")
+        env["DEVLAB_COLAB_PYTHON"] = str(python)
+        report = work / "junit-colab.xml"
+        start = time.perf_counter()
+        subprocess.run([str(suite_python), "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                        f"--junitxml={report}", "tests/test_lessons.py", "-k", "colab"],
+                       cwd=work / "checkout", env=env, text=True, capture_output=True)
+        suite = (_parse_junit(report, "lessons on Colab", time.perf_counter() - start)
+                 if report.exists() else Suite("lessons on Colab", 0, {"errors": 1}))
+        print("  " + suite.line())
+        versions = None
+        for found in sorted((work / "checkout" / "test-artifacts" / "lessons").glob("*.colab.json")):
+            figures = json.loads(found.read_text())
+            versions = figures.pop("versions", None)
+            print(f"    {found.name.removesuffix('.colab.json')}: {figures['errors']} errors "
+                  f"({figures['intended']} intended), {figures['seconds']} s")
+        if versions:
+            print("    kernel: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+        for test_id, first in suite.failures:
+            print(f"    FAILED {test_id}: {first}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if os.environ.get("COMPAT_KEEP") != "1":
+            shutil.rmtree(venv, ignore_errors=True)
+    ok = not suite.failures and suite.counts["passed"] > 0
+    print(f"compat: --colab: {'PASSED' if ok else 'FAILED'} "
+          f"({time.perf_counter() - begin:.0f} s in all)")
+    return 0 if ok else 1
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
+    if argv[0] == "--colab":
+        checkout = Path(argv[1]).resolve() if len(argv) > 1 else ROOT
+        return colab(checkout)
     spec = argv[0]
     checkout = Path(argv[1]).resolve() if len(argv) > 1 else ROOT
     if not (checkout / "pyproject.toml").exists():

@@ -35,10 +35,14 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # -- executing ------------------------------------------------------------------------------
 
 def kernel_env() -> dict[str, str]:
-    """This checkout's devlab, inline matplotlib, and no simulation switch from outside."""
+    """This checkout's devlab, inline matplotlib, and no simulation switch from outside.
+
+    Deliberately: a page shows what a learner without a GPU sees, the same wherever it is
+    rendered. The lessons with the switch set are tested by tests/test_lessons.py."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("DEVLAB_SIMULATE_GPUS", None)
+    for name in ("DEVLAB_SIMULATE_GPUS", "DEVLAB_SIMULATE_GPU_MEMORY_MB", "DEVLAB_SIMULATE_GPU_MODEL"):
+        env.pop(name, None)
     env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     return env
 

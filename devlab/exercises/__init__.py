@@ -6,6 +6,11 @@ on whatever devices exist, simulated GPUs included, and takes sizes and repeats 
 run small.
 
 1. `matmul_cpu_vs_gpu`: a matrix product on the CPU and a GPU across sizes; the crossover.
+
+A claim (a crossover, which version is faster, a speed-up's cause) is stated only when the
+measurements it rests on were steady (`devlab.timing.TimingResult.steady`); a measurement
+that was not is taken again, at most `RETRIES` more times, and otherwise the result says it
+was too noisy to call and how to run it again.
 2. `parameters_on_device`: reading and writing parameters on a device; copies and syncs.
 3. `norm_logging`: 1000 norms read with `.item()` each step vs moved to the host once.
 4. `two_gpu_scaling`: two products on two GPUs at once vs in turn on one; speed-up vs 2x.
@@ -13,13 +18,20 @@ run small.
 
 from __future__ import annotations
 
-from devlab.exercises._common import SIMULATED_WARNING, DeviceInfo, ExerciseResult, Progress
+from devlab.exercises._common import (
+    RETRIES,
+    SIMULATED_WARNING,
+    DeviceInfo,
+    ExerciseResult,
+    Progress,
+)
 from devlab.exercises.matmul import MatmulResult, crossover_size, matmul_cpu_vs_gpu
 from devlab.exercises.norm_logging import NormLoggingResult, norm_logging
 from devlab.exercises.parameters import ParametersResult, parameters_on_device
 from devlab.exercises.scaling import NeedsTwoGPUs, ScalingResult, two_gpu_scaling
 
 __all__ = [
+    "RETRIES",
     "SIMULATED_WARNING",
     "DeviceInfo",
     "ExerciseResult",

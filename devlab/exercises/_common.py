@@ -11,7 +11,12 @@ from typing import Any
 import torch
 
 from devlab import config, d2l, scope, simulated
+from devlab.gpu_model import QUEUED
 from devlab.host import cpu_cores
+
+# A measurement that was not steady (`TimingResult.steady`) is taken again at most this many
+# more times before the exercise says it is too noisy to call.
+RETRIES = 2
 
 SIMULATED_WARNING = (
     "Simulated GPUs are CPU-backed: their tensors live in host memory and every value is "
@@ -85,13 +90,16 @@ def load_average() -> float | None:
         return None
 
 
-def busy_note(load: float | None) -> str | None:
-    """A warning when other work competed for the CPU while timing, else None."""
+def busy_note(load: float | None, steady: bool = False) -> str | None:
+    """A warning when other work competed for the CPU while timing, else None. `steady`: the
+    measurements the result's claims rest on were steady all the same."""
     cores = cpu_cores()
     if load is None or load <= cores:
         return None
-    return (f"The machine was busy while timing (1-minute load average {load:.1f} on {cores} "
-            "cores): the times include waiting for CPU time. Run again on a quieter machine "
+    busy = f"The machine was busy while timing (1-minute load average {load:.1f} on {cores} cores)"
+    if steady:
+        return f"{busy}, but the measurements the results rest on were steady."
+    return (f"{busy}: the times include waiting for CPU time. Run again on a quieter machine "
             "before drawing conclusions.")
 
 
@@ -131,8 +139,8 @@ class ExerciseResult:
         if self.modeled:
             names = ", ".join(d.name for d in self.devices if d.modeled)
             return (f"Times on {names} are modeled from {self.modeled} specifications, not "
-                    "measured (the roofline model: launch latency plus the longer of compute "
-                    "and memory time). Their values are computed by this machine's CPU.")
+                    f"measured (devlab.gpu_model; ops {QUEUED}). Their values are computed by "
+                    "this machine's CPU.")
         return SIMULATED_WARNING if self.simulated else ""
 
     def ran_on(self) -> str:
@@ -250,6 +258,12 @@ class Progress:
         if self.widget is not None:
             self._bar.value = self.done
             self._label.value = label
+
+    def extend(self, n: int) -> None:
+        """`n` more steps than first thought (sizes measured again)."""
+        self.total += n
+        if self.widget is not None:
+            self._bar.max = self.total
 
     def finish(self, failed: bool = False) -> None:
         if self.widget is not None:

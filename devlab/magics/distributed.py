@@ -10,7 +10,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 
 from devlab import distributed
 from devlab.magics.cell import compile_cell
-from devlab.magics.usage import usage_errors
+from devlab.magics.usage import parse_args, usage_errors
 from devlab.placement_log import DEFAULT_LIMIT, PlacementLog
 
 __all__ = ["DistributedMagics", "RankLogs"]
@@ -77,7 +77,7 @@ class DistributedMagics(Magics):
             t.tolist()
         """
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
-        args = magic_arguments.parse_argstring(self.distributed, line)
+        args = parse_args(self.distributed, line)
         with usage_errors():
             if args.limit is not None and args.limit < 0:
                 raise ValueError(f"--limit is the number of lines to show, 0 or more; got {args.limit}.")

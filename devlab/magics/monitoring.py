@@ -15,22 +15,17 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.display import display
 
 from devlab.magics.cell import compile_cell, run_body
-from devlab.magics.usage import usage_errors
+from devlab.magics.usage import parse_args, usage_errors
 
 __all__ = ["MonitoringMagics"]
-
-
-def _unquote(text: str) -> str:
-    # IPython splits magic arguments non-POSIX style, which keeps the quotes.
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return text
 
 
 @magics_class
 class MonitoringMagics(Magics):
     """Live memory charts and device timing comparisons for notebook cells."""
+
+    def __repr__(self) -> str:
+        return "MonitoringMagics(%%memwatch, %%compare_devices)"
 
     # The name is what the help's usage line shows: "%%memwatch", a cell magic.
     @magic_arguments.magic_arguments(name="%memwatch")
@@ -58,22 +53,28 @@ class MonitoringMagics(Magics):
             %%memwatch --device /GPU:0 --interval 20
             x = torch.ones(1024, 1024, 256, device="cuda")
         """
+        from devlab.memory.sampler import check_interval
         from devlab.widgets import MemoryMonitor
 
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
-        args = magic_arguments.parse_argstring(self.memwatch, line)
-        if not args.interval > 0:
-            raise UsageError(f"--interval must be more than 0 ms, got {args.interval:g}")
+        args = parse_args(self.memwatch, line)
         with usage_errors():
-            monitor = MemoryMonitor(args.device, interval=args.interval / 1000,
-                                    show_summary=False)
-        display(monitor)
-        monitor.start()
+            interval = check_interval(args.interval, "--interval", "ms")
+            monitor = MemoryMonitor(args.device, interval=interval, show_summary=False)
         try:
+            monitor.display_live()
+            monitor.start()
             return run_body(self.shell, cell, f"%%memwatch {line}")
         finally:
-            # Whatever happened in the cell: stop and join the thread, then say what it saw.
-            display(monitor.stop())
+            # Whatever happened in the cell: stop and join the thread, leave the final chart as
+            # static output (no widget, no figure left in the kernel), say what it saw.
+            try:
+                summary = monitor.stop()
+            finally:
+                monitor.release()
+                # An error's traceback keeps this frame (sys.last_traceback): not the monitor.
+                del monitor
+            display(summary)
 
     @magic_arguments.magic_arguments(name="%compare_devices")
     @magic_arguments.argument(
@@ -101,7 +102,9 @@ class MonitoringMagics(Magics):
         """Time the cell on each device and chart the times side by side, with speed-ups.
 
         Each device runs the cell as its default device (`devlab.device(NAME)`): tensors the
-        cell creates land there. Timing is devlab.timing's: warm-up runs, the device
+        cell creates land there. A cell whose tensors live on another device (made before,
+        outside --setup) is refused with a UsageError naming both devices, rather than timed
+        under the wrong name; one that runs on several devices is timed on all of them. Timing is devlab.timing's: warm-up runs, the device
         synchronized before each clock stops (unlike %timeit, which times only the launch
         of GPU work), repeats until --min-time, median and interquartile range. The cell
         runs in a copy of the notebook's namespace: it reads your variables, and what it
@@ -113,41 +116,52 @@ class MonitoringMagics(Magics):
             y = x @ x
         """
         from devlab.scope import resolve_device
-        from devlab.timing import check_options, time_on_device
+        from devlab.timing import DeviceMismatch, check_options, time_on_device
         from devlab.widgets import TimingChart
 
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
-        args = magic_arguments.parse_argstring(self.compare_devices, line)
+        args = parse_args(self.compare_devices, line)
         with usage_errors():
             check_options(warmup=args.warmup, repeats=args.repeats, min_time=args.min_time,
                           flags=True)
             for name in args.devices:
                 resolve_device(name)
         body, _ = compile_cell(self.shell, cell, "timed", f"%%compare_devices {line}")
-        setup_code = _unquote(args.setup)
+        setup_code = args.setup  # parse_args took off its quotes
         setup = compile_cell(self.shell, setup_code, "setup")[0] if setup_code.strip() else None
         user_ns = self.shell.user_ns
         chart = TimingChart(len(args.devices), show_table=not args.output)
-        display(chart)
-        for name in args.devices:
-            ns = dict(user_ns)  # the cell's assignments stay in this copy
+        try:
+            chart.display_live()
+            for name in args.devices:
+                ns = dict(user_ns)  # the cell's assignments stay in this copy
 
-            def run(ns: dict = ns) -> None:
-                __tracebackhide__ = True  # noqa: F841
-                exec(body, ns)
+                def run(ns: dict = ns) -> None:
+                    __tracebackhide__ = True  # noqa: F841
+                    exec(body, ns)
 
-            def prepare(ns: dict = ns) -> None:
-                __tracebackhide__ = True  # noqa: F841
-                if setup is not None:
-                    exec(setup, ns)
+                def prepare(ns: dict = ns) -> None:
+                    __tracebackhide__ = True  # noqa: F841
+                    if setup is not None:
+                        exec(setup, ns)
 
-            chart.starting(name)
-            try:
-                result = time_on_device(
-                    run, name, setup=prepare, warmup=args.warmup, min_time=args.min_time,
-                    repeats=args.repeats, progress=chart.progress)
-            except BaseException as e:
-                chart.stopped(f"stopped on {name}: {type(e).__name__}")
-                raise
-            chart.add(result)
-        return chart.comparison if args.output else None
+                chart.starting(name)
+                try:
+                    result = time_on_device(
+                        run, name, setup=prepare, warmup=args.warmup, min_time=args.min_time,
+                        repeats=args.repeats, progress=chart.progress)
+                except DeviceMismatch as e:
+                    # The cell's tensors live elsewhere than the device named: a mistake in how
+                    # the magic was used, said in one line.
+                    chart.stopped(f"stopped on {name}: the cell ran elsewhere")
+                    raise UsageError(f"{e} Tensors made in --setup or in the cell itself are "
+                                     "made on each device in turn.") from None
+                except BaseException as e:
+                    chart.stopped(f"stopped on {name}: {type(e).__name__}")
+                    raise
+                chart.add(result)
+        finally:
+            comparison = chart.comparison
+            chart.release()  # the final chart stays as static output; no widget is left
+            del chart  # an error's traceback keeps this frame, not the chart
+        return comparison if args.output else None

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from devlab import config, debugging, inventory, placement_log, scope
 from devlab.magics.cell import run_body
-from devlab.magics.usage import usage_errors
+from devlab.magics.usage import parse_args, usage_errors
 from devlab.names import full_name
 from devlab.placement_log import DEFAULT_LIMIT, PlacementLog
 
@@ -43,6 +44,11 @@ class PlacementMagics(Magics):
         self._pending: list[PlacementLog] = []
         self._cell_limit: int | None = None  # a cell magic's own --limit
 
+    def __repr__(self) -> str:
+        state = "on" if debugging.get_log_device_placement() else "off"
+        file = f", --file {self.file}" if self.file is not None else ""
+        return f"PlacementMagics(%device, %placement_log {state}, --limit {self.limit}{file}, %devices)"
+
     # -- %device / %%device ------------------------------------------------------------------
 
     @magic_arguments()
@@ -65,7 +71,13 @@ class PlacementMagics(Magics):
         devlab.config.set_soft_device_placement(True)) is given.
         """
         __tracebackhide__ = True  # noqa: F841
-        args = parse_argstring(self.device, line)
+        args = parse_args(self.device, line)
+        _check_form(args, "device", cell is not None, line_only=("reset",), cell_only=("log", "limit"))
+        if args.reset and args.name:
+            raise UsageError("%device --reset goes back to the default device before; give it no name.")
+        if args.limit is not None and not args.log:
+            raise UsageError("--limit is the number of log lines to show: it goes with --log.")
+        _check_limit(args.limit)
         soft = True if args.soft else None
         if cell is None:
             if args.reset:
@@ -108,20 +120,23 @@ class PlacementMagics(Magics):
         a summary ends the log. Long logs are collapsed; --file keeps every line.
         """
         __tracebackhide__ = True  # noqa: F841
-        args = parse_argstring(self.placement_log, line)
-        if args.limit is not None and args.limit < 0:
-            raise UsageError(f"--limit is the number of lines to show, 0 or more; got {args.limit}.")
+        args = parse_args(self.placement_log, line)
+        _check_limit(args.limit)
         if cell is not None:
             if args.state:
                 raise UsageError("%%placement_log logs its own cell; on/off is for the line form %placement_log on.")
-            return self._run_logged(cell, args.limit, args.file, header=f"%%placement_log {line}")
+            file = _log_file(args.file)
+            return self._run_logged(cell, args.limit, file, header=f"%%placement_log {line}")
+        # Everything is checked before anything changes: a bad --file leaves the log as it was.
+        file = _log_file(args.file)
         if args.limit is not None:
             self.limit = args.limit
-        if args.file is not None:
-            self.file = Path(args.file)
+        if file is not None:
+            self.file = file
         if args.state == "on":
             debugging.set_log_device_placement(True)
-            print("Placement log on: each cell's log appears under it.")
+            print("Placement log on: each cell's log appears under it"
+                  + (f", and is appended to {self.file}." if self.file else "."))
         elif args.state == "off":
             debugging.set_log_device_placement(False)
             print("Placement log off.")
@@ -134,7 +149,7 @@ class PlacementMagics(Magics):
     @magic_arguments()
     @argument("--simulate-gpus", type=int, default=None, metavar="N", help="First simulate N GPUs on the CPU (before first use).")
     @argument("--memory-limit", type=int, default=None, metavar="MB", help="With --simulate-gpus: each simulated GPU's memory.")
-    @argument("--model", default=None, metavar="GPU", help="With --simulate-gpus: model the timing of this real GPU (T4, L4, A100, H100): times on the simulated GPUs are then modeled from its specifications, not measured.")
+    @argument("--model", default=None, metavar="GPU", help="With --simulate-gpus: model the timing of this real GPU (T4, P100, V100, L4, A100-40GB, A100-80GB, H100, ...): times on the simulated GPUs are then modeled from its specifications, not measured.")
     @line_magic
     def devices(self, line: str) -> Any:
         """Show every device: type, name, torch device, memory, utilisation, real or simulated.
@@ -142,7 +157,7 @@ class PlacementMagics(Magics):
         %devices
         %devices --simulate-gpus 2 [--memory-limit 1024] [--model T4]
         """
-        args = parse_argstring(self.devices, line)
+        args = parse_args(self.devices, line)
         for flag, value in (("--memory-limit", args.memory_limit), ("--model", args.model)):
             if value is not None and args.simulate_gpus is None:
                 raise UsageError(f"{flag} goes with --simulate-gpus N.")
@@ -158,7 +173,7 @@ class PlacementMagics(Magics):
         self,
         cell: str,
         limit: int | None,
-        file: str | None = None,
+        file: Path | None = None,
         scope: Any = None,
         header: str = "",
     ) -> Any:
@@ -169,7 +184,7 @@ class PlacementMagics(Magics):
             finally:
                 self._pending.append(log)
                 if file is not None:
-                    log.save(file, append=True)
+                    _save(log, file)
                 self._cell_limit = limit
 
     # -- cell hooks (registered by the extension) ----------------------------------------------
@@ -184,7 +199,9 @@ class PlacementMagics(Magics):
         logs = debugging.take_finished()
         if self.file is not None:
             for log in logs:
-                log.save(self.file, append=True)
+                if not _save(log, self.file):
+                    self.file = None  # said once; every later cell stays quiet
+                    break
         # A cell that logged itself (%%placement_log, %%device --log) shows that log only, not
         # the switch's copy of the same ops as well.
         logs = list(self._pending) or logs
@@ -194,3 +211,37 @@ class PlacementMagics(Magics):
             if len(log):
                 display(LogView(log, limit))
 
+
+def _check_form(args: Any, magic: str, is_cell: bool, line_only: tuple[str, ...],
+                cell_only: tuple[str, ...]) -> None:
+    """A UsageError for an option given to the form of the magic it does nothing in."""
+    for name in cell_only if not is_cell else line_only:
+        if getattr(args, name) not in (None, False):
+            form = f"cell form %%{magic}" if name in cell_only else f"line form %{magic}"
+            raise UsageError(f"--{name} is for the {form} only.")
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 0:
+        raise UsageError(f"--limit is the number of lines to show, 0 or more; got {limit}.")
+
+
+def _log_file(path: str | None) -> Path | None:
+    """The --file to append logs to, checked now: one that cannot be written is a UsageError
+    here, not an error under every later cell."""
+    if path is None:
+        return None
+    with usage_errors():
+        return placement_log.check_log_file(path)
+
+
+def _save(log: PlacementLog, file: Path) -> bool:
+    """Append `log` to `file`; if that fails (the disk filled, the folder went), say so in one
+    line instead of raising from a cell hook, and return False."""
+    try:
+        log.save(file, append=True)
+    except OSError as e:
+        print(f"devlab: could not append the placement log to {file} ({e.strerror or e}); "
+              "%placement_log --file PATH writes to another file.", file=sys.stderr)
+        return False
+    return True

@@ -21,13 +21,14 @@ from devlab.memory.readers import (
     MemoryReader,
     MemoryReading,
     NvmlReader,
+    PeakWindow,
     ProcessReader,
     SimulatedReader,
     TorchCudaReader,
     default_devices,
     reader_for,
 )
-from devlab.memory.sampler import Sampler
+from devlab.memory.sampler import MAX_INTERVAL, MIN_INTERVAL, Sampler, check_interval
 from devlab.memory.summary import DeviceSummary, MemorySummary, format_bytes
 
 __all__ = [
@@ -39,7 +40,11 @@ __all__ = [
     "NvmlReader",
     "reader_for",
     "default_devices",
+    "PeakWindow",
     "Sampler",
+    "check_interval",
+    "MIN_INTERVAL",
+    "MAX_INTERVAL",
     "DeviceSummary",
     "MemorySummary",
     "format_bytes",

@@ -143,6 +143,18 @@ class MemoryChart:
         # fmax ignores the NaN padding (and NaN gaps) without warnings.
         return t_b, np.fmax.reduce(y_b, axis=1)
 
+    def __repr__(self) -> str:
+        lines = ", ".join(dict.fromkeys(label for label, _ in self._lines)) or "no data yet"
+        return f"MemoryChart({lines}{'; live' if self.live else ''})"
+
+    def close(self) -> None:
+        """Free the figure's drawing (its artists and a live chart's cached background): a
+        finished widget keeps its last PNG, not the figure."""
+        self._background = None
+        self._frame = None
+        self._lines.clear()
+        self.fig.clear()
+
     def png(self) -> bytes:
         """The chart as PNG bytes."""
         if not self.live:

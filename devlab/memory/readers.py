@@ -25,6 +25,7 @@ from devlab.scope import device_label, resolve_device
 __all__ = [
     "MemoryReading",
     "MemoryReader",
+    "PeakWindow",
     "ProcessReader",
     "TorchCudaReader",
     "SimulatedReader",
@@ -55,11 +56,23 @@ class MemoryReading:
 
 
 class MemoryReader(Protocol):
-    """Anything with a `label` and a `read()` returning a `MemoryReading`."""
+    """Anything with a `label` and a `read()` returning a `MemoryReading`.
+
+    A reader whose backend can tell the exact peak over a span of time also has
+    `open_peak()`, returning a `PeakWindow` (see `SimulatedReader`).
+    """
 
     label: str
 
     def read(self) -> MemoryReading: ...
+
+
+class PeakWindow(Protocol):
+    """The exact highest `used` since the window opened (`peak`, bytes), until `close()`."""
+
+    peak: int
+
+    def close(self) -> None: ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,6 +116,9 @@ class ProcessReader:
         self.label = label
         self._process = psutil.Process()
 
+    def __repr__(self) -> str:
+        return f"ProcessReader(label={self.label!r})"
+
     def read(self) -> MemoryReading:
         rss = self._process.memory_info().rss
         return MemoryReading(time.perf_counter(), rss, None, None, self.label)
@@ -119,6 +135,9 @@ class TorchCudaReader:
         self.index = index
         self.label = label or f"GPU:{index}"
         self._total: int | None = None
+
+    def __repr__(self) -> str:
+        return f"TorchCudaReader({self.index}, label={self.label!r})"
 
     def read(self) -> MemoryReading:
         i = self.index
@@ -152,11 +171,21 @@ def _configured_fraction(index: int) -> float | None:
 
 
 class SimulatedReader:
-    """A simulated GPU: the bytes of the tensors that live on it, its peak and its limit."""
+    """A simulated GPU: the bytes of the tensors that live on it, its peak and its limit.
+
+    `open_peak()` watches its exact peak from now on (`simulated.watch_peak`), apart from the
+    peak `torch.cuda.max_memory_allocated` reads, which stays the user's to reset.
+    """
 
     def __init__(self, index: int, label: str | None = None) -> None:
         self.index = index
         self.label = label or f"GPU:{index} (simulated)"
+
+    def __repr__(self) -> str:
+        return f"SimulatedReader({self.index}, label={self.label!r})"
+
+    def open_peak(self) -> PeakWindow:
+        return simulated.watch_peak(self.index)
 
     def read(self) -> MemoryReading:
         stats = simulated.memory_stats(self.index)
@@ -187,6 +216,9 @@ class NvmlReader:
         self.index = index
         self.scope = scope
         self.label = label or f"GPU:{index} (NVML{', this process' if scope == 'process' else ''})"
+
+    def __repr__(self) -> str:
+        return f"NvmlReader({self.index}, scope={self.scope!r}, label={self.label!r})"
 
     def read(self) -> MemoryReading:
         info = nvml.memory_info(self.index)

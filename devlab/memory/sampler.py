@@ -3,6 +3,7 @@ series. Widgets only draw that series; `summary()` and `plot()` report on it."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -10,13 +11,51 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from devlab.memory.chart import MemoryChart
-from devlab.memory.readers import MemoryReader, MemoryReading, default_devices, reader_for
+from devlab.memory.readers import (
+    MemoryReader,
+    MemoryReading,
+    PeakWindow,
+    default_devices,
+    reader_for,
+)
 from devlab.memory.summary import DeviceSummary, MemorySummary
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "check_interval", "MIN_INTERVAL", "MAX_INTERVAL"]
 
 
 Callback = Callable[["Sampler"], None]
+
+# The shortest interval: a thread waking more often than every millisecond only takes the CPU
+# from the code it watches (a reading of NVML alone can take that long). The longest: the
+# longest wait a thread can make (threading.TIMEOUT_MAX, about 292 years on Linux); start and
+# stop still take their readings.
+MIN_INTERVAL = 0.001
+MAX_INTERVAL = threading.TIMEOUT_MAX
+_UNITS = {"s": 1.0, "ms": 0.001}
+
+
+def check_interval(value: object, name: str = "interval", unit: str = "s") -> float:
+    """`value` (in `unit`, "s" or "ms") in seconds, if it is an interval a `Sampler` can keep,
+    from `MIN_INTERVAL` to `MAX_INTERVAL`; else a `ValueError` naming `name`, in `unit`."""
+    scale = _UNITS[unit]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} is a number of {'seconds' if unit == 's' else 'milliseconds'}, "
+                        f"not {type(value).__name__}.")
+    try:
+        seconds = float(value) * scale
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
+    if not MIN_INTERVAL <= seconds <= MAX_INTERVAL:  # also False for NaN
+        if isinstance(value, float):
+            shown = f"{value:g}"
+        else:
+            shown = f"{value:,}" if value.bit_length() <= 64 else f"a number of {value.bit_length():,} bits"
+        raise ValueError(
+            f"{name} is the time between two readings in {unit}, from {MIN_INTERVAL / scale:g} "
+            f"(faster only takes the CPU from the cell being watched) to "
+            f"{MAX_INTERVAL / scale:,.0f} (the longest a thread can wait); got {shown}."
+        )
+    return seconds
 
 
 class Sampler:
@@ -39,8 +78,7 @@ class Sampler:
         interval: float = 0.05,
         callbacks: Sequence[Callback] = (),
     ) -> None:
-        if not interval > 0:
-            raise ValueError(f"interval must be > 0 seconds, not {interval!r}")
+        interval = check_interval(interval)
         if devices is None:
             devices = default_devices()
         self.readers: list[MemoryReader] = []
@@ -51,11 +89,16 @@ class Sampler:
                 self.readers.append(reader)
         if not self.readers:
             raise ValueError("nothing to watch: no devices given")
-        self.interval = float(interval)
+        self.interval = interval
         self.callbacks: list[Callback] = list(callbacks)
+        for callback in self.callbacks:
+            if not callable(callback):
+                raise TypeError(f"each callback is a function of the Sampler, not {callback!r}.")
         self.errors: list[BaseException] = []
         self._series: dict[str, list[MemoryReading]] = {r.label: [] for r in self.readers}
         self._base_peaks: dict[str, int | None] = {}
+        self._windows: dict[str, PeakWindow] = {}  # exact peaks, where a reader keeps them
+        self._window_peaks: dict[str, int] = {}  # their final values, once stopped
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -73,11 +116,22 @@ class Sampler:
         if self._thread is not None:
             raise RuntimeError("this Sampler was already started; make a new one")
         self.started_at = time.perf_counter()
+        for reader in self.readers:
+            open_peak = getattr(reader, "open_peak", None)
+            if open_peak is not None:
+                try:
+                    self._windows[reader.label] = open_peak()
+                except Exception as e:  # noqa: BLE001 - the sampled peak is still there
+                    self._note(e)
         for reading in self._read_all():
             self._base_peaks[reading.label] = reading.peak
         self._thread = threading.Thread(target=self._run, name="devlab-memory-sampler",
                                         daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:
+            self._close_windows()
+            raise
         return self
 
     def stop(self) -> None:
@@ -87,12 +141,24 @@ class Sampler:
         self._stop.set()
         self._thread.join()
         self._read_all()
+        self._close_windows()
         self.stopped_at = time.perf_counter()
         self._notify()  # one last draw with the final reading
 
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def __repr__(self) -> str:
+        labels = ", ".join(r.label for r in self.readers)
+        samples = max((len(rs) for rs in self.series().values()), default=0)
+        if self.started_at is None:
+            state = "not started"
+        elif self.stopped_at is None:
+            state = f"running for {time.perf_counter() - self.started_at:.2f} s, {samples} samples"
+        else:
+            state = f"stopped after {self.stopped_at - self.started_at:.2f} s, {samples} samples"
+        return f"Sampler({labels}; every {self.interval * 1000:g} ms; {state})"
 
     def __enter__(self) -> Sampler:
         return self.start()
@@ -140,6 +206,16 @@ class Sampler:
                 self._series[r.label].append(r)
         return readings
 
+    def _close_windows(self) -> None:
+        for label, window in self._windows.items():
+            self._window_peaks[label] = window.peak
+            window.close()
+        self._windows.clear()
+
+    def _note(self, error: BaseException) -> None:
+        if len(self.errors) < 10:
+            self.errors.append(error)
+
     def _notify(self) -> None:
         for callback in list(self.callbacks):
             try:
@@ -170,12 +246,22 @@ class Sampler:
             if not readings:
                 continue
             peak = max(r.used for r in readings)
+            at_least = False
+            exact = self._window_peaks.get(label)
+            if exact is None and label in self._windows:
+                exact = self._windows[label].peak
             base_peak = self._base_peaks.get(label)
             last_peak = readings[-1].peak
-            # The backend's high-water mark catches spikes between samples; it counts from
-            # its last reset, so it only tells about this watch if it rose during it.
-            if base_peak is not None and last_peak is not None and last_peak > base_peak:
-                peak = max(peak, last_peak)
+            if exact is not None:
+                peak = max(peak, exact)
+            elif base_peak is not None and last_peak is not None:
+                # A high-water mark the backend keeps from its last reset (torch's allocator):
+                # if it rose during the watch, the watch reached it; if not, and it stands above
+                # every sample, a spike between samples would not show: the peak is "at least".
+                if last_peak > base_peak:
+                    peak = max(peak, last_peak)
+                else:
+                    at_least = base_peak > peak
             devices.append(DeviceSummary(
                 label=label,
                 start=readings[0].used,
@@ -184,6 +270,7 @@ class Sampler:
                 limit=readings[-1].limit,
                 reserved_end=readings[-1].reserved,
                 samples=len(readings),
+                peak_at_least=at_least,
             ))
         start, stop = self.started_at or 0.0, self.stopped_at or time.perf_counter()
         return MemorySummary(devices, stop - start, self.rate())

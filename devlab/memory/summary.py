@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from html import escape
 
 from devlab.sizes import format_bytes
 
@@ -16,7 +17,13 @@ def _signed(n: int) -> str:
 
 @dataclass(frozen=True)
 class DeviceSummary:
-    """One device over one watch. Bytes throughout."""
+    """One device over one watch. Bytes throughout.
+
+    `peak` is the highest use during the watch: exact where the backend keeps it (a
+    simulated GPU; torch's allocator when its high-water mark rose during the watch), else the
+    highest sample; `peak_at_least` says the true peak may be higher (torch's high-water mark
+    from before the watch stands above every sample, so a spike between two samples hides).
+    """
 
     label: str
     start: int
@@ -25,6 +32,7 @@ class DeviceSummary:
     limit: int | None
     reserved_end: int | None
     samples: int
+    peak_at_least: bool = False
 
     @property
     def growth(self) -> int:
@@ -41,8 +49,12 @@ class DeviceSummary:
         """Still held at the end."""
         return self.end
 
+    @property
+    def peak_text(self) -> str:
+        return ("≥ " if self.peak_at_least else "") + format_bytes(self.peak)
+
     def line(self) -> str:
-        text = (f"{self.label}: peak {format_bytes(self.peak)} ({_signed(self.peak_increase)}),"
+        text = (f"{self.label}: peak {self.peak_text} ({_signed(self.peak_increase)}),"
                 f" growth {_signed(self.growth)}, still held {format_bytes(self.held)}")
         if self.reserved_end is not None and self.reserved_end != self.end:
             text += f" (reserved {format_bytes(self.reserved_end)})"
@@ -66,21 +78,29 @@ class MemorySummary:
         raise KeyError(label)
 
     def __str__(self) -> str:
-        return "\n".join(d.line() for d in self.devices)
+        note = self.note()
+        return "\n".join([d.line() for d in self.devices] + ([note[2:] + "."] if note else []))
 
     def _repr_html_(self) -> str:
-        from html import escape
-
         rows = "".join(
             "<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in (
-                d.label, format_bytes(d.start), format_bytes(d.peak), _signed(d.growth),
+                d.label, format_bytes(d.start), d.peak_text, _signed(d.growth),
                 format_bytes(d.held), format_bytes(d.limit))) + "</tr>"
             for d in self.devices)
         head = "".join(f"<th>{h}</th>" for h in
                        ("device", "start", "peak", "growth", "still held", "limit"))
         return (f"<table class='devlab-memory-summary'><thead><tr>{head}</tr></thead>"
                 f"<tbody>{rows}</tbody></table>"
-                f"<small>{self.duration:.2f} s watched, {self.rate:.0f} samples/s</small>")
+                f"<small>{self.duration:.2f} s watched, {self.rate:.0f} samples/s"
+                f"{escape(self.note())}</small>")
+
+    def note(self) -> str:
+        """Why a peak shows as "≥", if one does (empty otherwise)."""
+        if not any(d.peak_at_least for d in self.devices):
+            return ""
+        return ("; ≥: the highest sample. torch's peak counter holds a higher mark from before"
+                " this watch, so a spike between samples would not show; call"
+                " torch.cuda.reset_peak_memory_stats() before it to see the exact peak")
 
     def __repr__(self) -> str:
         return str(self)

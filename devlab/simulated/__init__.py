@@ -57,6 +57,7 @@ __all__ = [
     "reconfigure",
     "reset_after_fork_for_rank",
     "reset_peak",
+    "watch_peak",
     "run_dispatched",
     "start",
     "stop",
@@ -119,7 +120,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
           asynchronous: bool = True, model: str | None = None) -> None:
     """Simulate `count` GPUs (one memory limit in MB per GPU; None = unlimited).
 
-    `model` names a real GPU ("T4", "L4", "A100", "H100": `models()`) whose public
+    `model` names a real GPU ("T4", "L4", "A100-40GB", "H100", ...: `models()`) whose public
     specifications the GPUs' modeled clock follows (see `modeled_time`, `explain`); a GPU
     without a memory limit then has that GPU's memory. Calling it again before any simulated
     tensor exists replaces the configuration. `asynchronous=False` runs every op synchronously
@@ -147,8 +148,10 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         # Only now: these modules reach into torch internals the check has vouched for.
         from . import (
             _amp,
+            _build,
             _cuda,
             _distributed,
+            _dtensor,
             _factories,
             _parallel,
             _queries,
@@ -156,6 +159,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             _serialization,
             _tensor,
             _threads,
+            _wrappers,
         )
         from ._patcher import Patcher
 
@@ -165,8 +169,8 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                 _threads.remove_mode(old)
         patcher = Patcher()
         try:
-            for module in (_tensor, _cuda, _queries, _factories, _amp, _threads, _parallel,
-                           _serialization, _distributed):
+            for module in (_tensor, _wrappers, _cuda, _build, _queries, _factories, _amp,
+                           _threads, _parallel, _serialization, _distributed, _dtensor):
                 module.install(patcher)
             _session.session = _session.Session(limits, spec=spec)
             _session.forget_thread_state()
@@ -180,7 +184,8 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
 
 
 def reconfigure(memory_limits_mb: list[int | None],
-                memory_growth: list[bool] | None = None) -> None:
+                memory_growth: list[bool] | None = None,
+                physical: list[int] | None = None) -> None:
     """Replace the set of simulated GPUs (one entry per GPU: MB limit or None).
 
     `memory_growth` has one flag per GPU, as `devlab.config.set_memory_growth` sets them:
@@ -188,6 +193,10 @@ def reconfigure(memory_limits_mb: list[int | None],
     GPU's whole limit up front, TensorFlow's default, so `memory_stats(i)["reserved"]` and
     `torch.cuda.memory_reserved(i)` read the limit. A GPU without a limit reserves nothing
     beyond what is allocated: its only capacity is the host's memory.
+
+    `physical` says which physical GPU each one is a logical device of (default: each its
+    own): with a modeled clock, logical GPUs of one physical GPU share its one queue, so
+    work on them does not overlap, as on a real GPU split into logical devices.
 
     Allowed only before the first simulated tensor, as TensorFlow's logical devices are.
     """
@@ -205,7 +214,11 @@ def reconfigure(memory_limits_mb: list[int | None],
         if growth is not None and len(growth) != len(limits):
             raise ValueError(f"memory_growth has {len(growth)} entries for {len(limits)} "
                              "simulated GPUs")
-        sess.configure(_limits_bytes(len(limits), limits), growth)
+        if physical is not None and len(physical) != len(limits):
+            raise ValueError(f"physical has {len(physical)} entries for {len(limits)} "
+                             "simulated GPUs")
+        queues = None if physical is None else [sorted(set(physical)).index(p) for p in physical]
+        sess.configure(_limits_bytes(len(limits), limits), growth, queues)
         if _session.current_device() >= sess.count:
             _session.tls.device = 0
 
@@ -271,21 +284,18 @@ def reset_after_fork_for_rank() -> None:
 
 
 def models() -> list[str]:
-    """The real GPUs a simulation can model (`start(..., model=name)`)."""
+    """The real GPUs a simulation can model (`start(..., model=name)`; devlab.gpu_model)."""
     from ._gpu_specs import SPECS
 
     return list(SPECS)
 
 
 def gpu_spec(name: str) -> Any:
-    """The public specifications of the real GPU `name` models (a `GpuSpec`)."""
-    from ._gpu_specs import SPECS
+    """The public specifications of the real GPU `name` models (a `GpuSpec`; case does not
+    matter, and "A100" is "A100-80GB")."""
+    from ._gpu_specs import gpu
 
-    key = next((k for k in SPECS if k.lower() == str(name).strip().lower()), None)
-    if key is None:
-        raise ValueError(f"no performance model for a GPU named {name!r}; the models are "
-                         f"{', '.join(SPECS)}")
-    return SPECS[key]
+    return gpu(name)
 
 
 def model() -> Any:
@@ -352,6 +362,14 @@ def memory_stats(index: int) -> dict[str, int | None]:
     with _session.lock:
         return {"allocated": dev.allocated, "peak": dev.peak, "limit": dev.limit,
                 "reserved": dev.reserved}
+
+
+def watch_peak(index: int) -> _session.PeakWatch:
+    """Watch the highest allocation of simulated GPU `index` from now on (`.peak`, bytes) until
+    `.close()`, without touching the peak `torch.cuda.max_memory_allocated` reads."""
+    dev = _device(index)
+    with _session.lock:
+        return _session.PeakWatch(dev)
 
 
 def reset_peak(index: int) -> None:

@@ -2,9 +2,11 @@
 
 One timeline for the simulation: the host's time, and for each GPU the time its queue (its one
 stream) will be done. Launching a kernel costs the host the launch latency; the kernel starts
-on its GPU when both the host has launched it and the GPU is free, and runs for its roofline
-time (`_roofline`). So ops queue asynchronously, and two GPUs with two queues work at the same
-time. A copy runs over the host link (PCIe) or between GPUs; a blocking copy to or from the host
+on its GPU when both the host has launched it and the GPU is free, and runs for the time the GPU
+model gives it (`devlab.gpu_model`, through `_roofline`). So ops queue asynchronously, and two
+GPUs with two queues work at the same time. This is the first of the model's two ways of timing
+(`TIMING`): ops queued back to back; one op timed alone on an idle GPU shows more (its floor),
+which `explain()` lists beside it. A copy runs over the host link (PCIe) or between GPUs; a blocking copy to or from the host
 makes the host wait for it. A host sync (`.item()`, printing, `.cpu()`, `synchronize()`) makes
 the host wait until the GPU's queue is done, and pays the round trip of waking up (nothing if
 the GPU was already idle). Events read the time at which a GPU's queue reaches them.
@@ -24,37 +26,49 @@ from typing import Any
 
 import torch
 
+from devlab.gpu_model.kernels import COPY, QUEUED
+
 from . import _session
 from ._gpu_specs import GpuSpec
-from ._roofline import OpTime, call_flops, call_name, kernel, traffic
+from ._roofline import OpTime, backward_costs, call_cost, call_name, memory_cost, traffic
 
 Tensor = torch.Tensor
+TIMING = QUEUED  # what the clock's times are: ops queued back to back
 
 
 class Clock:
     """Modeled time, in seconds from the simulation's start: the host's, and when each GPU's
-    queue is done."""
+    queue is done.
 
-    def __init__(self, spec: GpuSpec, count: int) -> None:
+    `queues[i]` is the queue simulated GPU i runs on: its own, unless it is one of several
+    logical GPUs made of one physical GPU (`set_logical_device_configuration`), which share
+    that GPU's one queue, as logical devices of a real GPU share its compute."""
+
+    def __init__(self, spec: GpuSpec, count: int, queues: list[int] | None = None) -> None:
         self.spec = spec
         self.lock = threading.Lock()
-        self.reset(count)
+        self.reset(count, queues)
         # While `explain` watches: every charge, in order.
         self.recording: list[OpTime] | None = None
         self._launch = spec.launch_latency_us * 1e-6
         self._sync = spec.sync_latency_us * 1e-6
 
-    def reset(self, count: int) -> None:
+    def reset(self, count: int, queues: list[int] | None = None) -> None:
         """Start again at 0 with `count` idle GPUs (reconfigured before first use)."""
+        queue = list(range(count)) if queues is None else list(queues)
+        if len(queue) != count:
+            raise ValueError(f"queues has {len(queue)} entries for {count} simulated GPUs")
         with self.lock:
             self.host = 0.0
-            self.free = [0.0] * count
-            self.busy = [0.0] * count
+            self.queue = queue
+            self.free = [0.0] * (max(queue) + 1)
+            self.busy = [0.0] * (max(queue) + 1)
 
     def kernel(self, t: OpTime, times: int = 1) -> None:
         """`times` kernels of cost `t`, launched one after the other."""
-        _, device, launch, compute, memory = t[:5]
-        work = compute if compute > memory else memory
+        compute, memory = t.compute, t.memory
+        device = self.queue[t.device]
+        launch, work = t.launch, t.floor + (compute if compute > memory else memory)
         free = self.free
         with self.lock:
             for _ in range(times):
@@ -69,10 +83,17 @@ class Clock:
              op: str = "copy") -> None:
         """A copy between the host (None) and a GPU, or between two GPUs."""
         spec = self.spec
+        where = (f"GPU:{src}→GPU:{dst}" if src is not None and dst is not None else
+                 f"host→GPU:{dst}" if src is None else f"GPU:{src}→host")
+        shown = src if src is not None else dst  # the GPU `explain` names
+        src = None if src is None else self.queue[src]
+        dst = None if dst is None else self.queue[dst]
+        within = None
         if src is not None and dst is not None:
-            ends = [src, dst]
-            if src == dst:  # within one GPU's memory: read, then write
-                seconds = 2 * nbytes / (spec.memory_bandwidth_gbs * 1e9)
+            ends = [src, dst] if src != dst else [src]
+            if src == dst:  # within one GPU's memory: a copy kernel reads, then writes
+                within = memory_cost(spec, shown, op, 2 * nbytes, COPY)
+                seconds = within.gpu
             else:
                 seconds = nbytes / (spec.peer_link_gbs * 1e9)
         else:
@@ -91,23 +112,23 @@ class Clock:
                 # (and wakes up after a copy to the host, as after any sync).
                 self.host = end + waited
             if self.recording is not None:
-                where = (f"GPU:{src}→GPU:{dst}" if src is not None and dst is not None else
-                         f"host→GPU:{dst}" if src is None else f"GPU:{src}→host")
-                self.recording.append(OpTime(f"{op} ({where})", ends[0], self._launch, 0.0,  # type: ignore[arg-type]
+                name = f"{op} ({where})"
+                self.recording.append(within._replace(op=name) if within is not None else
+                                      OpTime(name, shown, self._launch, 0.0,  # type: ignore[arg-type]
                                              seconds, 0, nbytes, waited))
 
     def sync(self, index: int | None = None) -> None:
         """The host waits for GPU `index`'s queue (every GPU's if None). Waking up after the
         GPU finishes costs the sync round trip; a GPU already idle answers at once."""
         with self.lock:
-            done = max(self.free if index is None else [self.free[index]])
+            done = max(self.free if index is None else [self.free[self.queue[index]]])
             if done > self.host:
                 self.host = done + self._sync
 
     def reached(self, index: int) -> float:
         """When GPU `index`'s queue reaches work enqueued now (an Event's time)."""
         with self.lock:
-            return max(self.free[index], self.host)
+            return max(self.free[self.queue[index]], self.host)
 
     def now(self) -> float:
         with self.lock:
@@ -146,18 +167,16 @@ class Charges:
         if not fresh and getattr(func, "__name__", "")[-1:] != "_" and func is not _SETITEM:
             return
         nbytes, dtype, grads = traffic(args, kwargs, out)
-        cost = kernel(self.spec, index, call_name(func),
-                      call_flops(func, args, kwargs, out), nbytes, dtype)
+        cost, back = call_cost(self.spec, index, func, args, kwargs, out, nbytes, dtype, grads)
         clock.kernel(cost)
         if func in _SIZED_BY_VALUES:
             clock.sync(index)
-        if grads:
+        if back is not None:
             node = out.grad_fn if isinstance(out, Tensor) else None
             if node is not None:
-                # Its backward: a kernel for each input that needs a gradient, each with the
-                # forward's arithmetic (a product's gradient for each input is a product of
-                # the same size) and memory traffic.
-                node.metadata.setdefault(_BACKWARD, []).append((cost, grads))
+                # Its backward: a kernel for each input that needs a gradient (a product's
+                # gradient is a product; a memory-bound op's moves about as many bytes).
+                node.metadata.setdefault(_BACKWARD, []).append(back)
 
     def factory(self, func: Callable, args: tuple, out: Any, index: int) -> None:
         """A factory that made `out` on GPU `index`: data from the host crosses PCIe; other
@@ -167,16 +186,15 @@ class Charges:
         if func in _FROM_HOST_DATA and not (args and isinstance(args[0], Tensor)):
             self.clock.copy(None, index, out.nbytes, True, call_name(func))
             return
-        self.clock.kernel(kernel(self.spec, index, call_name(func), 0, out.nbytes, out.dtype))
+        self.clock.kernel(memory_cost(self.spec, index, call_name(func), out.nbytes))
 
     def backward(self, nodes: list[Any]) -> None:
         """The kernels the backward pass through these graph nodes ran."""
-        clock = self.clock
+        clock, spec = self.clock, self.spec
         for node in nodes:
-            for cost, times in node.metadata.get(_BACKWARD, ()):
-                if clock.recording is not None:
-                    cost = cost._replace(op=f"{cost.op} (backward)")
-                clock.kernel(cost, times)
+            for back in node.metadata.get(_BACKWARD, ()):
+                for cost in backward_costs(spec, back):
+                    clock.kernel(cost)
 
 
 _EMPTY = frozenset({torch.empty, torch.empty_like, torch.empty_strided, torch.empty_permuted})

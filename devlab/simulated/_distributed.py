@@ -1,12 +1,19 @@
-"""torch.distributed on simulated GPUs: NCCL becomes gloo, and DDP buckets by simulated GPU.
+"""torch.distributed on simulated GPUs: NCCL's process group, and DDP buckets by simulated GPU.
 
-A simulated GPU's tensor is a CPU tensor in C++, and gloo reduces CPU tensors, so collectives
-over simulated GPUs run on gloo unchanged. What a program written for real GPUs asks of
-torch.distributed is answered here:
+A simulated GPU's tensor is a CPU tensor in C++, so gloo can move the bytes of every collective
+over simulated GPUs; what a program written for real GPUs asks of torch.distributed is answered
+here:
 
-- `init_process_group("nccl")` (or `"cuda:nccl,cpu:gloo"`, or `new_group(backend="nccl")`): a
-  CPU build of torch has no NCCL, so NCCL is replaced by gloo and the process says so once,
-  in one line on stderr.
+- NCCL: torch builds an NCCL group (`init_process_group("nccl")`, `"cuda:nccl,cpu:gloo"`,
+  `new_group(backend="nccl")`, DeviceMesh's groups) as `ProcessGroupNCCL(...)` when
+  `is_nccl_available()`. Both are installed where torch looks for them: the group is `_nccl`'s,
+  with NCCL's semantics on gloo (`get_backend()` says "nccl"), and the process says once, on
+  stderr, that gloo carries it. A group made with `device_id=` is bound to that device, as
+  torch binds an NCCL group (torch binds the group it makes before it knows a Python group
+  replaces it). NCCL's default timeout (10 minutes) is torch's for "nccl", as in a CUDA build.
+- DDP's buckets: the Reducer makes them in C++, where a simulated GPU is the CPU, so a bucket
+  would say `cpu`. A communication hook (`register_comm_hook`) sees its bucket on the GPU of
+  the bucket's parameters, as on a real machine (PowerSGD makes its matrices there).
 - `dist._compute_bucket_assignment_by_size`, with which DistributedDataParallel groups the
   gradients it all-reduces into buckets: C++ groups them by device and sees only the CPU, so a
   model spread over two simulated GPUs would share buckets between them. It groups by
@@ -16,58 +23,52 @@ torch.distributed is answered here:
 from __future__ import annotations
 
 import functools
-import sys
-import threading
 from typing import Any
 
 import torch
 
-from ._marks import index_of
+from ._marks import index_of, live_mark, mark_one, storage_of
 from ._patcher import Patcher
 
-NOTICE = ("devlab: simulated GPUs have no NCCL (a CPU build of torch has none), so "
-          "torch.distributed runs on gloo instead: the same collectives, on the CPU.")
-_told = threading.Event()
 
-
-def gloo_for_nccl(backend: Any) -> Any:
-    """The backend string with every NCCL replaced by gloo (`"nccl"` -> `"gloo"`,
-    `"cuda:nccl,cpu:gloo"` -> `"cuda:gloo,cpu:gloo"`); anything else unchanged."""
-    if not isinstance(backend, str) or "nccl" not in backend.lower():
-        return backend
-    parts = []
-    for part in backend.split(","):
-        device, sep, name = part.rpartition(":")
-        parts.append(f"{device}{sep}{'gloo' if name.strip().lower() == 'nccl' else name}")
-    return ",".join(parts)
-
-
-def _tell_once() -> None:
-    if not _told.is_set():
-        _told.set()
-        print(NOTICE, file=sys.stderr, flush=True)
-
-
-def _with_gloo(original: Any, position: int) -> Any:
-    """`original` with its backend argument (keyword `backend`, or positional `position`)
-    mapped through `gloo_for_nccl`."""
+def _binding(original: Any) -> Any:
+    """`_new_process_group_helper` that binds our NCCL group to its `device_id`."""
 
     @functools.wraps(original)
-    def patched(*args: Any, **kwargs: Any) -> Any:
+    def _new_process_group_helper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-        if "backend" in kwargs:
-            mapped = gloo_for_nccl(kwargs["backend"])
-            if mapped is not kwargs["backend"]:
-                kwargs["backend"] = mapped
-                _tell_once()
-        elif len(args) > position:
-            mapped = gloo_for_nccl(args[position])
-            if mapped is not args[position]:
-                args = (*args[:position], mapped, *args[position + 1:])
-                _tell_once()
-        return original(*args, **kwargs)
+        pg, store = original(*args, **kwargs)
+        device_id = kwargs.get("device_id")
+        from ._nccl import ProcessGroupNCCL
 
-    return patched
+        if device_id is not None and isinstance(pg, ProcessGroupNCCL):
+            pg.bound_device_id = device_id
+        return pg, store
+
+    return _new_process_group_helper
+
+
+def _placed_hook(hook: Any) -> Any:
+    """A DDP communication hook that first puts its bucket on its parameters' GPU."""
+
+    @functools.wraps(hook)
+    def placed(state: Any, bucket: Any) -> Any:
+        params = bucket.parameters()
+        index = index_of(params[0]) if params else None
+        storage = storage_of(bucket.buffer())
+        if index is not None and storage is not None and live_mark(storage) is None:
+            mark_one(storage, index)
+        return hook(state, bucket)
+
+    return placed
+
+
+def _hook_registration(original: Any) -> Any:
+    @functools.wraps(original)
+    def _register_comm_hook(reducer: Any, state: Any, comm_hook: Any) -> Any:
+        return original(reducer, state, _placed_hook(comm_hook))
+
+    return _register_comm_hook
 
 
 def _bucketing(original: Any) -> Any:
@@ -106,10 +107,13 @@ def install(p: Patcher) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    # Programs call both names (`dist.init_process_group`, and c10d's own module).
-    for name, position in (("init_process_group", 0), ("new_group", 2)):
-        patched = _with_gloo(getattr(c10d, name), position)
-        for module in (c10d, dist):
-            p.set(module, name, patched)
+    from ._nccl import DEFAULT_TIMEOUT, ProcessGroupNCCL
+
+    p.set(c10d, "_NCCL_AVAILABLE", True)
+    for module in (c10d, dist):
+        p.set(module, "ProcessGroupNCCL", ProcessGroupNCCL)
+    p.set(c10d, "default_pg_nccl_timeout", DEFAULT_TIMEOUT)
+    p.set(c10d, "_new_process_group_helper", _binding(c10d._new_process_group_helper))
+    p.set(dist, "_register_comm_hook", _hook_registration(dist._register_comm_hook))
     p.set(dist, "_compute_bucket_assignment_by_size",
           _bucketing(dist._compute_bucket_assignment_by_size))

@@ -36,6 +36,12 @@ def _nbytes(func: Callable, args: tuple, kwargs: dict) -> int:
         return 0
 
 
+def _meta(t: torch.Tensor) -> bool:
+    """Whether t's storage is a meta one (a FakeTensor's): shapes only, nothing to place."""
+    s = _marks.storage_of(t)
+    return s is not None and s.device.type == "meta"
+
+
 def place(func: Callable, args: tuple, kwargs: dict, device: Any) -> Any:
     """Run an op given a device: on the CPU, its outputs marked with that device."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
@@ -54,6 +60,8 @@ def place(func: Callable, args: tuple, kwargs: dict, device: Any) -> Any:
     # simulation mode under a DeviceContext would run it as a host op).
     with _DisableTF():
         out = _ops.call(target, func, args, dict(kwargs, device="cpu"))
+        if isinstance(out, torch.Tensor) and _meta(out):
+            return out  # under a FakeTensorMode (DTensor's sharding propagation): no memory
     _ops.mark_outputs(out, target)
     charges = _session.session.charges  # type: ignore[union-attr]
     if charges is not None:

@@ -19,6 +19,7 @@ from ._session import DeviceState, Session
 
 MARK = "_devlab_sim"
 PINNED = "_devlab_pinned"  # a host storage pinned while simulating: its session
+WRAPPER_MARK = "_devlab_sim_wrapper"
 BLOCK = 512
 
 _DisableTF = torch._C.DisableTorchFunction
@@ -82,7 +83,7 @@ def storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
         return None
 
 
-def mark_of(t: torch.Tensor) -> Mark | None:
+def mark_of(t: torch.Tensor) -> Mark | WrapperMark | None:
     """The live mark of t's storage (None: a host tensor, or no simulation). The question every
     op asks of its tensors, so one call, read past modes and subclass overrides."""
     sess = _session.session
@@ -95,9 +96,50 @@ def mark_of(t: torch.Tensor) -> Mark | None:
             with _DisableTF():
                 s = t.untyped_storage()
     except STORAGE_ERRORS:
-        return None
+        return None if type(t) in PLAIN else wrapped_mark(t)
     m = getattr(s, MARK, None)
-    return m if m is not None and m.session is sess else None
+    if m is not None and m.session is sess:
+        return m
+    return None if type(t) in PLAIN else wrapped_mark(t)
+
+
+def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors a wrapper subclass holds (DTensor's local shard, a functional collective's
+    AsyncCollectiveTensor's result), as it names them to torch (`__tensor_flatten__`); none
+    for other tensors."""
+    flatten = getattr(type(t), "__tensor_flatten__", None)
+    if flatten is None:
+        return []
+    try:
+        names, _ = flatten(t)
+        return [x for x in (getattr(t, n, None) for n in names) if isinstance(x, torch.Tensor)]
+    except Exception:  # a subclass's own flatten failing is not this question's business
+        return []
+
+
+class WrapperMark:
+    """What a wrapper subclass made for a simulated GPU carries (`_wrappers`): its device; it
+    holds no bytes of its own."""
+
+    __slots__ = ("index", "nbytes", "session")
+
+    def __init__(self, index: int, session: Session) -> None:
+        self.index = index
+        self.session = session
+        self.nbytes = 0
+
+
+def wrapped_mark(t: torch.Tensor) -> Mark | WrapperMark | None:
+    """A wrapper subclass lives where it was made for, or else where the tensors it wraps live
+    (its own storage is empty): the mark of its first inner tensor on a simulated GPU."""
+    own = getattr(t, "__dict__", {}).get(WRAPPER_MARK)
+    if own is not None and own.session is _session.session:
+        return own
+    for inner in inner_tensors(t):
+        m = mark_of(inner)
+        if m is not None:
+            return m
+    return None
 
 
 def pin(storage: torch.UntypedStorage) -> None:
@@ -139,6 +181,9 @@ def _charge(dev: DeviceState, m: Mark, nbytes: int) -> bool:
     m.nbytes = nbytes
     if alloc > dev.peak:
         dev.peak = alloc
+    for watch in dev.watches:
+        if alloc > watch.peak:
+            watch.peak = alloc
     return True
 
 

@@ -17,16 +17,19 @@ from ._marks import (
     MARK,
     PLAIN,
     STORAGE_ERRORS,
+    inner_tensors,
     live_mark,
     mark,
     mark_of,
     mark_one,
     recount,
     storage_of,
+    wrapped_mark,
 )
 from ._session import tls
 
 Tensor = torch.Tensor
+_OpOverload = torch._ops.OpOverload
 _DisableTF = torch._C.DisableTorchFunction
 _tf_stack_len = torch._C._len_torch_function_stack
 
@@ -75,8 +78,15 @@ def common_device(func: Callable, args: tuple, kwargs: dict, plain_lookup: bool 
                 with _DisableTF():
                     s = t.untyped_storage()
         except STORAGE_ERRORS:
-            continue
-        m = getattr(s, MARK, None)
+            if type(t) in PLAIN:
+                continue
+            s, m = None, None
+        else:
+            m = getattr(s, MARK, None)
+        if (m is None or m.session is not sess) and type(t) not in PLAIN:
+            m = wrapped_mark(t)  # a DTensor: where its local shard lives
+            if m is None and s is None:
+                continue
         if m is not None and m.session is sess:
             if common is None:
                 common = m.index
@@ -92,8 +102,29 @@ def common_device(func: Callable, args: tuple, kwargs: dict, plain_lookup: bool 
     if common is None:
         return None, None
     if bad and getattr(func, "__name__", "") not in _MIXED_OK_NAMES:
-        _raise_mixed(tensors_of(args, kwargs))
+        if not (type(func) is _OpOverload and _adopt(tensors_of(args, kwargs), common)):
+            _raise_mixed(tensors_of(args, kwargs))
     return common, host
+
+
+def _adopt(ts: list[Tensor], common: int) -> bool:
+    """An aten op called from Python (an `OpOverload`) is torch's own code at work inside a
+    subclass's dispatch or a backward pass (DTensor, functional collectives' tensors), on
+    tensors C++ made for the GPU's work, which carry no mark: they are that GPU's. Marks them
+    and says True, unless tensors of two GPUs meet (then the op fails as on CUDA)."""
+    fresh: list[torch.UntypedStorage] = []
+    for t in ts:
+        m = mark_of(t)
+        if m is not None:
+            if m.index != common:
+                return False
+            continue
+        s = storage_of(t)
+        if s is not None and _nonscalar(t) and not any(s is f for f in fresh):
+            fresh.append(s)
+    if fresh:
+        mark(fresh, common)
+    return True
 
 
 def _raise_mixed(ts: list[Tensor]) -> None:
@@ -169,8 +200,14 @@ def mark_outputs(out: Any, index: int, host: list | None = None) -> bool:
             return False
     outs = (out,) if isinstance(out, Tensor) else out if isinstance(out, (tuple, list)) else ()
     fresh: list[torch.UntypedStorage] = []
+    fresh_inner = False
     for o in outs:
         if not isinstance(o, Tensor):
+            continue
+        if type(o) not in PLAIN and inner_tensors(o):
+            # A wrapper (DTensor) computes its inner tensors in C++, unseen: they are the
+            # op's fresh outputs on this GPU.
+            fresh_inner = mark_outputs(inner_tensors(o), index, host) or fresh_inner
             continue
         s = storage_of(o)
         if s is None:
@@ -183,7 +220,7 @@ def mark_outputs(out: Any, index: int, host: list | None = None) -> bool:
             fresh.append(s)
     if fresh:
         mark(fresh, index)
-    return bool(fresh)
+    return bool(fresh) or fresh_inner
 
 
 def _refuse_storageless(t: Tensor) -> None:

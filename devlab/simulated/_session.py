@@ -25,7 +25,7 @@ class DeviceState:
     """
 
     __slots__ = ("counted", "index", "limit", "peak", "queued", "reserve_up_front",
-                 "torch_device")
+                 "torch_device", "watches")
 
     def __init__(self, index: int, limit: int | None, reserve_up_front: bool = False) -> None:
         self.index = index
@@ -34,6 +34,9 @@ class DeviceState:
         self.counted = 0
         self.peak = 0
         self.queued: dict[int, list] = {}  # id(op) -> marks, one per tensor the op holds
+        # devlab's own watches (%%memwatch): each keeps its peak apart from `peak`, which
+        # torch.cuda.max_memory_allocated reads and only the user resets.
+        self.watches: list[PeakWatch] = []
         self.torch_device = torch.device("cuda", index)
 
     @property
@@ -96,6 +99,26 @@ def _bare_refs() -> int:
 _BARE_REFS = _bare_refs()
 
 
+class PeakWatch:
+    """The highest allocation of one simulated GPU since the watch began (`peak`, bytes);
+    `close()` ends it. Read and written under the session's lock."""
+
+    __slots__ = ("_device", "peak")
+
+    def __init__(self, device: DeviceState) -> None:
+        self._device = device
+        self.peak = device.allocated
+        device.watches.append(self)
+
+    def close(self) -> None:
+        with lock:
+            if self in self._device.watches:
+                self._device.watches.remove(self)
+
+    def __repr__(self) -> str:
+        return f"PeakWatch(GPU:{self._device.index}, peak={self.peak:,} bytes)"
+
+
 class Session:
     """One start()..stop() run; marks and modes from an earlier run are ignored by a later one.
 
@@ -115,8 +138,10 @@ class Session:
         self.spec = spec
         self.configure(limits, growth)
 
-    def configure(self, limits: list[int | None], growth: list[bool] | None = None) -> None:
-        """Set the GPUs: one limit (bytes or None) and memory-growth flag (default on) each."""
+    def configure(self, limits: list[int | None], growth: list[bool] | None = None,
+                  queues: list[int] | None = None) -> None:
+        """Set the GPUs: one limit (bytes or None) and memory-growth flag (default on) each;
+        `queues`, the modeled queue each runs on (logical GPUs of one physical GPU share one)."""
         self.count = len(limits)
         growth = [True] * self.count if growth is None else growth
         self.devices = [DeviceState(i, lim, not grows)
@@ -124,11 +149,11 @@ class Session:
         if self.spec is None:
             self.clock = self.charges = None
         elif getattr(self, "clock", None) is not None:
-            self.clock.reset(self.count)
+            self.clock.reset(self.count, queues)
         else:
             from ._clock import Charges, Clock  # only a modeled simulation loads the model
 
-            self.clock = Clock(self.spec, self.count)
+            self.clock = Clock(self.spec, self.count, queues)
             self.charges = Charges(self.clock)
 
 

@@ -11,17 +11,20 @@ import ipywidgets
 import torch
 
 from devlab.memory import MemoryChart, MemoryReader, MemorySummary, Sampler, format_bytes
+from devlab.memory.sampler import check_interval
+from devlab.widgets._live import LiveWidget, StaticView, img, png_of
 from devlab.widgets._output import show_png
 
 
-class MemoryMonitor(ipywidgets.VBox):
+class MemoryMonitor(LiveWidget, ipywidgets.VBox):
     """A live line chart of memory per device, and a short summary when it stops.
 
     >>> with MemoryMonitor(["/GPU:0", "/CPU:0"]):   # shows itself, starts sampling
     ...     train()                                 # the chart grows while this runs
-    >>> # on exit (errors included) sampling stops and the summary appears under the chart
+    >>> # on exit (errors included) sampling stops, and the widget gives way to its final
+    >>> # state (status, chart, summary) as static output: no widget is left in the kernel
 
-    Or `mon = MemoryMonitor(...)`, show `mon`, then `mon.start()` and `mon.stop()`.
+    Or `mon = MemoryMonitor(...)`, `mon.display_live()`, `mon.start()`, `mon.stop()`, `mon.release()`.
     `show_summary=False` leaves the summary out of the widget (`stop()` returns it).
 
     One background thread (a `devlab.memory.Sampler`) reads memory every `interval` seconds
@@ -42,7 +45,7 @@ class MemoryMonitor(ipywidgets.VBox):
     ) -> None:
         # Build the sampler first: a bad device name fails here, before anything is shown.
         self.sampler = Sampler(devices, interval=interval)
-        self.redraw_interval = redraw_interval
+        self.redraw_interval = check_interval(redraw_interval, "redraw_interval")
         self.show_summary = show_summary
         self.chart = MemoryChart(title=title, show_limit=show_limit, live=True)
         self._status = ipywidgets.HTML(value=self._status_text("ready"))
@@ -81,16 +84,30 @@ class MemoryMonitor(ipywidgets.VBox):
         return self.sampler.summary()
 
     def __enter__(self) -> MemoryMonitor:
-        from IPython.display import display
-
-        display(self)
+        self.display_live()
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            self.release()
 
     def __repr__(self) -> str:
         return f"MemoryMonitor({', '.join(r.label for r in self.sampler.readers)})"
+
+    def static(self) -> StaticView:
+        """The status line, the last frame of the chart and (with `show_summary`) the summary,
+        as static HTML."""
+        alt = "memory chart: " + ", ".join(r.label for r in self.sampler.readers)
+        html = (f"<div class='devlab-memory-monitor'><div>{self._status.value}</div>"
+                f"{img(png_of(self._chart), alt)}"
+                + (f"<div>{self._summary.value}</div>" if self._summary.value else "") + "</div>")
+        return StaticView(html, repr(self))
+
+    def _released(self) -> None:
+        with self._draw_lock:
+            self.chart.close()
 
     # -- drawing (in the sampler thread) ---------------------------------------------------
 

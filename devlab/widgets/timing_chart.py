@@ -11,15 +11,18 @@ import torch
 
 from devlab.figures import figure_png
 from devlab.timing import Comparison, TimingResult, compare
+from devlab.widgets._live import LiveWidget, StaticView, img, png_of
 from devlab.widgets._output import show_png
 
 
-class TimingChart(ipywidgets.VBox):
+class TimingChart(LiveWidget, ipywidgets.VBox):
     """A progress bar while timing runs, then a bar chart and a table with speed-ups.
 
     >>> TimingChart.run(lambda: x @ x, ["/CPU:0", "/GPU:0"])   # shows itself and times
 
-    Or build one for `n` devices, show it, and feed it `add(result)` / `progress(fraction)`.
+    Or build one for `n` devices, `display_live()` it, feed it `add(result)` / `progress(fraction)`,
+    and `release()` it when done: its final state stays as static output, and no widget is
+    left in the kernel.
     """
 
     def __init__(self, devices: int = 1, *, title: str | None = None, show_table: bool = True,
@@ -75,6 +78,14 @@ class TimingChart(ipywidgets.VBox):
     def __repr__(self) -> str:
         return f"TimingChart({', '.join(r.label for r in self.comparison.results)})"
 
+    def static(self) -> StaticView:
+        """The progress, the label, the chart and the table as static HTML."""
+        bar = (f"<progress class='devlab-progress' value='{self._progress.value}' "
+               f"max='{self._progress.max}'></progress>")
+        html = (f"<div class='devlab-timing-chart'><div>{bar} {escape(self._label.value)}</div>"
+                f"{img(png_of(self._chart), 'timing chart')}{self._table.value}</div>")
+        return StaticView(html, repr(self) + (f"\n{self.comparison}" if self.comparison.results else ""))
+
     @classmethod
     def run(
         cls,
@@ -85,7 +96,8 @@ class TimingChart(ipywidgets.VBox):
         display: bool = True,
         **timing: Any,
     ) -> TimingChart:
-        """Show a chart, then time `fn` on each device (see `devlab.timing.compare`)."""
+        """Show a chart, then time `fn` on each device (see `devlab.timing.compare`). When
+        the timing ends (errors included), a displayed chart gives way to its final state."""
         if isinstance(fn, Mapping):
             pairs = list(fn.items())
         elif devices is None:
@@ -94,11 +106,13 @@ class TimingChart(ipywidgets.VBox):
             pairs = [(d, fn) for d in devices]
         chart = cls(len(pairs), title=title)
         if display:
-            from IPython.display import display as show
-
-            show(chart)
-        for device, f in pairs:
-            chart.starting(str(device))
-            one = compare({device: f}, progress=chart.progress, **timing)
-            chart.add(one.results[0])
+            chart.display_live()
+        try:
+            for device, f in pairs:
+                chart.starting(str(device))
+                one = compare({device: f}, progress=chart.progress, **timing)
+                chart.add(one.results[0])
+        finally:
+            if display:
+                chart.release()
         return chart

@@ -9,12 +9,15 @@ print (`expect_stdout`), an error the program itself raises on a real GPU too (`
 how many simulated GPUs must have held its tensors (`gpus_used`), and for a notebook the code
 cells whose outputs must equal those the notebook stores from its author's GPU run. A program
 that runs as several processes, one per rank, says so in `ranks` (what its ranks must agree on,
-and how its CPU run is replayed), and one that torchrun starts gives torchrun's arguments
-(`torchrun`).
+and how its CPU run is replayed or compared). One that a launcher starts gives the launcher's
+command line as its users type it before the script (`launch`: torchrun, Lightning's `fabric
+run`, `accelerate launch`); environment settings the program or its framework reads are in
+`env`; one run as a notebook user runs it, in a real Jupyter kernel, says so (`kernel`).
 
-`programs/<name>/` holds the files; `standins/` the torchvision stand-in; `datagen.py` the data
-files a program reads; `observer/` what the runner watches in a program's rank processes;
-`references.py` the CPU replays; `run_program.py` runs one program.
+`programs/<name>/` holds the files; `standins/` the torchvision stand-in (and
+`standins-torchmetrics/` the names torchmetrics imports from `torchvision.models`); `datagen.py`
+the data files a program reads; `observer/` what the runner watches in a program's rank
+processes; `references.py` the CPU replays; `run_program.py` runs one program.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ BSD3_TUTORIALS = "BSD-3-Clause (pytorch/tutorials LICENSE, © 2017-2022 PyTorch 
 BSD3_EXAMPLES = "BSD-3-Clause (pytorch/examples LICENSE, © 2017 PyTorch contributors)"
 MIT_NANOGPT = "MIT (karpathy/nanoGPT LICENSE, © 2022 Andrej Karpathy)"
 MIT_LLMS = "MIT (rasbt/LLMs-from-scratch LICENSE.txt, © 2023-2024 Sebastian Raschka)"
+APACHE_LIGHTNING = ("Apache-2.0 (Lightning-AI/pytorch-lightning LICENSE, © 2018-2021 William "
+                    "Falcon)")
+APACHE_ACCELERATE = ("Apache-2.0 (huggingface/accelerate LICENSE; each file's header: © 2022 or "
+                     "2023 The HuggingFace Team)")
 APACHE_LLMS = ("Apache-2.0 (the file's header: 'Copyright (c) Sebastian Raschka under Apache License "
                "2.0 (see LICENSE.txt)'; rasbt/LLMs-from-scratch LICENSE.txt @b655e628)")
 
@@ -85,13 +92,17 @@ class Ranks:
     broadcasts rank 0's, though each process drew its own) and end with the same ones (DDP
     averages gradients with an all-reduce: every rank applies the same step).
 
-    `checkpoint`: a file rank 0 saves (the state_dict, or `checkpoint_key` in the dict saved),
-    which must hold rank 0's final parameters. `unchanged`: the final parameters must equal the
-    initial ones (a loss whose gradient is 0 whatever the data). `replay`: the function in
-    `references.py` that is this program's CPU run: it replays the training on the CPU in one
-    process, from the seed the program gives its ranks or else from rank 0's recorded initial
-    parameters, prints the lines the program prints, and its initial and final parameters must
-    equal rank 0's within `rtol`/`atol`."""
+    `checkpoint`: a file rank 0 saves (a glob pattern; the state_dict, or `checkpoint_key` in
+    the dict saved), which must hold rank 0's final parameters. `unchanged`: the final parameters
+    must equal the initial ones (a loss whose gradient is 0 whatever the data). `replay`: the
+    function in `references.py` that is this program's CPU run: it replays the training on the
+    CPU in one process, from the seed the program gives its ranks or else from rank 0's recorded
+    initial parameters, prints the lines the program prints, and its initial and final
+    parameters must equal rank 0's within `rtol`/`atol`.
+
+    `trains=False`: a program whose ranks check themselves (a framework's own test script, its
+    assertions the check) and need not step an optimizer; each rank, known by the RANK its
+    launcher gave it, must still have held tensors on its own GPU."""
 
     world: int = 2
     checkpoint: str | None = None
@@ -100,11 +111,25 @@ class Ranks:
     replay: str | None = None
     rtol: float = 1e-5
     atol: float = 1e-6
+    trains: bool = True
 
 
 @dataclass(frozen=True)
 class Program:
-    """One corpus entry (see the module docstring)."""
+    """One corpus entry (see the module docstring).
+
+    `launch`: the command that starts the program, as its users type it before the script (a
+    console script and its arguments: `("torchrun", "--standalone", "--nproc-per-node", "2")`,
+    `("accelerate", "launch", "--multi_gpu", ...)`); `cpu_launch` for the CPU run if it differs.
+    `env`: environment settings the program or its framework reads (`PL_TRAINER_DEVICES`, ...),
+    `cpu_env` for the CPU run if they differ. `kernel`: run as a notebook user runs it, in a
+    real Jupyter kernel: a notebook's code cells (but `skip_cells`, code-cell indices, which
+    install packages or fetch files from the internet), or a script's text as one cell.
+    `standins`: the folders (under tests/conformance) put on the import path. `own_network`: the
+    program listens on fixed TCP ports (its own or its launcher's default); where the machine
+    allows it, the run gets a network namespace of its own (loopback only), so that two runs at
+    once cannot take each other's ports.
+    """
 
     name: str
     title: str
@@ -126,7 +151,14 @@ class Program:
     notebook_cells: tuple[int, ...] = ()
     timeout: float = 240.0
     notes: str = ""
-    torchrun: tuple[str, ...] = ()
+    launch: tuple[str, ...] = ()
+    cpu_launch: tuple[str, ...] | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    cpu_env: tuple[tuple[str, str], ...] | None = None
+    kernel: bool = False
+    skip_cells: tuple[int, ...] = ()
+    standins: tuple[str, ...] = ("standins",)
+    own_network: bool = False
     ranks: Ranks | None = None
 
     @property
@@ -364,6 +396,7 @@ CORPUS: tuple[Program, ...] = (
                        r"\[GPU1\] Epoch 1 \| Batchsize: 32 \| Steps: 32",
                        r"Epoch 1 \| Training checkpoint saved at checkpoint.pt"),
         gpus_used=2,
+        own_network=True,
         ranks=Ranks(world=2, checkpoint="checkpoint.pt", unchanged=True),
         notes="The tutorial's loss, `F.cross_entropy` of a `Linear(20, 1)` output (one column) "
               "against float targets of the same shape, is 0 for any data (a softmax over one "
@@ -384,7 +417,7 @@ CORPUS: tuple[Program, ...] = (
         licence=BSD3_EXAMPLES,
         entry="multigpu_torchrun.py",
         argv=("2", "1"),
-        torchrun=("--standalone", "--nproc-per-node", "2"),
+        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
         exercises="started by `torchrun --standalone --nproc-per-node 2` (torch's elastic agent, "
                   "c10d rendezvous, RANK/LOCAL_RANK/WORLD_SIZE in the environment): "
                   "`init_process_group(backend=\"nccl\")` from the environment, "
@@ -419,7 +452,7 @@ CORPUS: tuple[Program, ...] = (
         licence=BSD3_EXAMPLES,
         entry="multinode.py",
         argv=("2", "1"),
-        torchrun=("--standalone", "--nproc-per-node", "2"),
+        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
         exercises="the device-generic API: `torch.accelerator.is_available()`, "
                   "`current_accelerator()`, `device_index(rank)`, "
                   "`torch.distributed.get_default_backend_for_device(device)` (nccl for cuda) "
@@ -468,6 +501,7 @@ CORPUS: tuple[Program, ...] = (
                      "final parameters (rtol 1e-5); the ranks must also start and end equal",
         expect_stdout=(r"^CUDA available: True$", r"^Number of GPUs available: 2$"),
         gpus_used=2,
+        own_network=True,
         ranks=Ranks(world=2, replay="llms_from_scratch_ddp"),
         notes="The stored version's header puts the file under the Apache License 2.0, the "
               "licence of the repository's later LICENSE.txt (earlier versions were MIT); the "
@@ -482,7 +516,7 @@ CORPUS: tuple[Program, ...] = (
                           7113, "381df839d5fedbef9dc21150267547ada8afd9d26b7a966c150578aa8ff5e892"),),
         licence=APACHE_LLMS,
         entry="DDP-script-torchrun.py",
-        torchrun=("--standalone", "--nproc-per-node", "2"),
+        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
         exercises="the torchrun version of DDP-script.py (`torchrun --nproc_per_node=2`, as its "
                   "error message says): WORLD_SIZE/LOCAL_RANK from torchrun, MASTER_ADDR/PORT "
                   "left to torchrun, `torch.manual_seed(123)` in every rank, "
@@ -570,6 +604,409 @@ CORPUS: tuple[Program, ...] = (
         notebook_cells=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
     ),
 )
+
+
+# ---------------------------------------------------------------- frameworks (issue 19)
+# Lightning and accelerate, started as their users start them: a script with Lightning's
+# Trainer (its settings through Lightning's own PL_TRAINER_* variables), `fabric run`,
+# `accelerate launch`, and notebooks in a real Jupyter kernel (Lightning's `ddp_notebook`,
+# accelerate's `notebook_launcher`), whose ranks are forked from the kernel.
+LIGHTNING = "Lightning-AI/pytorch-lightning"
+ACCELERATE = "huggingface/accelerate"
+BUG_REPORT_MODEL = SourceFile(
+    "examples/pytorch/bug_report/bug_report_model.py", "1b26ac4cf5c82500426a9c65f04514f3d02be84e",
+    "bug_report_model.py", 1701, "5b40c80c42efd713000d6c4a4b3aaeafea0cb3ccea792edebf583fc1a64863b0")
+LIGHTNING_CHECKPOINT = "lightning_logs/version_0/checkpoints/*.ckpt"  # ModelCheckpoint's default
+ACCELERATE_SCRIPTS = "src/accelerate/test_utils/scripts/"
+ACCELERATE_LAUNCH = ("accelerate", "launch", "--multi_gpu", "--num_processes", "2",
+                     "--main_process_port", "0")  # port 0: accelerate picks a free one
+TEST_LOSS = rf"^\s*test_loss\s+({FLOAT})\s*$"
+
+FRAMEWORKS: tuple[Program, ...] = (
+    Program(
+        name="lightning_bug_report_1gpu",
+        title="Lightning's bug-report model (Trainer on one GPU)",
+        repo=LIGHTNING,
+        files=(BUG_REPORT_MODEL,),
+        licence=APACHE_LIGHTNING,
+        entry="bug_report_model.py",
+        env=(("PL_TRAINER_ACCELERATOR", "gpu"), ("PL_TRAINER_DEVICES", "1")),
+        cpu_env=(("PL_TRAINER_ACCELERATOR", "cpu"), ("PL_TRAINER_DEVICES", "1")),
+        standins=(),
+        exercises="Lightning's `Trainer` with `accelerator=\"gpu\", devices=1` (from Lightning's "
+                  "own PL_TRAINER_* settings, which Trainer reads as its defaults): the "
+                  "LightningModule moved to cuda:0, `fit` (one training and one validation "
+                  "batch, SGD), `test`, `self.log` of GPU values, ModelCheckpoint saving GPU "
+                  "tensors, the results table",
+        compare=Compare(TEST_LOSS, rtol=1e-5, atol=1e-6),
+        compare_note="CPU run with PL_TRAINER_ACCELERATOR=cpu; the runner seeds torch with 0 "
+                     "before the script, so both runs draw the same data and weights; compared: "
+                     "the test loss after one SGD step",
+        expect_stdout=(TEST_LOSS,),
+    ),
+    Program(
+        name="lightning_bug_report_ddp",
+        title="Lightning's bug-report model (Trainer, strategy=\"ddp\", two GPUs, from a script)",
+        repo=LIGHTNING,
+        files=(BUG_REPORT_MODEL,),
+        licence=APACHE_LIGHTNING,
+        entry="bug_report_model.py",
+        env=(("PL_TRAINER_ACCELERATOR", "gpu"), ("PL_TRAINER_DEVICES", "2"),
+             ("PL_TRAINER_STRATEGY", "ddp")),
+        standins=(),
+        exercises="`Trainer(accelerator=\"gpu\", devices=2, strategy=\"ddp\")` from a script "
+                  "(through PL_TRAINER_*): the script's own process is rank 0 and Lightning "
+                  "starts rank 1 as a new process running the same script; "
+                  "`init_process_group(\"nccl\", device_id=...)`, `barrier()` on the bound "
+                  "device, DDP, the DistributedSampler Lightning injects, ModelCheckpoint on "
+                  "rank 0, `test` on both ranks",
+        compare_note="no CPU run: each rank draws its own random data (rank 1 is a fresh, "
+                     "unseeded process), so no one process computes the same; checked: both "
+                     "ranks on their own GPU, starting and ending with the same parameters, and "
+                     "the checkpoint holding rank 0's final ones",
+        expect_stdout=(TEST_LOSS,),
+        gpus_used=2,
+        ranks=Ranks(world=2, checkpoint=LIGHTNING_CHECKPOINT, checkpoint_key="state_dict"),
+    ),
+    Program(
+        name="lightning_ddp_notebook",
+        title="Lightning's bug-report notebook (strategy=\"ddp_notebook\", in a Jupyter kernel)",
+        repo=LIGHTNING,
+        files=(SourceFile("examples/pytorch/bug_report/bug_report_model.ipynb",
+                          "da572d7ccafee45f081a94f9b7cad04bd72059d3", "bug_report_model.ipynb",
+                          15712, "85e8bca161e51d21fc42dded78e6f21fd982203f667e2e585c1e02a5ed253163"),),
+        licence=APACHE_LIGHTNING,
+        entry="bug_report_model.ipynb",
+        kernel=True,
+        skip_cells=(0, 7, 8),
+        env=(("PL_TRAINER_ACCELERATOR", "gpu"), ("PL_TRAINER_DEVICES", "2"),
+             ("PL_TRAINER_STRATEGY", "ddp_notebook")),
+        standins=(),
+        exercises="the notebook Lightning asks bug reports in, run cell by cell in a real "
+                  "Jupyter kernel with `strategy=\"ddp_notebook\"`: Lightning checks that CUDA "
+                  "was not initialized in the kernel and forks the two ranks from it; the "
+                  "model and data the notebook's cells made reach the ranks through the fork; "
+                  "NCCL process group, DDP, checkpoint on rank 0, `test` forking two ranks "
+                  "again",
+        compare_note="no CPU run: the notebook draws its data unseeded in the kernel; checked as "
+                     "lightning_bug_report_ddp (ranks on their own GPU, equal at start and end, "
+                     "the checkpoint)",
+        expect_stdout=(TEST_LOSS,),
+        gpus_used=2,
+        ranks=Ranks(world=2, checkpoint=LIGHTNING_CHECKPOINT, checkpoint_key="state_dict"),
+        notes="Code cells 0, 7 and 8 are not run: they set up the author's environment "
+              "(`! pip install -qU pytorch-lightning`, which would replace the pinned "
+              "Lightning, and `! wget` of a script from GitHub, then running it); the corpus "
+              "installs its pins itself and has no internet. The notebook imports "
+              "`pytorch_lightning`, which lightning 2.6.6 installs beside `lightning`.",
+    ),
+    Program(
+        name="lightning_fabric_image_classifier",
+        title="Lightning Fabric's MNIST image classifier (`fabric run`, strategy ddp, two GPUs)",
+        repo=LIGHTNING,
+        files=(SourceFile("examples/fabric/image_classifier/train_fabric.py",
+                          "89dbc55e12d6c6ed15aefc093224e92920223b96", "train_fabric.py",
+                          7518, "4b9430c1975b705826557aa7b108e8a210ef789cd015c006dfbb8ee075ff0b93"),),
+        licence=APACHE_LIGHTNING,
+        entry="train_fabric.py",
+        launch=("fabric", "run", "--accelerator=gpu", "--devices=2", "--strategy=ddp"),
+        argv=("--epochs=1", "--save-model"),
+        standins=("standins", "standins-torchmetrics"),
+        own_network=True,
+        exercises="`fabric run --accelerator=gpu --devices=2 --strategy=ddp` (Fabric's CLI "
+                  "starting torchrun's agent, Fabric reading its settings from the LT_* "
+                  "variables the CLI sets): `Fabric()`, `seed_everything` in each rank, "
+                  "`rank_zero_first`, `setup_dataloaders` (DistributedSampler), `setup` (DDP on "
+                  "cuda:rank), `fabric.backward`, Adadelta + StepLR, dropout, torchmetrics "
+                  "Accuracy on the GPU, `fabric.all_gather` of a Python float, `fabric.save` "
+                  "on rank 0",
+        standin=TORCHVISION_MNIST + "; torchmetrics (imported by the program and by Lightning) "
+                "finds the stand-in and imports resnet50, vgg16 and VGG16_Weights from "
+                "torchvision.models: standins-torchmetrics has those names, as functions that "
+                "raise",
+        compare_note="no CPU run: dropout on a GPU draws from the CUDA generator, so every loss "
+                     "after the first forward legitimately differs from a CPU run's; checked: "
+                     "both ranks on their own GPU, starting from the same weights and ending "
+                     "with the same ones (DDP), mnist_cnn.pt holding rank 0's final weights, "
+                     "and the training and test lines each rank prints",
+        expect_stdout=(rf"^Train Epoch: 1 \[0/1280 \(0%\)\]\tLoss: {FLOAT}$",
+                       rf"^Train Epoch: 1 \[576/1280 \(90%\)\]\tLoss: {FLOAT}$",
+                       rf"^Test set: Average loss: {FLOAT}, Accuracy: \(\d+%\)$"),
+        gpus_used=2,
+        ranks=Ranks(world=2, checkpoint="mnist_cnn.pt"),
+        timeout=600.0,  # ~50 s of CPU time over three processes: minutes on loaded shared cores
+        notes="`--epochs=1` is what Lightning's own examples CI runs it with "
+              "(examples/run_fabric_examples.sh); with the stand-in's 1280 training samples "
+              "and batch size 64 each rank takes 10 steps. `fabric run` listens on its default "
+              "main port, 29400.",
+    ),
+    Program(
+        name="accelerate_test_script",
+        title="accelerate's end-to-end test script (`accelerate launch --multi_gpu`)",
+        repo=ACCELERATE,
+        files=(SourceFile(ACCELERATE_SCRIPTS + "test_script.py",
+                          "4826b66d4d4b7c60a2722e83dfe90347fd971502", "test_script.py",
+                          34740, "698b0b4250a6d1ac7facb381a9e55a71ab9a0b179f8e0bac3ce38d8a2c275c92"),),
+        licence=APACHE_ACCELERATE,
+        entry="test_script.py",
+        launch=ACCELERATE_LAUNCH,
+        standins=(),
+        exercises="accelerate's own test of a multi-GPU set-up (what `accelerate test` runs): "
+                  "`Accelerator`/`PartialState` on MULTI_GPU with NCCL, process execution "
+                  "order, `split_between_processes`, RNG synchronisation, data loader sharding "
+                  "and dispatching (`gather`, `broadcast`, seedable samplers), DDP training "
+                  "compared by the script with one process trained on all the data (with and "
+                  "without batch split, fp32 wrapper, bf16 and fp16 autocast), breakpoint "
+                  "trigger, re-instantiated state",
+        compare_note="no CPU run: the script checks itself with assertions, among them that "
+                     "DDP training on the two GPUs ends with the model one process trains on "
+                     "the whole data (`training_check`); checked here: exit status 0, both "
+                     "ranks on their own GPU, and the lines that say each part passed",
+        expect_stdout=(r"^Distributed environment: DistributedType\.MULTI_GPU  Backend: nccl$",
+                       r"^Device: cuda:0$", r"^Device: cuda:1$",
+                       r"^All rng are properly synched\.$",
+                       r"^Shuffled central dataloader passing\.$",
+                       r"^Training yielded the same results on one CPU or distributed setup "
+                       r"with batch split\.$",
+                       r"^BF16 training check\.$", r"^FP16 training check\.$",
+                       r"^\*\*Test reinstantiated state\*\*$"),
+        gpus_used=2,
+        ranks=Ranks(world=2, trains=False),
+        notes="The datasets.Dataset part is skipped by the script itself (Hugging Face "
+              "datasets is not installed), as it says.",
+    ),
+    Program(
+        name="accelerate_test_ops",
+        title="accelerate's collective operations test (`accelerate launch --multi_gpu`)",
+        repo=ACCELERATE,
+        files=(SourceFile(ACCELERATE_SCRIPTS + "test_ops.py",
+                          "cde3e58b8f28abce20c3267b5fa78a3a60acfa94", "test_ops.py",
+                          6683, "ff0d2ed734cc1a80795ea0f0d43070a6710652d46c1e0860e63d4eb6228ae69a"),),
+        licence=APACHE_ACCELERATE,
+        entry="test_ops.py",
+        launch=ACCELERATE_LAUNCH,
+        standins=(),
+        exercises="accelerate's operations on GPU tensors across processes: `gather` "
+                  "(`all_gather_into_tensor` into a flat output, as NCCL accepts), "
+                  "`gather_object`, non-contiguous gather, `broadcast`, "
+                  "`pad_across_processes`, `reduce` (sum, mean), max, the operation checker's "
+                  "error for mismatched shapes, `copy_tensor_to_devices`",
+        compare_note="no CPU run: the script asserts each result itself",
+        expect_stdout=(r"^testing gather$", r"^testing reduce_mean$",
+                       r"^testing sending tensors across devices$"),
+        gpus_used=2,
+        ranks=Ranks(world=2, trains=False),
+    ),
+    Program(
+        name="accelerate_test_sync",
+        title="accelerate's gradient synchronisation test (`accelerate launch --multi_gpu`)",
+        repo=ACCELERATE,
+        files=(SourceFile(ACCELERATE_SCRIPTS + "test_sync.py",
+                          "a5cb37c17813a9d938ad3dac70b95fc58ebedbc3", "test_sync.py",
+                          19027, "05fd0921da9d94e80391aaad570e26f90a6b4cbc3d218f2c2b15e9d0908949ce"),),
+        licence=APACHE_ACCELERATE,
+        entry="test_sync.py",
+        launch=ACCELERATE_LAUNCH,
+        standins=(),
+        exercises="DDP's `no_sync` through `accelerator.no_sync` and `accumulate`: gradients "
+                  "of a DDP model on each GPU compared, step by step, with a plain model's "
+                  "(equal when synchronised, different when not), with multiple forwards, "
+                  "gradient accumulation with an optimizer and scheduler, `split_batches`, "
+                  "`dispatch_batches`, `sync_each_batch`, a data loader ending mid-accumulation",
+        compare_note="no CPU run: the script asserts the gradients itself",
+        expect_stdout=(r"^\*\*Test Distributed `no_sync` context manager\*\*$",
+                       r"^\*\*Test `accumulate` gradient accumulation with optimizer and "
+                       r"scheduler, +`split_batches=False` and `dispatch_batches=False` and "
+                       r"`sync_each_batch=True`\*\*$"),
+        gpus_used=2,
+        ranks=Ranks(world=2, trains=False),
+    ),
+    Program(
+        name="accelerate_ddp_comm_hook",
+        title="accelerate's DDP communication hook test (`accelerate launch --multi_gpu`)",
+        repo=ACCELERATE,
+        files=(SourceFile(ACCELERATE_SCRIPTS + "test_ddp_comm_hook.py",
+                          "d9e6af87739a0400c8920aa8950f5995f0a25137", "test_ddp_comm_hook.py",
+                          3566, "93ffb63018cb28d74c1887277936ee19df382b4e56a75184417e8351517d501c"),),
+        licence=APACHE_ACCELERATE,
+        entry="test_ddp_comm_hook.py",
+        launch=ACCELERATE_LAUNCH,
+        standins=(),
+        exercises="DDP communication hooks through `DistributedDataParallelKwargs`: fp16 and "
+                  "bf16 compression (bf16 needs NCCL 2.10+, which the simulated GPUs report), "
+                  "PowerSGD and batched PowerSGD, alone and wrapped in fp16/bf16, a rank-2 "
+                  "approximation; each hook's gradients compared with plain DDP's",
+        compare_note="no CPU run: the script compares each hook's gradients with DDP's without "
+                     "a hook (`torch.testing.assert_close`, rtol and atol 1e-2)",
+        expect_stdout=(r"^Test DDP comm hook: bf16, comm wrapper: no$",
+                       r"^Test DDP comm hook: batched_power_sgd, comm wrapper: bf16$"),
+        gpus_used=2,
+        ranks=Ranks(world=2, trains=False),
+    ),
+    Program(
+        name="accelerate_notebook_launcher",
+        title="accelerate's notebook_launcher test (in a Jupyter kernel)",
+        repo=ACCELERATE,
+        files=(SourceFile(ACCELERATE_SCRIPTS + "test_notebook.py",
+                          "1afc3d8cbbd37c9bdd94771163e912c51cb3f3a6", "test_notebook.py",
+                          5051, "b9a2328aebfbf2ad9e16392552aebeff9fade06a905c4b057bf655781fcc6687"),),
+        licence=APACHE_ACCELERATE,
+        entry="test_notebook.py",
+        kernel=True,
+        env=(("ACCELERATE_NUM_PROCESSES", "2"), ("OMP_NUM_THREADS", "1")),
+        standins=(),
+        own_network=True,
+        exercises="`notebook_launcher(fn, num_processes=2)` from a notebook cell in a real "
+                  "Jupyter kernel: accelerate checks that CUDA was not initialized in the "
+                  "kernel and forks two ranks on the two GPUs; each child's clean-fork check "
+                  "(`torch._C._cuda_isInBadFork`), static and c10d rendezvous, restarts after a "
+                  "failing rank (`max_restarts`), the monitor stopping a sleeping rank when the "
+                  "other fails",
+        compare_note="no CPU run: the script asserts what it tests itself; checked here: the "
+                     "cell ends without an error and each rank's state names its own GPU",
+        expect_stdout=(r"^Test basic notebook can be ran$", r"^Device: cuda:0$",
+                       r"^Device: cuda:1$", r"^Test clean CUDA fork",
+                       r"^Test fault tolerant$", r"^Test monitoring$"),
+        gpus_used=0,
+        timeout=600.0,  # includes torch's 30 s wait for a rank to end (see notes)
+        notes="The script's text runs as one notebook cell (its `__main__` block runs: a "
+              "cell's `__name__` is `__main__`), with the environment accelerate's own test "
+              "gives it (ACCELERATE_NUM_PROCESSES=2, OMP_NUM_THREADS=1). Its ranks create no "
+              "tensor, so no GPU memory is expected (gpus_used=0); each prints its "
+              "`PartialState`, device included. notebook_launcher listens on port 29500 "
+              "(its default `use_port`). The fault-tolerance part waits 30 s for torch to give "
+              "up terminating a finished rank, on the CPU as here.",
+    ),
+)
+CORPUS += FRAMEWORKS
+
+# --- torch.distributed's NCCL semantics, DTensor, tensor parallelism, FSDP2 (wp-nccl) ---------
+TP_LOG_UTILS = SourceFile(
+    "distributed/tensor_parallelism/log_utils.py", "f8c79f153a104be5578bee44d64f79d925ea22a4",
+    "log_utils.py", 611, "57ab033bd4c0d67fd55e8ffc23164ccafe87034aea82f4ca8f1a994ef01adb04")
+
+NCCL_PROGRAMS: tuple[Program, ...] = (
+    Program(
+        name="examples_ddp_example",
+        title="pytorch/examples distributed/ddp/example.py (torchrun)",
+        repo=EXAMPLES,
+        files=(SourceFile("distributed/ddp/example.py",
+                          "f84bcb398d9e06b67e3d36b56b5522bba0cf6210", "example.py", 3481,
+                          "a261723f015d6bce1247450c5a8732a8702f3158a89a7a0032c6a120f7065c86"),),
+        licence=BSD3_EXAMPLES,
+        entry="example.py",
+        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        exercises="`torch.accelerator.current_accelerator()`, "
+                  "`get_default_backend_for_device` (nccl), `set_device_index`, "
+                  "`init_process_group(backend)`, printing `dist.get_backend()`, "
+                  "`DDP(device_ids=[rank])` with a CPU input DDP moves to the GPU, one SGD step",
+        compare_note="no CPU run (NCCL and one GPU per rank; each rank draws its own unseeded "
+                     "data); checked: each rank prints backend=nccl, as on a GPU machine, and "
+                     "the ranks start and end with the same parameters",
+        expect_stdout=(r"world_size = 2, rank = 0, backend=nccl",
+                       r"world_size = 2, rank = 1, backend=nccl",
+                       r"^training completed in rank 0!$", r"^training completed in rank 1!$"),
+        gpus_used=2,
+        ranks=Ranks(world=2),
+    ),
+    Program(
+        name="examples_tensor_parallel",
+        title="pytorch/examples distributed/tensor_parallelism/tensor_parallel_example.py",
+        repo=EXAMPLES,
+        files=(SourceFile("distributed/tensor_parallelism/tensor_parallel_example.py",
+                          "77f55b912142e11fcfdf5b530231fb9c52f181e8",
+                          "tensor_parallel_example.py", 3975,
+                          "bec82850ab873b31a79814fb71ce74852d28e1d5a3a9d21bffcdd7e6d4d4bce0"),
+               TP_LOG_UTILS),
+        licence=BSD3_EXAMPLES,
+        entry="tensor_parallel_example.py",
+        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        exercises="`init_device_mesh(\"cuda\", (2,))`, `parallelize_module` with "
+                  "`ColwiseParallel`/`RowwiseParallel` (DTensor parameters sharded over the "
+                  "two GPUs, the row-wise layer's all-reduce), a backward through "
+                  "`DTensor.from_local`, foreach AdamW over DTensors, 10 iterations",
+        compare_note="the CPU run is a replay (references.examples_tensor_parallel): the "
+                     "program's ToyModel on the CPU from rank 0's initial parameters (the "
+                     "observer gathers each DTensor parameter whole), its 10 iterations of "
+                     "AdamW on `torch.manual_seed(i); torch.rand(20, 10)` (without zero_grad, "
+                     "as the program); compared: the initial and final parameters, rtol 1e-4; "
+                     "the ranks must also start and end equal",
+        expect_stdout=(r"^Starting PyTorch TP example on rank 0\.$",
+                       r"^Starting PyTorch TP example on rank 1\.$"),
+        gpus_used=2,
+        ranks=Ranks(world=2, replay="examples_tensor_parallel", rtol=1e-4, atol=1e-5),
+        notes="The program seeds nothing before building its model: distribute_tensor sends "
+              "rank 0's initial weights to both ranks (src_data_rank=0), which the replay "
+              "starts from. Its inputs come from torch.manual_seed(i) each iteration, so the "
+              "replay draws the same ones on the CPU (a simulated GPU draws from the CPU's "
+              "generator; on a real GPU these numbers come from the CUDA generator).",
+    ),
+    Program(
+        name="examples_sequence_parallel",
+        title="pytorch/examples distributed/tensor_parallelism/sequence_parallel_example.py",
+        repo=EXAMPLES,
+        files=(SourceFile("distributed/tensor_parallelism/sequence_parallel_example.py",
+                          "77f55b912142e11fcfdf5b530231fb9c52f181e8",
+                          "sequence_parallel_example.py", 3324,
+                          "dc8a1d6aecac3b7cae9c734013f5ff36252fabc2bb7a9cb6925b35013e07d3c2"),
+               TP_LOG_UTILS),
+        licence=BSD3_EXAMPLES,
+        entry="sequence_parallel_example.py",
+        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        exercises="sequence parallelism: `ColwiseParallel(input_layouts=Shard(0))` and "
+                  "`RowwiseParallel(output_layouts=Shard(0))` (all-gather in, reduce-scatter "
+                  "out), different inputs per rank, foreach AdamW over DTensors",
+        compare_note="no CPU run: each rank draws its own unseeded inputs; checked: the ranks "
+                     "start and end with the same (gathered) parameters",
+        expect_stdout=(r"^Starting PyTorch Sequence Parallel example on rank 0\.$",
+                       r"^Starting PyTorch Sequence Parallel example on rank 1\.$"),
+        gpus_used=2,
+        ranks=Ranks(world=2),
+    ),
+    Program(
+        name="examples_fsdp2",
+        title="pytorch/examples distributed/FSDP2/example.py",
+        repo=EXAMPLES,
+        files=(
+            SourceFile("distributed/FSDP2/example.py", "5a4ca9269f689acfc8fcf2118bcb27470e28dd2f",
+                       "example.py", 4136,
+                       "f84fb0503517ee5c6a6100c69bd0ccc55431e141643a32de88fadfb3407ecc6c"),
+            SourceFile("distributed/FSDP2/model.py", "70922969e70218458d2a945bf86fd8cc967fc6ea",
+                       "model.py", 4604,
+                       "0217ad585158062fc6f61ada9dbe1493bf70d4fd9be94b48aad82d255634186d"),
+            SourceFile("distributed/FSDP2/utils.py", "70922969e70218458d2a945bf86fd8cc967fc6ea",
+                       "utils.py", 675,
+                       "d6b548bdf0285d2a20d8a149ebbe57fa09f178b469b70880db69e4ffab14c93d"),
+            SourceFile("distributed/FSDP2/checkpoint.py",
+                       "70922969e70218458d2a945bf86fd8cc967fc6ea", "checkpoint.py", 7707,
+                       "1853b455639d6b761a695ca2140f104602b1a61d1a96afce2ae3959b20058ad6"),
+        ),
+        licence=BSD3_EXAMPLES,
+        entry="example.py",
+        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        exercises="FSDP2: `torch.accelerator.device_index`, `init_process_group(device_id=)`, "
+                  "a Transformer built on the meta device, `fully_shard` per layer and whole, "
+                  "`to_empty(device=cuda:r)` and `reset_parameters` on DTensor shards, "
+                  "all-gather (unshard) and reshard per layer, gradient reduce-scatter, "
+                  "`clip_grad_norm_` over DTensors, Adam, 10 steps, a full state-dict "
+                  "checkpoint (`torch.distributed.checkpoint.state_dict`)",
+        compare_note="no CPU run: on the simulated GPUs DTensor's random ops draw each shard "
+                     "from its rank's generator (CUDA's RNG tracker is not simulated), so the "
+                     "initial weights and the data drawn after them have no CPU twin; "
+                     "checked: both ranks print their GPU, hold their shards on it, and start "
+                     "and end with the same (gathered) parameters",
+        expect_stdout=(r"^Running on rank 0 on device cuda:0$",
+                       r"^Running on rank 1 on device cuda:1$"),
+        gpus_used=2,
+        ranks=Ranks(world=2),
+        timeout=360.0,
+        notes="Its sizes are fixed in the program (10 layers, vocabulary 1024, batches of "
+              "32x64 tokens); it has no flags to make it smaller. It writes its checkpoint "
+              "under checkpoints/ in the run's temporary folder.",
+    ),
+)
+
+CORPUS += NCCL_PROGRAMS
 
 BY_NAME: dict[str, Program] = {p.name: p for p in CORPUS}
 

@@ -15,6 +15,7 @@ devlab is not imported.
 
 from __future__ import annotations
 
+import ast
 import runpy
 from collections.abc import Callable
 from pathlib import Path
@@ -98,7 +99,33 @@ def llms_from_scratch_ddp_torchrun(folder: Path, records: list[dict[str, Any]]) 
     return _llms_ddp(folder, "DDP-script-torchrun.py", records, seed=123)
 
 
+def examples_tensor_parallel(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """pytorch/examples tensor_parallel_example.py: its ToyModel (the class taken from the
+    program's text, whose module body runs the training) from rank 0's initial parameters, 10
+    iterations of AdamW (lr 0.25, foreach) on `torch.manual_seed(i); torch.rand(20, 10)` with
+    the sum of the output as the loss and no zero_grad, as the module body does; tensor
+    parallelism computes the same on every rank."""
+    path = folder / "tensor_parallel_example.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    (toy,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ToyModel"]
+    namespace: dict[str, Any] = {"torch": torch, "nn": torch.nn}
+    exec(compile(ast.Module(body=[toy], type_ignores=[]), str(path), "exec"), namespace)
+    recorded, _ = _initial(records)
+    model = namespace["ToyModel"]()
+    torch.nn.utils.vector_to_parameters(torch.tensor(recorded), model.parameters())
+    initial = torch.nn.utils.parameters_to_vector(model.parameters()).tolist()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.25, foreach=True)
+    for i in range(10):  # num_iters, as the module body sets it
+        torch.manual_seed(i)
+        inp = torch.rand(20, 10)
+        model(inp).sum().backward()
+        optimizer.step()
+    return {"initial": initial,
+            "final": torch.nn.utils.parameters_to_vector(model.parameters()).tolist()}
+
+
 REPLAYS: dict[str, Callable[[Path, list[dict[str, Any]]], dict[str, Any]]] = {
     "llms_from_scratch_ddp": llms_from_scratch_ddp,
     "llms_from_scratch_ddp_torchrun": llms_from_scratch_ddp_torchrun,
+    "examples_tensor_parallel": examples_tensor_parallel,
 }

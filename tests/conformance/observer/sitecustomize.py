@@ -1,20 +1,32 @@
-"""The corpus runner's observer in the processes a multi-process program starts (the ranks that
-`torch.multiprocessing.spawn` or torchrun start). It reads; it changes nothing the program does.
+"""The corpus runner's observer in the processes a multi-process program runs as its ranks. It
+reads; it changes nothing the program does.
 
 Python imports `sitecustomize` at start-up from the import path, and the runner puts this folder
 on PYTHONPATH. Without CONFORMANCE_OBSERVE in the environment it does nothing; the runner sets
 that variable (to a folder) only after its own process has started, just before it runs a
-program with ranks, so only the processes the program starts are observed.
+program with ranks, so the processes the program starts are observed (the ranks that
+`torch.multiprocessing.spawn`, torchrun, `fabric run` or `accelerate launch` start, a Jupyter
+kernel the runner starts). A program whose own process is rank 0 (Lightning's `Trainer` started
+from a script runs rank 0 in the script's process and starts the others) is observed by the
+runner calling `observe()` itself.
 
-In such a process, once the program has imported torch, two global optimizer hooks are
+In an observed process, once the program has imported torch, two global optimizer hooks are
 registered (`torch.optim.optimizer.register_optimizer_step_pre_hook` and `..._post_hook`,
 public API). Before the process's first optimizer step the pre-hook records the rank
 (`torch.distributed.get_rank()`) and the optimizer's parameters: the weights training starts
-from, after DDP's broadcast from rank 0. The post-hook keeps a reference to the optimizer last
-stepped, whose parameters are read at exit: the weights training ended with. At exit the
+from, after DDP's broadcast from rank 0 (a DTensor parameter gathered whole, every rank taking
+part, as each steps its optimizer at the same time). The post-hook keeps a reference to the
+optimizer last stepped, whose parameters are read at exit: the weights training ended with
+(DTensor parameters are gathered after each step instead, while the group lives). At exit the
 process writes `<pid>.json` in the folder: rank, whether devlab's simulated GPUs were used, each
 GPU's peak bytes (`memory_stats(i)["peak"]`), the initial and final parameters (flattened, in
-the optimizer's order), and any error of the observer itself.
+the optimizer's order), the RANK its launcher gave it, the observed process it was forked from
+(if any), and any error of the observer itself.
+
+A process forked from an observed one (the ranks of Lightning's `ddp_notebook` and accelerate's
+`notebook_launcher`, forked from a kernel) is a process of its own: it starts a new record, and
+writes it when it ends, also where it ends with `os._exit` after multiprocessing's own exit
+handlers (a multiprocessing child never runs `atexit`).
 """
 
 from __future__ import annotations
@@ -28,15 +40,34 @@ _FOLDER = os.environ.get("CONFORMANCE_OBSERVE")
 
 def _parameters(optimizer: Any) -> list[float]:
     return [v for group in optimizer.param_groups for p in group["params"]
-            for v in p.detach().reshape(-1).tolist()]
+            for v in _whole(p).detach().reshape(-1).tolist()]
+
+
+def _whole(p: Any) -> Any:
+    """A parameter's whole value: a DTensor's (FSDP2, tensor parallelism) gathered from the
+    ranks, a collective every rank makes in its own hook at the same step."""
+    if not _sharded(p):
+        return p
+    import torch
+
+    with torch.no_grad():
+        return p.full_tensor()
+
+
+def _sharded(p: Any) -> bool:
+    return callable(getattr(p, "full_tensor", None))
 
 
 class _Observer:
     def __init__(self, folder: str) -> None:
         self.folder = folder
-        self.record: dict[str, Any] = {"pid": os.getpid(), "rank": None, "steps": 0,
-                                       "initial": None, "final": None, "errors": []}
+        self._new_record()
+
+    def _new_record(self, parent: int | None = None) -> None:
+        self.record: dict[str, Any] = {"pid": os.getpid(), "parent": parent, "rank": None,
+                                       "steps": 0, "initial": None, "final": None, "errors": []}
         self.optimizer: Any = None
+        self.written = False
 
     def pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.record["steps"]:
@@ -54,6 +85,13 @@ class _Observer:
     def post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.record["steps"] += 1
         self.optimizer = optimizer
+        if any(_sharded(p) for group in optimizer.param_groups for p in group["params"]):
+            # gathered now, while the process group lives (at exit it is gone)
+            try:
+                self.record["final"] = _parameters(optimizer)
+            except Exception as e:
+                self.record["errors"].append(f"post-step: {type(e).__name__}: {e}")
+            self.optimizer = None
 
     def start(self) -> None:
         """Called once torch is imported."""
@@ -65,16 +103,34 @@ class _Observer:
         register_optimizer_step_pre_hook(self.pre_step)
         register_optimizer_step_post_hook(self.post_step)
 
+    def forked(self) -> None:
+        """In a child just forked: a new process, a new record (the hooks are inherited), which
+        names the observed process it was forked from."""
+        self._new_record(parent=self.record["pid"])
+
+    def multiprocessing_child(self) -> None:
+        """In a multiprocessing child (after its own after-fork handlers cleared the parent's
+        finalizers): write the record when the child runs its exit handlers."""
+        from multiprocessing import util
+
+        util.Finalize(None, self.write, exitpriority=100)
+
     def write(self) -> None:
-        """At exit: the record, with the simulation's numbers, as <pid>.json."""
+        """At exit (once per process): the record, with the simulation's numbers, as
+        <pid>.json."""
         import json
 
+        if self.written or self.record["pid"] != os.getpid():
+            return
+        self.written = True
         record = self.record
         if self.optimizer is not None:
             try:
                 record["final"] = _parameters(self.optimizer)
             except Exception as e:
                 record["errors"].append(f"final: {type(e).__name__}: {e}")
+        # The rank a launcher gave the process, for one that never stepped an optimizer.
+        record["env_rank"] = os.environ.get("RANK")
         devlab = sys.modules.get("devlab")
         if devlab is None and not record["steps"]:
             return
@@ -93,16 +149,25 @@ class _Observer:
         os.replace(path + ".tmp", path)
 
 
-if _FOLDER:
+def observe(folder: str) -> _Observer:
+    """Observe this process (and the processes forked from it), writing records in `folder`."""
     import atexit
+    from multiprocessing import util
 
-    _observer = _Observer(_FOLDER)
-    atexit.register(_observer.write)
+    observer = _Observer(folder)
+    atexit.register(observer.write)
+    os.register_at_fork(after_in_child=observer.forked)
+    util.register_after_fork(observer, _Observer.multiprocessing_child)
     if "torch" in sys.modules:
-        _observer.start()
+        observer.start()
     else:
         # devlab's start-up hook waits for torch the same way (its finder is on the path, as
         # devlab is): this one goes first and wraps the hook's wrapper.
         from _devlab_autostart import AfterTorch
 
-        sys.meta_path.insert(0, AfterTorch(_observer.start))
+        sys.meta_path.insert(0, AfterTorch(observer.start))
+    return observer
+
+
+if _FOLDER and __name__ == "sitecustomize":  # not when the runner loads this file itself
+    observe(_FOLDER)

@@ -1,0 +1,21 @@
+"""A performance model of named real GPUs: (op, shapes, dtype, GPU) -> time, from public
+specifications (`specs`) and what GPUs achieve (`calibration`), by per-op-family rules
+(`kernels`). Pure: it imports no simulation and runs no op, so it is validated on tables of
+measured kernels (benchmarks/gpu_model.py, docs/gpu-models.md).
+"""
+
+from __future__ import annotations
+
+from .calibration import CALIBRATION, Calibration
+from .kernels import ALONE, QUEUED, Kernel, gemm, memory_bound, peak_tflops
+from .ops import family, predict
+from .specs import ALIASES, SPECS, GpuSpec, gpu
+
+__all__ = ["ALIASES", "ALONE", "CALIBRATION", "QUEUED", "SPECS", "Calibration", "GpuSpec",
+           "Kernel", "family", "gemm", "gpu", "memory_bound", "models", "peak_tflops",
+           "predict"]
+
+
+def models() -> list[str]:
+    """The GPUs the model knows, by key (`gpu(name)` also takes the aliases)."""
+    return list(SPECS)

@@ -1,0 +1,178 @@
+"""DTensor on simulated GPUs: its random numbers, and the shapes it propagates.
+
+DTensor's RNG tracker (`OffsetBasedRNGTracker`) draws each shard of a random DTensor from its
+place in one CUDA philox stream: it reads and rewrites the seed and offset that CUDA's generator
+state holds. A simulated GPU draws from the CPU's generator (mt19937, a state of another shape),
+so the tracker cannot run there. On a mesh of simulated GPUs DTensor's random ops take the path
+DTensor takes on a mesh without RNG support — each rank draws its shard from its own generator —
+and DTensor warns once, as it does there, saying why. A sharded random initialization (FSDP2's
+`reset_parameters`) is then not the slices of the unsharded one, as it is on CUDA.
+
+DTensor propagates shardings on fake tensors it makes for the mesh's device
+(`_op_schema._rebuild_tensor_from_dtensor_meta`), inside its own dispatch, where the
+simulation's mode is not on the stack (torch pops a mode while it handles a call): a fake CUDA
+tensor there cannot take a random op's decomposition on a CPU build. Only their shapes, strides
+and dtypes are read, so on a mesh of simulated GPUs they are fake CPU tensors.
+
+`F.scaled_dot_product_attention` picks its kernel by device in C++, which sees the CPU: given
+DTensors it runs the CPU's flash kernel, for which DTensor registers no sharding strategy (on
+CUDA it runs CUDA's flash kernel, which has one). The simulation registers, for the CPU kernel
+and its backward, the strategies DTensor has for CUDA's: all replicated, sharded by heads
+(tensor parallelism), or by batch.
+
+torch.distributed.tensor takes seconds to import, so these are replaced when a program imports
+it (a finder on `sys.meta_path`), not when the simulation starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from importlib.abc import MetaPathFinder
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Any
+
+from . import _session
+from ._patcher import Patcher
+
+RANDOM = "torch.distributed.tensor._random"
+DISPATCH = "torch.distributed.tensor._dispatch"
+OP_SCHEMA = "torch.distributed.tensor._op_schema"
+TENSOR = "torch.distributed.tensor"
+WARNING = ("DTensor random operators may not have complete support on cuda device mesh "
+           "(devlab: simulated GPUs draw from the CPU's generator; DTensor's CUDA RNG tracker "
+           "is not simulated, so each rank draws its shard from its own generator)")
+_warned = threading.Event()
+
+
+def _rng_support(original: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    @functools.wraps(original)
+    def is_rng_supported_mesh(device_mesh: Any) -> bool:
+        if _session.session is not None and device_mesh.device_type == "cuda":
+            if not _warned.is_set():
+                _warned.set()
+                warnings.warn(WARNING, stacklevel=2)
+            return False
+        return original(device_mesh)
+
+    return is_rng_supported_mesh
+
+
+def _fake_on_cpu(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    @functools.wraps(original)
+    def _rebuild_tensor_from_dtensor_meta(arg: Any) -> Any:
+        if _session.session is None or arg.mesh.device_type != "cuda" or arg.tensor_meta is None:
+            return original(arg)
+        import torch
+
+        meta = arg.tensor_meta
+        return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="cpu")
+
+    return _rebuild_tensor_from_dtensor_meta
+
+
+def _attention_strategies(outputs: int) -> Callable[[Any], Any]:
+    """DTensor's strategies for CUDA's flash attention, for an op with `outputs` outputs."""
+
+    def strategy(op_schema: Any) -> Any:
+        from torch.distributed.tensor._op_schema import OpStrategy
+        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+        from torch.distributed.tensor.placement_types import Replicate, Shard
+
+        tensors = outputs + sum(isinstance(a, OpStrategy) for a in op_schema.args_schema)
+        choices = [[Replicate()] * tensors, [Shard(1)] * tensors, [Shard(0)] * tensors]
+        return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema,
+                                               choices, input_index=outputs)
+
+    return strategy
+
+
+class _AfterImport(MetaPathFinder):
+    """Finds nothing itself: when module `name` is imported, `then(module)` runs as soon as
+    the module is complete."""
+
+    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, name: str, path: Any = None, target: ModuleType | None = None
+                  ) -> ModuleSpec | None:
+        if name != self.name:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if finder is not self and find else None
+            if spec is not None:
+                break
+        else:
+            return None
+        exec_module = getattr(spec.loader, "exec_module", None)
+        if exec_module is None:
+            return spec
+        then = self.then
+
+        def exec_then(module: ModuleType) -> None:
+            exec_module(module)
+            then(module)
+
+        spec.loader.exec_module = exec_then  # type: ignore[union-attr]  # this spec's loader
+        return spec
+
+
+def install(p: Patcher) -> None:
+    def patch_rng(module: ModuleType) -> None:
+        current = getattr(module, "is_rng_supported_mesh", None)
+        if current is None or _session.session is None:
+            return
+        if getattr(current, "__wrapped__", None) is not None and current.__name__ == \
+                "is_rng_supported_mesh" and current.__module__ == __name__:
+            # _dispatch imported ours from _random while the simulation ran: stop() gives it
+            # torch's own back.
+            p.on_restore(functools.partial(setattr, module, "is_rng_supported_mesh",
+                                           current.__wrapped__))
+            return
+        p.set(module, "is_rng_supported_mesh", _rng_support(current))
+
+    def patch_fakes(module: ModuleType) -> None:
+        current = getattr(module, "_rebuild_tensor_from_dtensor_meta", None)
+        if current is not None and _session.session is not None:
+            p.set(module, "_rebuild_tensor_from_dtensor_meta", _fake_on_cpu(current))
+
+    def register_attention(module: ModuleType) -> None:
+        import torch
+        from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+
+        propagator = module.DTensor._op_dispatcher.sharding_propagator
+        aten = torch.ops.aten
+        for op, outputs, static in (
+                (aten._scaled_dot_product_flash_attention_for_cpu.default, 2, 3),
+                (aten._scaled_dot_product_flash_attention_for_cpu_backward.default, 3, 6)):
+            if op in propagator.op_strategy_funcs:
+                continue
+            propagator.register_op_strategy(op, _attention_strategies(outputs),
+                                            RuntimeSchemaInfo(static, ["scale"]))
+            p.on_restore(functools.partial(_unregister, propagator, op))
+
+    # _dispatch holds the name it imported from _random
+    for name, patch in ((RANDOM, patch_rng), (DISPATCH, patch_rng), (OP_SCHEMA, patch_fakes),
+                        (TENSOR, register_attention)):
+        if name in sys.modules:
+            patch(sys.modules[name])
+        else:
+            finder = _AfterImport(name, patch)
+            sys.meta_path.insert(0, finder)
+            p.on_restore(functools.partial(_remove, finder))
+
+
+def _unregister(propagator: Any, op: Any) -> None:
+    propagator.op_strategy_funcs.pop(op, None)
+    propagator.op_to_schema_info.pop(op, None)
+    propagator.propagate_op_sharding.cache_clear()
+
+
+def _remove(finder: MetaPathFinder) -> None:
+    if finder in sys.meta_path:
+        sys.meta_path.remove(finder)

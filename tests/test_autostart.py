@@ -1,0 +1,87 @@
+"""The start-up hook (`_devlab_autostart`): with DEVLAB_SIMULATE_GPUS set, a process that never
+imports torch pays for this small module only; one that does sees the simulated GPUs.
+
+Costs are counted in modules imported, not in time (benchmark: `python -X importtime -c pass`
+and hyperfine, in the report of issue 16). pip installs the .pth line (tests/installed.py);
+here this checkout's hook is imported the way that line imports it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# What the hook imported before issue 16 only to declare types and subclass an ABC: typing
+# (~4 ms), importlib.abc (which pulls in importlib.resources, tempfile, shutil, random...).
+AVOIDED = ("typing", "importlib.abc", "importlib.resources", "tempfile", "collections.abc")
+
+
+PTH_LINE = ('import os; os.environ.get("DEVLAB_SIMULATE_GPUS", "").strip() not in ("", "0") '
+            'and __import__("_devlab_autostart")')
+
+
+def _python(code: str, isolated: bool = True, **env: str) -> str:
+    """Run `code` in a new Python. `isolated`: with -S (no site-packages, so no other .pth
+    imports anything first) and the hook's .pth line run by hand, under -X importtime."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVLAB_")}
+    environ["PYTHONPATH"] = str(ROOT)
+    environ.update(env)
+    args = ["-S", "-X", "importtime", "-c", f"{PTH_LINE}\n{code}"] if isolated else ["-c", code]
+    out = subprocess.run([sys.executable, *args], env=environ, capture_output=True, text=True,
+                         check=True)
+    return out.stdout + out.stderr
+
+
+def _imported_by_hook(log: str) -> list[str]:
+    """Modules imported while `_devlab_autostart` was (importtime nests them above it)."""
+    rows = [line.split("|")[-1] for line in log.splitlines() if line.startswith("import time:")]
+    names = [r.strip() for r in rows]
+    if "_devlab_autostart" not in names:
+        return []
+    end = names.index("_devlab_autostart")
+    depth = len(rows[end]) - len(rows[end].lstrip())
+    inner = []
+    for row in reversed(rows[:end]):
+        if len(row) - len(row.lstrip()) <= depth:
+            break
+        inner.append(row.strip())
+    return inner
+
+
+def test_the_hook_imports_nothing_before_torch() -> None:
+    log = _python("import sys; print('loaded:', sorted(m for m in sys.modules if m in "
+                  f"{AVOIDED!r} or m == '_devlab_autostart'))", DEVLAB_SIMULATE_GPUS="2")
+    assert "loaded: ['_devlab_autostart']" in log, log
+    assert _imported_by_hook(log) == [], log
+
+
+def test_without_the_variable_the_hook_is_not_imported() -> None:
+    for value in ("", "0", " 0 "):
+        log = _python("import sys; print('hook loaded', '_devlab_autostart' in sys.modules)",
+                      DEVLAB_SIMULATE_GPUS=value)
+        assert "hook loaded False" in log, log
+
+
+def test_importing_torch_starts_the_simulated_gpus() -> None:
+    # Through this venv's own devlab-autostart.pth (pip's editable install of this checkout).
+    out = _python("import torch; print('gpus', torch.cuda.device_count(), torch.ones(1, "
+                  "device='cuda:1').device)", isolated=False, DEVLAB_SIMULATE_GPUS="2")
+    assert "gpus 2 cuda:1" in out, out
+
+
+def test_the_finder_is_a_meta_path_finder_without_the_abc() -> None:
+    import importlib
+
+    import _devlab_autostart as hook
+
+    finder = hook.AfterTorch(lambda: None)
+    assert finder.find_spec("json") is None
+    assert repr(finder).startswith("AfterTorch(then=")
+    sys.meta_path.insert(0, finder)
+    try:
+        importlib.invalidate_caches()  # calls every finder's invalidate_caches
+    finally:
+        sys.meta_path.remove(finder)

@@ -1,0 +1,436 @@
+"""Every lesson notebook, in every place it runs: one test per (notebook, environment).
+
+Each notebook in notebooks/ runs top to bottom in a real kernel in each environment of
+`lesson_envs.ENVS` (no GPU; DEVLAB_SIMULATE_GPUS=2; DEVLAB_SIMULATE_GPUS=1, one GPU as on
+Colab's GPU runtime; through binder/start; a Colab-like Python 3.12 environment), and the test
+reads what a learner sees:
+
+- no cell raises, except a lesson's intended errors (`INTENDED`, in cells tagged
+  raises-exception); cells tagged so because they cannot run on one real GPU must run here;
+- `devlab.lesson.setup` says in one line what it did in that environment, and nothing more;
+- the lesson's claims hold, asserted from what machine load cannot move: byte counts,
+  modeled times, counts of copies and host syncs, values compared with the CPU.
+
+A notebook without claims here yet (a new lesson) gets the first two checks. Each run writes
+its error count and time to test-artifacts/lessons/ (`lesson_envs.report`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from lesson_envs import (
+    ENVS,
+    NOTEBOOKS,
+    ROOT,
+    Env,
+    colab_python,
+    colab_versions,
+    report,
+    run,
+    shared_dir,
+)
+from nbutil import errors, html, run_cells, stream, text
+
+pytestmark = [
+    pytest.mark.notebook,
+    pytest.mark.skipif(torch.cuda.is_available(), reason="the environments stand in for a "
+                       "machine without a GPU; a real GPU would change what they show"),
+]
+
+CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
+GPU0 = "/job:localhost/replica:0/task:0/device:GPU:0"
+GPU1 = "/job:localhost/replica:0/task:0/device:GPU:1"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+T4 = "modeled from NVIDIA T4 (16 GB, PCIe) specifications, not measured"
+
+# A lesson's intended errors: (notebook stem, start of the cell's source) -> the error's name.
+INTENDED = {
+    ("02-memory", "%%memwatch --device /GPU:0\nmore = []"): "OutOfMemoryError",
+}
+
+
+def _param(path: Path, env: Env) -> object:
+    marks = [pytest.mark.binder] if env.name == "binder" else []
+    if env.name == "colab":
+        marks.append(pytest.mark.skipif(
+            colab_python() is None, reason="the Colab-like environment (Python 3.12, a CUDA "
+            "build of torch) is built by the compatibility job: bash scripts/compat.sh --colab"))
+    return pytest.param(path, env, id=f"{path.stem}-{env.name}", marks=marks)
+
+
+@pytest.mark.parametrize(("path", "env"), [_param(p, e) for p in NOTEBOOKS for e in ENVS])
+def test_lesson(path: Path, env: Env, tmp_path: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> None:
+    ran = run(path, env, tmp_path, shared_dir(tmp_path_factory.getbasetemp()))
+    code = [c for c in ran.nb.cells if c.cell_type == "code"]
+    raised = [c for c in code if errors(c)]
+    figures = {"seconds": round(ran.seconds, 1), "errors": len(raised),
+               "intended": sum(intended(path.stem, c) is not None for c in raised)}
+    if ran.peak_mib is not None:
+        figures["peak_rss_mib"] = round(ran.peak_mib)
+    if env.name == "colab":
+        figures["versions"] = found = colab_versions(colab_python())
+        # What Colab runs, and devlab as its set-up cell installed it, not this checkout.
+        assert found["python"].startswith("3.12.") and found["ipython"].startswith("7.34.")
+        assert found["ipykernel"].startswith("6.17.") and found["ipywidgets"].startswith("7.7.")
+        assert "+cpu" not in found["torch"] and not found["devlab"].startswith(str(ROOT))
+    report(path.name, env, figures, ran.nb)
+    check_errors(path.stem, code)
+    check_setup_line(path.stem, ran.nb, env)
+    claims = CLAIMS.get(path.stem)
+    if claims is not None:
+        claims(ran.nb, env)
+    if env.name == "binder":
+        from lesson_envs import BINDER_MEMORY_LIMIT, BINDER_TIME_LIMIT
+
+        assert ran.peak_mib is not None and ran.peak_mib * 2**20 < BINDER_MEMORY_LIMIT, (
+            f"{path.name}: peak {ran.peak_mib:.0f} MiB is over mybinder's 2 GB")
+        assert ran.seconds < BINDER_TIME_LIMIT, f"{path.name}: {ran.seconds:.0f} s on one core"
+
+
+# -- what every lesson must show -----------------------------------------------------------------
+
+def intended(stem: str, cell: nbformat.NotebookNode) -> tuple[str, str] | None:
+    """The `INTENDED` entry of this cell, if it is one."""
+    return next((k for k in INTENDED if k[0] == stem and cell.source.startswith(k[1])), None)
+
+
+def check_errors(stem: str, code: list[nbformat.NotebookNode]) -> None:
+    """Errors only where the lesson means them, and each of those where it means it."""
+    unexpected, seen = [], set()
+    for cell in code:
+        for err in errors(cell):
+            key = intended(stem, cell)
+            if key is None or INTENDED[key] != err.ename:
+                unexpected.append(f"{cell.source.splitlines()[0]!r}: {err.ename}: {err.evalue[:300]}")
+            else:
+                assert "raises-exception" in cell.metadata.get("tags", []), (
+                    f"{stem}: an intended error's cell must be tagged raises-exception")
+                seen.add(key)
+    assert not unexpected, f"{stem}: unexpected errors:\n" + "\n".join(unexpected)
+    missing = [k[1] for k in INTENDED if k[0] == stem and k not in seen]
+    assert not missing, f"{stem}: the lesson's intended error did not happen in {missing}"
+
+
+def setup_said(nb: nbformat.NotebookNode) -> str | None:
+    """What `devlab.lesson.setup` printed, or None if the notebook does not call it."""
+    cells = [c for c in nb.cells if c.cell_type == "code" and "devlab.lesson.setup(" in c.source]
+    if not cells:
+        return None
+    assert len(cells) == 1, "one set-up call per lesson"
+    said = [line for line in stream(cells[0]).splitlines() if line.startswith("devlab.lesson:")]
+    assert len(said) == 1, text(cells[0])
+    return stream(cells[0])
+
+
+def check_setup_line(stem: str, nb: nbformat.NotebookNode, env: Env) -> None:
+    said = setup_said(nb)
+    if said is None:
+        return
+    call = next(c.source for c in nb.cells
+                if c.cell_type == "code" and "devlab.lesson.setup(" in c.source)
+    wanted = int(re.search(r"setup\(gpus=(\d+)", call)[1])
+    line = next(line for line in said.splitlines() if line.startswith("devlab.lesson:"))
+    # One line: nothing this lesson needs is missing in any of these environments.
+    assert [ln for ln in said.splitlines() if ln.strip() and not ln.startswith("devlab.lesson:")
+            and not ln.startswith("Num GPUs")] == [], said
+    if env.simulate is None:
+        assert f"no GPU here, so devlab simulates {wanted}" in line, line
+    else:
+        assert f"{env.simulate} simulated GPU{'s' if env.simulate != 1 else ''} from " \
+               f"DEVLAB_SIMULATE_GPUS={env.simulate}" in line, line
+        if env.simulate < wanted:
+            assert f"split into {wanted} logical GPUs" in line, line
+        if env.simulate > wanted:
+            assert "hidden (set_visible_devices)" in line, line
+    if "model=\"T4\"" in call:
+        assert T4.replace("modeled", "GPU times are modeled") in line, line
+    gpus = ", ".join(f"/GPU:{i} = cuda:{i}" for i in range(wanted))
+    assert f"GPUs: {gpus} (simulated, CPU-backed" in line, line
+
+
+# -- each lesson's claims ------------------------------------------------------------------------
+
+def cell_with(nb: nbformat.NotebookNode, snippet: str) -> nbformat.NotebookNode:
+    """The one code cell whose source contains `snippet`."""
+    found = [c for c in nb.cells if c.cell_type == "code" and snippet in c.source]
+    assert len(found) == 1, f"{len(found)} cells contain {snippet!r}"
+    return found[0]
+
+
+def widgets(cell: nbformat.NotebookNode) -> list[dict]:
+    return [o.data[WIDGET] for o in cell.outputs
+            if o.output_type == "display_data" and WIDGET in o.data]
+
+
+def pngs(cell: nbformat.NotebookNode) -> list[str]:
+    return [o.data["image/png"] for o in cell.outputs
+            if o.output_type in ("execute_result", "display_data") and "image/png" in o.data]
+
+
+def claims_01(nb: nbformat.NotebookNode, env: Env) -> None:
+    said = text(cell_with(nb, "devlab.lesson.setup("))
+    assert f"Num GPUs Available:  {env.physical_gpus(2)}" in said
+    assert "simulated" in html(cell_with(nb, "%devices"))
+    logged = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("a = torch.tensor"))
+    assert f"Executing op aten::mm in device {CPU0}" in html(logged)
+    on_gpu = html(cell_with(nb, "%%device /GPU:0 --log"))
+    assert f"Executing op aten::mm in device {GPU0}" in on_gpu and "Host sync" in on_gpu
+    copied = html(cell_with(nb, "%%placement_log\na_cpu"))
+    assert f"Copy 3.8 MiB from {CPU0} to {GPU0}" in copied
+    assert text(cell_with(nb, 'with devlab.device("/device:GPU:1")')) == (
+        f"(device(type='cuda', index=1), '{GPU1}')")
+    unknown = text(cell_with(nb, "%%device /device:GPU:2\n"))
+    assert "GPU:2 unknown device" in unknown and GPU1 in unknown
+    assert "placed on " + GPU0 in html(cell_with(nb, "%%device /device:GPU:2 --soft --log"))
+
+
+def claims_02(nb: nbformat.NotebookNode, env: Env) -> None:
+    assert text(cell_with(nb, "LogicalDeviceConfiguration(memory_limit=256)")).strip() == \
+        f"{env.physical_gpus(1)} Physical GPU, 1 Logical GPUs"
+    assert "cannot be modified after being initialized" in text(cell_with(nb, "set_memory_growth(gpus[0], False)"))
+    grew = text(cell_with(nb, "%%memwatch --device /GPU:0\nblocks"))
+    # The prose: up to 192 MiB, back down to half, under the 256 MB limit set above.
+    assert "GPU:0 (simulated): peak 192.0 MiB" in grew and "still held 96.0 MiB" in grew
+    assert "limit 256.0 MiB" in grew
+    assert "<table class='devlab-memory-summary'>" in html(cell_with(nb, "%%memwatch --device /GPU:0\nblocks"))
+    over = cell_with(nb, "%%memwatch --device /GPU:0\nmore")
+    (err,) = errors(over)
+    assert "Tried to allocate 32.00 MiB. GPU 0 has a total capacity of 256.00 MiB" in err.evalue
+    assert "peak 256.0 MiB" in text(over) and "100% at peak" in text(over)
+    after = text(cell_with(nb, 'print(f"GPU 0 holds'))
+    assert "GPU 0 holds 256 MiB in 5 + 3 tensors" in after  # the five that fit, and `blocks`
+    assert "after freeing: 0 MiB" in after and "device='cuda:0'" in after
+    sampled = text(cell_with(nb, "from devlab.memory import Sampler"))
+    assert "GPU:0 (simulated): peak 64.0 MiB (+64.0 MiB)" in sampled
+    assert "CPU:0 (process RSS)" in sampled
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    if state:  # the live charts reached the notebook (where the runner keeps widget state)
+        frames = [o for m in state["state"].values() if m["model_name"] == "OutputModel"
+                  for o in m["state"]["outputs"] if "image/png" in o["data"]]
+        assert len(frames) == 2
+
+
+def claims_03(nb: nbformat.NotebookNode, env: Env) -> None:
+    for call in ("exercises.matmul_cpu_vs_gpu(", "exercises.parameters_on_device(",
+                 "exercises.norm_logging(", "exercises.two_gpu_scaling("):
+        cell = cell_with(nb, call)
+        assert len(widgets(cell)) == 1, f"{call}: no progress bar"
+        page = html(cell)
+        assert "class='devlab-exercise-table'" in page and "simulated GPU, CPU-backed" in page
+        assert T4 in page, call
+    for cell in [c for c in nb.cells if c.cell_type == "code" and c.source.strip().endswith(".plot()")]:
+        (png,) = pngs(cell)
+        assert len(png) > 1000
+    # 1. The crossover, from the modeled side: the T4 is launch-bound on the smallest product
+    # and compute-bound on the largest, where it wins whatever load slows the CPU by.
+    matmul = html(cell_with(nb, "exercises.matmul_cpu_vs_gpu("))
+    rows = re.findall(r"<tr><td[^>]*>(\d+)</td>(.*?)</tr>", matmul)
+    assert rows and rows[0][0] == "16" and rows[-1][0] == "1024", matmul[:2000]
+    assert "launch-bound" in rows[0][1] and "compute-bound" in rows[-1][1]
+    assert re.findall(r"<td[^>]*>([^<]*)</td>", rows[-1][1])[-2] == "GPU:0", rows[-1][1]
+    assert re.search(r"wins from n=\d+ on|faster at every size tried|No crossover in this range|"
+                     r"too noisy", matmul)
+    compared = text(cell_with(nb, "%%compare_devices /CPU:0 /GPU:0"))
+    assert re.search(r"GPU:0 \(modeled T4\): .* per call", compared), compared
+    explained = html(cell_with(nb, "devlab.simulated.explain(lambda: x @ x)"))
+    assert "aten::matmul" in explained and "compute-bound" in explained
+    # 3. A host sync per step: 1000 of them, counted; on the modeled clock they cost at least
+    # twice keeping the log on the device (both versions' times are modeled).
+    norms = html(cell_with(nb, "exercises.norm_logging("))
+    assert "made the host wait 1000 times, the on-device version 1" in norms
+    ratio = float(re.search(r"keeping the log on the device was ([0-9.]+)x faster", norms)[1])
+    assert ratio >= 2.0, norms
+    summary = text(nb.cells[-1])
+    assert "'host syncs (per step, on device)': [1000, 1]" in summary
+    speedup = float(re.search(r"'two-GPU speed-up': ([0-9.]+)", summary)[1])
+    scaling = html(cell_with(nb, "exercises.two_gpu_scaling("))
+    if env.physical_gpus(2) >= 2:
+        # 4. Two modeled GPUs, two queues, whatever this machine's cores.
+        assert speedup >= 1.8, scaling
+        assert "two GPUs, two queues" in scaling
+    else:
+        # One GPU split in two: one queue, no speed-up, and the result says why.
+        assert speedup <= 1.1, scaling
+        assert "Both are logical devices of one physical GPU" in scaling
+        assert "A split GPU does not scale" in scaling
+
+
+def claims_04(nb: nbformat.NotebookNode, env: Env) -> None:
+    assert text(cell_with(nb, "Create 2 virtual GPUs")).strip() == \
+        f"{env.physical_gpus(1)} Physical GPU, 2 Logical GPUs"
+    listed = text(cell_with(nb, "for d in devlab.config.list_logical_devices"))
+    assert listed.splitlines() == ["/device:GPU:0 -> cuda:0 (1024 MB)",
+                                   "/device:GPU:1 -> cuda:1 (1024 MB)"]
+    table = html(cell_with(nb, "%devices"))
+    assert table.count("simulated") >= 2 and GPU1 in table
+    refused = text(cell_with(nb, "set_logical_device_configuration(gpus[0], None)"))
+    assert "Virtual devices cannot be modified after being initialized" in refused
+    replicated = cell_with(nb, "%%placement_log")
+    assert "[[ 44.,  56.]," in text(replicated) and "[ 98., 128.]]" in text(replicated)
+    log = html(replicated)
+    for gpu in (GPU0, GPU1):
+        assert f"Executing op aten::mm in device {gpu}" in log
+        assert f"Copy 16 B from {gpu} to {CPU0} (aten::_to_copy)" in log
+        assert f"Host sync: the host waited for {gpu}" in log
+    assert "2 copies between devices (32 B)" in log and "2 host syncs" in log
+    assert "Expected all tensors to be on the same device, but found at least two devices, " \
+           "cuda:0 and cuda:1!" in text(cell_with(nb, "print(c[0] + c[1])"))
+    replicas = text(cell_with(nb, "replicas = ["))
+    assert "same as the model on the host: True" in replicas and "4 copies between devices" in replicas
+    split = text(cell_with(nb, "def train_split("))
+    assert "(same as on the host: True)" in split
+    assert "layer 1: weights on cuda:0, gradients on cuda:0, Adam state on cuda:0" in split
+    assert "layer 2: weights on cuda:1, gradients on cuda:1, Adam state on cuda:1" in split
+    ddp = text(cell_with(nb, "loss.backward()  # DDP all-reduces the gradients here"))
+    for rank in (0, 1):
+        assert re.search(rf"\[rank{rank}\] loss on my half of the last batch: [0-9.]+ "
+                         rf"\(computed on cuda:{rank}\)", ddp), ddp
+    compared = text(cell_with(nb, "rank_weights = _"))
+    for name in ("0.weight", "0.bias", "2.weight", "2.bias"):
+        assert f"{name}: rank 0's on cuda:0, rank 1's on cuda:1, equal: True" in compared
+    assert "same as one process on the whole batches: True" in compared
+    step = html(cell_with(nb, "%%distributed -n 2 --log"))
+    for gpu in (GPU0, GPU1):  # 4x16 + 16 + 16x1 + 1 float32 parameters: 388 bytes
+        assert f"Broadcast 388 B on {gpu} (c10d::broadcast_)" in step
+        assert f"All-reduce 388 B on {gpu} (c10d::allreduce_)" in step
+
+
+def claims_05(nb: nbformat.NotebookNode, env: Env) -> None:
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    cells = {c.source.strip().splitlines()[-1]: text(c) for c in code}  # by last line, as printed
+    assert cells["cpu(), gpu(), gpu(1)"] == (
+        "(device(type='cpu'),\n device(type='cuda', index=0),\n device(type='cuda', index=1))")
+    assert cells["num_gpus()"] == "2"
+    assert cells["try_gpu(), try_gpu(10), try_all_gpus()"] == (
+        "(device(type='cuda', index=0),\n device(type='cpu'),\n"
+        " [device(type='cuda', index=0), device(type='cuda', index=1)])")
+    assert cells["x.device"] == "device(type='cpu')"
+    assert cells["X"] == "tensor([[1., 1., 1.],\n        [1., 1., 1.]], device='cuda:0')"
+    assert cells["Y"].endswith("device='cuda:1')")
+    assert cells["print(Z)"] == (
+        "tensor([[1., 1., 1.],\n        [1., 1., 1.]], device='cuda:0')\n"
+        "tensor([[1., 1., 1.],\n        [1., 1., 1.]], device='cuda:1')\n")
+    assert cells["Y + Z"].endswith("device='cuda:1')")
+    assert cells["Z.cuda(1) is Z"] == "True"
+    out = cells["net(X)"]
+    assert out.startswith("tensor([[") and out.endswith("device='cuda:0', grad_fn=<AddmmBackward0>)")
+    assert cells["net[0].weight.data.device"] == "device(type='cuda', index=0)"
+
+
+def _replay_06() -> tuple[torch.nn.Module, list[float]]:
+    """Lesson 06's training in one process on the host (batches of 32), and the losses its two
+    ranks compute on their last batches of 16 (before the last step)."""
+    from torch import nn
+
+    def make_model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    torch.manual_seed(1)
+    X, y = torch.randn(64, 4), torch.randn(64, 1)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = list(zip(X.split(32), y.split(32), strict=True)) * 10
+    for i, (xb, yb) in enumerate(steps):
+        if i == len(steps) - 1:
+            with torch.no_grad():
+                last = [nn.functional.mse_loss(model(h), t).item()
+                        for h, t in zip(xb.chunk(2), yb.chunk(2), strict=True)]
+        opt.zero_grad()
+        nn.functional.mse_loss(model(xb), yb).backward()
+        opt.step()
+    return model, last
+
+
+def claims_06(nb: nbformat.NotebookNode, env: Env) -> None:
+    # Nothing touches a GPU in the notebook, before launching or after.
+    assert stream(cell_with(nb, "def make_model")).strip() == "CUDA initialized in this notebook: False"
+    same = stream(cell_with(nb, "ranks = [result"))
+    assert same.strip().endswith("CUDA initialized in this notebook: False")
+    # Two ranks, each on its own GPU, with the losses a replay on the host computes.
+    launch = cell_with(nb, "notebook_launcher(train")
+    assert stream(launch).strip() == "Launching training on 2 CUDAs."
+    notices = [ln for ln in stream(launch, "stderr").splitlines() if "simulated GPUs have no NCCL" in ln]
+    assert len(notices) == 2, stream(launch, "stderr")  # said once by each rank
+    out = stream(cell_with(nb, "results = [pickle.loads"))
+    found = re.findall(r"^rank (\d) trained on cuda:(\d): loss on its last batch (\d+\.\d{4})$",
+                       out, re.M)
+    assert [(r, g) for r, g, _ in found] == [("0", "0"), ("1", "1")], out
+    model, last = _replay_06()
+    assert [float(loss) for _, _, loss in found] == [round(v, 4) for v in last]
+    # Each rank's first step: its all-reduce of the gradients' bytes, on its own GPU only.
+    lines = stream(cell_with(nb, "logs = [PlacementLog")).splitlines()
+    grads = 4 * sum(p.numel() for p in model.parameters())  # float32 gradients: 388 B
+    for rank in (0, 1):
+        gpu = f"/job:localhost/replica:0/task:0/device:GPU:{rank}"
+        assert f"rank {rank}: All-reduce {grads} B on {gpu} (c10d::allreduce_)" in lines, lines
+        (summary,) = [ln for ln in lines if ln.strip().startswith("Placement summary")
+                      and f"GPU:{rank} " in ln]
+        assert f"GPU:{1 - rank}" not in summary  # nothing of this rank ran on the other GPU
+        assert "0 copies between devices" in summary and f"1 collective ({grads} B)" in summary
+    log0 = html(cell_with(nb, "logs[0]"))
+    assert re.search(r'class="devlab-collective"[^>]*>All-reduce \d+ B on ' + GPU0, log0)
+    assert f"aten::addmm in device {GPU0}" in log0
+    assert f"aten::_foreach_add_ in device {GPU0}" in log0
+    # The ranks end equal, and equal to one process on the host.
+    assert "both ranks hold the same weights: True" in same
+    assert re.search(r"^same as one process on batches of 32: True \(largest difference "
+                     r"\d\.\de-\d\d\)$", same, re.M), same
+
+
+CLAIMS: dict[str, Callable[[nbformat.NotebookNode, Env], None]] = {
+    "01-devices-and-placement": claims_01,
+    "02-memory": claims_02,
+    "03-d2l-exercises": claims_03,
+    "04-multi-device": claims_04,
+    "05-d2l-gpus-chapter": claims_05,
+    "06-frameworks": claims_06,
+}
+
+
+def test_every_lesson_with_claims_exists() -> None:
+    assert set(CLAIMS) <= {p.stem for p in NOTEBOOKS}, "claims for a notebook that is gone"
+
+
+def test_lessons_never_name_a_second_cuda_device_literally() -> None:
+    """On one real GPU split in two, both logical GPUs are cuda:0: a lesson's own cells use
+    `lab.gpus` or TensorFlow names, so they run there too. The d2l chapter (05) is the
+    chapter's code, unmodified; its cells that name cuda:1 are tagged and named by setup."""
+    literal = re.compile(r"""["']cuda:[1-9]|\.cuda\([1-9]|device=[1-9]\b""")
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if (cell.cell_type != "code" or not literal.search(cell.source)
+                    or "devlab.lesson.setup(" in cell.source):
+                continue
+            assert "raises-exception" in cell.metadata.get("tags", []), (
+                f"{path.name}: a cell names a second CUDA device literally:\n{cell.source}")
+            said = next(c.source for c in nb.cells
+                        if c.cell_type == "code" and "devlab.lesson.setup(" in c.source)
+            assert '"separate_gpus"' in said, f"{path.name}: setup does not name those cells"
+
+
+
+def test_a_second_lesson_in_the_same_kernel_says_what_it_cannot_have() -> None:
+    """Notebook 02 used its one GPU; notebook 03's set-up, run next in the same kernel, cannot
+    change GPUs in use: it names the cells that lose out, and how to restart."""
+    def code(stem: str) -> list[str]:
+        nb = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)
+        return [c.source for c in nb.cells if c.cell_type == "code"]
+
+    setup_03 = next(src for src in code("03-d2l-exercises") if "devlab.lesson.setup(" in src)
+    cells = run_cells(*code("02-memory"), setup_03, timeout=300)
+    assert [e.ename for c in cells for e in errors(c)] == ["OutOfMemoryError"]  # 02's own
+    said = stream(cells[-1]).splitlines()
+    assert said[0].startswith("devlab.lesson: 1 simulated GPU set up earlier in this kernel.")
+    assert "they have no timing model, not the T4 this lesson uses, so the cell that calls " \
+           "devlab.simulated.explain will not show the T4's times" in said[1]
+    assert "so exercise 4 (two GPUs at once) will not run" in said[2]
+    assert all("Kernel > Restart Kernel" in line for line in said[1:])

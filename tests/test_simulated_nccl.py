@@ -1,0 +1,287 @@
+"""NCCL on simulated GPUs (devlab/simulated/_nccl.py): a group made for "nccl" is NCCL to the
+program — its name, the tensors its collectives accept, its errors, DDP's communication hooks —
+with gloo moving the bytes; and the CUDA build's probes answer as a CUDA build does."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import devlab
+from devlab import placement_log
+
+pytestmark = pytest.mark.usefixtures("no_simulation")
+
+
+def _rank() -> int:
+    return int(os.environ["RANK"])
+
+
+def _error(fn) -> str:
+    try:
+        fn()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+# --- what the group says about itself -----------------------------------------------------------
+
+def bound_group() -> dict:
+    rank = _rank()
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    dist.barrier()  # gloo's barrier would allocate a tensor on the bound CUDA device
+    dist.barrier(device_ids=[rank])
+    pg = dist.group.WORLD
+    sub = dist.new_group([0, 1])
+    t = torch.ones(1, device=rank)
+    dist.all_reduce(t, group=sub)
+    split = dist.split_group(split_ranks=[[0, 1]])  # NCCL's communicator split
+    s = torch.full((1,), float(rank), device=rank)
+    dist.all_reduce(s, group=split)
+    mine, _ = dist.new_subgroups(group_size=1)  # one group per rank
+    dist.all_reduce(t, group=mine)
+    out = {"backend": dist.get_backend(), "name": pg.name(), "sub": dist.get_backend(sub),
+           "split": (dist.get_backend(split), split.name(), s.tolist(), str(s.device)),
+           "subgroups": (dist.get_backend(mine), mine.size()),
+           "available": dist.is_nccl_available(), "bound": str(pg.bound_device_id),
+           "config": dist.get_backend_config(), "sub_sum": t.tolist(), "device": str(t.device),
+           "monitored": _error(lambda: dist.monitored_barrier())}
+    dist.destroy_process_group()
+    return out
+
+
+def test_a_group_made_for_nccl_is_nccl(two) -> None:
+    for rank, got in enumerate(devlab.launch(bound_group, nprocs=2)):
+        assert got == {"backend": "nccl", "name": "nccl", "sub": "nccl", "available": True,
+                       "bound": f"cuda:{rank}", "config": "cuda:nccl", "sub_sum": [2.0],
+                       "split": ("nccl", "nccl", [1.0], f"cuda:{rank}"),
+                       "subgroups": ("nccl", 1),
+                       "device": f"cuda:{rank}",
+                       # NCCL has no monitored barrier: torch says so for any group but gloo's
+                       "monitored": "ValueError: monitored_barrier is only implemented for "
+                                    "GLOO backend."}
+
+
+# --- collectives take what NCCL takes ---------------------------------------------------------
+
+def _inputs(rank: int) -> torch.Tensor:
+    """Rank r's four values, on its GPU: 10r, 10r+1, 10r+2, 10r+3."""
+    return torch.arange(4.0, device=rank) + 10 * rank
+
+
+def collectives() -> dict:
+    rank = _rank()
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(rank)
+    x = _inputs(rank)
+    out: dict = {}
+    flat = torch.empty(8, device=rank)
+    dist.all_gather_into_tensor(flat, x.view(2, 2))  # gloo: "invalid tensor size"
+    stacked = torch.empty(2, 4, device=rank)
+    dist.all_gather_into_tensor(stacked, x)
+    out["all_gather_into_tensor"] = (flat.tolist(), stacked.flatten().tolist(), str(flat.device))
+    part = torch.empty(2, device=rank)
+    dist.reduce_scatter_tensor(part, x.view(2, 2))  # gloo: a failed check
+    out["reduce_scatter_tensor"] = (part.tolist(), str(part.device))
+    uneven = [torch.empty(1, device=rank), torch.empty(2, device=rank)]
+    dist.all_gather(uneven, torch.full((rank + 1,), float(rank + 1), device=rank))
+    out["all_gather_uneven"] = [u.tolist() for u in uneven]
+    received = torch.empty(3 if rank == 0 else 5, device=rank)
+    dist.all_to_all_single(received, x, [1, 2] if rank == 0 else [3, 2],
+                           [1, 3] if rank == 0 else [2, 2])
+    out["all_to_all_uneven"] = received.tolist()
+    reductions = {}
+    for name, op in (("avg", dist.ReduceOp.AVG), ("premul", dist._make_nccl_premul_sum(0.5)),
+                     ("premul_tensor", dist._make_nccl_premul_sum(torch.tensor(0.25,
+                                                                               device=rank)))):
+        y = x.clone()
+        dist.all_reduce(y, op=op)
+        reductions[name] = y.tolist()
+    scattered = torch.empty(2, device=rank)
+    dist.reduce_scatter_tensor(scattered, x, op=dist._make_nccl_premul_sum(2.0))
+    reductions["premul_scatter"] = scattered.tolist()
+    flags = torch.tensor([rank == 1, False], device=rank)
+    dist.all_reduce(flags)  # NCCL reduces booleans with an or
+    reductions["bool"] = flags.tolist()
+    out["reductions"] = reductions
+    dist.destroy_process_group()
+    return out
+
+
+def test_collectives_accept_what_nccl_accepts_and_stay_on_the_gpu(two) -> None:
+    inputs = [torch.arange(4.0) + 10 * r for r in range(2)]  # what _inputs gives each rank
+    total = inputs[0] + inputs[1]
+    results = devlab.launch(collectives, nprocs=2)
+    for rank, got in enumerate(results):
+        gathered = torch.cat(inputs).tolist()
+        assert got["all_gather_into_tensor"] == (gathered, gathered, f"cuda:{rank}")
+        assert got["reduce_scatter_tensor"] == (total.chunk(2)[rank].tolist(), f"cuda:{rank}")
+        assert got["all_gather_uneven"] == [[1.0], [2.0, 2.0]]
+        sent = {0: inputs[0].split([1, 3]), 1: inputs[1].split([2, 2])}
+        assert got["all_to_all_uneven"] == torch.cat([sent[0][rank], sent[1][rank]]).tolist()
+        assert got["reductions"] == {
+            "avg": (total / 2).tolist(), "premul": (total * 0.5).tolist(),
+            "premul_tensor": (total * 0.25).tolist(),
+            "premul_scatter": (total * 2).chunk(2)[rank].tolist(), "bool": [True, False]}
+
+
+def nccl_errors() -> dict:
+    rank = _rank()
+    dist.init_process_group("nccl")
+    x = _inputs(rank)
+    out = {
+        "band": _error(lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.BAND)),
+        "bool_avg": _error(lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool, device=rank),
+                                                   op=dist.ReduceOp.AVG)),
+        "premul_int": _error(lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64,
+                                                                device=rank),
+                                                     op=dist._make_nccl_premul_sum(2.0))),
+        "gather_size": _error(lambda: dist.all_gather_into_tensor(torch.empty(7, device=rank),
+                                                                  x)),
+        "gather_dtype": _error(lambda: dist.all_gather_into_tensor(
+            torch.empty(8, dtype=torch.float64, device=rank), x)),
+        "scatter_size": _error(lambda: dist.reduce_scatter_tensor(torch.empty(3, device=rank),
+                                                                  x)),
+        "strided": _error(lambda: dist.all_reduce(torch.ones(4, 4, device=rank).t())),
+    }
+    dist.barrier()  # the group still works after the refusals
+    dist.destroy_process_group()
+    return out
+
+
+def test_what_nccl_refuses_is_refused_in_its_words(two) -> None:
+    for got in devlab.launch(nccl_errors, nprocs=2):
+        assert got == {
+            "band": "ValueError: Cannot use ReduceOp.BAND with NCCL",
+            "bool_avg": "TypeError: Cannot use ReduceOp.AVG with boolean inputs",
+            "premul_int": "TypeError: PreMulSum Data type must be half, float, bfloat16 or "
+                          "double",
+            "gather_size": "ValueError: output tensor size must be equal to world_size times "
+                           "input tensor size",
+            "gather_dtype": "TypeError: output tensor must have the same type as input tensor",
+            "scatter_size": "ValueError: input tensor must be the same size as output size "
+                            "times world size",
+            "strided": "ValueError: Tensors must be contiguous"}
+
+
+# --- DDP's communication hooks ------------------------------------------------------------------
+
+STEPS = 4
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 8, generator=g), torch.randn(8, 2, generator=g))
+            for _ in range(STEPS)]
+
+
+def train_with_hook(hook: str) -> tuple[list[float], list[str]]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    rank = _rank()
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    torch.cuda.set_device(rank)
+    model = nn.parallel.DistributedDataParallel(_net().to(rank), device_ids=[rank])
+    if hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                            start_powerSGD_iter=2, min_compression_rate=0.1)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif hook != "none":
+        model.register_comm_hook(None, {"fp16": default_hooks.fp16_compress_hook,
+                                        "bf16": default_hooks.bf16_compress_hook}[hook])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for X, y in _batches():
+        opt.zero_grad()
+        mine = slice(4 * rank, 4 * rank + 4)
+        nn.functional.mse_loss(model(X[mine].to(rank)), y[mine].to(rank)).backward()
+        opt.step()
+    devices = sorted({str(p.device) for p in model.parameters()})
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu().tolist()
+    dist.destroy_process_group()
+    return weights, devices
+
+
+@pytest.fixture(scope="module")
+def one_process() -> torch.Tensor:
+    """The same training on the whole batch in one process on the CPU: what DDP computes."""
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for X, y in _batches():
+        opt.zero_grad()
+        nn.functional.mse_loss(net(X), y).backward()
+        opt.step()
+    return torch.cat([p.detach().flatten() for p in net.parameters()])
+
+
+@pytest.mark.parametrize(("hook", "tolerance"), [
+    ("none", 1e-6), ("fp16", 1e-3), ("bf16", 1e-2), ("powersgd", None)])
+def test_ddp_communication_hooks_train_on_simulated_gpus(two, one_process, hook,
+                                                         tolerance) -> None:
+    results = devlab.launch(train_with_hook, hook, nprocs=2)
+    for rank, (weights, devices) in enumerate(results):
+        assert devices == [f"cuda:{rank}"]
+        assert weights == results[0][0]  # every rank applied the same step
+        if tolerance is not None:  # compression rounds the gradients it sends
+            torch.testing.assert_close(torch.tensor(weights), one_process, rtol=tolerance,
+                                       atol=tolerance)
+    if hook == "powersgd":  # a rank-1 approximation: trained, but not the exact step
+        moved = (torch.tensor(results[0][0]) - _initial()).abs().sum()
+        assert moved > 0
+
+
+def _initial() -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in _net().parameters()])
+
+
+# --- the placement log ------------------------------------------------------------------------
+
+def logged_gather() -> list[str]:
+    rank = _rank()
+    dist.init_process_group("nccl")
+    x = _inputs(rank)
+    out = torch.empty(8, device=rank)
+    with placement_log.capture() as log:
+        dist.all_gather_into_tensor(out, x.view(2, 2))
+        dist.reduce_scatter_tensor(torch.empty(2, device=rank), x)
+    dist.destroy_process_group()
+    return [line for line in log.lines() if "c10d" in line]
+
+
+def test_the_placement_log_shows_the_groups_collectives_with_their_bytes(two) -> None:
+    gpu = "/job:localhost/replica:0/task:0/device:GPU:{}"
+    for rank, lines in enumerate(devlab.launch(logged_gather, nprocs=2)):
+        assert lines == [f"All-gather 16 B on {gpu.format(rank)} (c10d::_allgather_base_)",
+                         f"Reduce-scatter 16 B on {gpu.format(rank)} "
+                         "(c10d::_reduce_scatter_base_)"]
+
+
+# --- the CUDA build's probes ------------------------------------------------------------------
+
+def test_the_cuda_build_probes_answer_while_simulating_and_go_with_it(no_simulation) -> None:
+    import torch.cuda.nccl
+    import torch.distributed.distributed_c10d as c10d
+
+    before = (dist.is_nccl_available(), torch.version.cuda, torch.cuda.nccl.version,
+              hasattr(torch._C, "_cuda_isInBadFork"), hasattr(dist, "ProcessGroupNCCL"),
+              c10d._new_process_group_helper, c10d.default_pg_nccl_timeout)
+    devlab.simulated.start(2)
+    assert dist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
+    assert torch.cuda.nccl.version()[-1] == "simulated"
+    assert torch.version.cuda is not None and int(torch.version.cuda.split(".")[0]) >= 11
+    assert torch._C._cuda_isInBadFork() is False
+    assert dist.ProcessGroupNCCL.Options().is_high_priority_stream is False
+    devlab.simulated.stop()
+    after = (dist.is_nccl_available(), torch.version.cuda, torch.cuda.nccl.version,
+             hasattr(torch._C, "_cuda_isInBadFork"), hasattr(dist, "ProcessGroupNCCL"),
+             c10d._new_process_group_helper, c10d.default_pg_nccl_timeout)
+    assert after == before
