@@ -40,6 +40,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from devlab import scope, simulated
+from devlab._tracebacks import drop_frames
 from devlab.figures import ensure_figure_formatter, figure_png
 from devlab.scope import device_label
 
@@ -67,6 +68,11 @@ _BLOCK_TIME = 1e-3
 # 128x128 product's median block took 440x its fastest (benchmarks/timing.py prints the
 # ratio for its workloads). Blocks of a quiet CPU agree within a few per cent.
 STEADY = 1.5
+
+# The most calls (or blocks) any option may ask for, and the longest least time to measure:
+# beyond them a cell would run for hours, which is a mistake in the option, not a timing.
+MAX_CALLS = 1_000_000
+MAX_MIN_TIME = 3600.0
 
 
 def format_seconds(t: float) -> str:
@@ -106,23 +112,28 @@ def check_options(
     def whole(value: object) -> bool:
         return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
+    # Upper bounds keep a timing a timing: a request that would run for days is a typo, and
+    # is refused before the cell starts rather than left to hang it.
     wanted = (
-        ("warmup", warmup, 0, "untimed calls before measuring"),
-        ("repeats", repeats, 1, "blocks of calls to measure at least"),
-        ("max_repeats", max_repeats, repeats or 1, "blocks of calls to measure at most, no fewer than repeats"),
-        ("number", number, 1, "calls per block"),
+        ("warmup", warmup, 0, MAX_CALLS, "untimed calls before measuring"),
+        ("repeats", repeats, 1, MAX_CALLS, "blocks of calls to measure at least"),
+        ("max_repeats", max_repeats, repeats or 1, MAX_CALLS,
+         "blocks of calls to measure at most, no fewer than repeats"),
+        ("number", number, 1, MAX_CALLS, "calls per block"),
     )
-    for option, value, least, meaning in wanted:
-        if value is not None and not (whole(value) and value >= least):
+    for option, value, least, most, meaning in wanted:
+        if value is not None and not (whole(value) and least <= value <= most):
             raise ValueError(
-                f"{name(option)} is the number of {meaning}, a whole number of at least {least}; "
-                f"got {value!r}."
+                f"{name(option)} is the number of {meaning}, a whole number from {least} to "
+                f"{most:,}; got {value!r}."
             )
     if min_time is not None and not (
-        isinstance(min_time, numbers.Real) and not isinstance(min_time, bool) and min_time >= 0
+        isinstance(min_time, numbers.Real) and not isinstance(min_time, bool)
+        and 0 <= min_time <= MAX_MIN_TIME
     ):
         raise ValueError(
-            f"{name('min_time')} is the least time in seconds to measure for, 0 or more; got {min_time!r}."
+            f"{name('min_time')} is the least time in seconds to measure for, from 0 to "
+            f"{MAX_MIN_TIME:g} (an hour); got {min_time!r}."
         )
 
 
@@ -248,17 +259,7 @@ def _drop_own_frames(err: BaseException) -> None:
     without this module's frames (a bare `raise` keeps the edited traceback on 3.11+)."""
     if not isinstance(err, DeviceMismatch):
         return
-    kept = []
-    tb = err.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename != __file__:
-            kept.append(tb)
-        tb = tb.tb_next
-    for outer, inner in zip(kept, kept[1:], strict=False):
-        outer.tb_next = inner
-    if kept:
-        kept[-1].tb_next = None
-    err.__traceback__ = kept[0] if kept else None
+    drop_frames(err, lambda filename: filename == __file__)
 
 
 def _check_where(named: str, device: torch.device, ran: set[torch.device]) -> None:

@@ -7,6 +7,10 @@ import torch
 
 import devlab
 
+# The corpus holds third-party programs (some named test_*.py, pytest suites of their own, like
+# accelerate's): tests/test_conformance.py runs them as their users do, pytest must not collect them.
+collect_ignore_glob = ["conformance/programs/*", "conformance/standins*"]
+
 
 def _torch_state() -> tuple[object, ...]:
     return (

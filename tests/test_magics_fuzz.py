@@ -62,15 +62,15 @@ DEVICES_LINE = line_of(opt("--simulate-gpus", st.sampled_from(["0", "1", "2", "-
                        opt("--model", st.sampled_from(["T4", "A100", "foo", "''"])))
 MEMWATCH_LINE = line_of(opt("--device", NAMES), opt("-d", NAMES), opt("--interval", FLOATS),
                         opt("-i", FLOATS))
-# Quick timing first (a drawn option repeats it, and the last one counts); unbounded values
-# (--min-time inf, --repeats 10**9) are devlab.timing's to refuse and left out here.
+# Quick timing first (a drawn option repeats it, and the last one counts); values a timing cannot
+# finish (--min-time inf, --repeats 10**9) must be refused before anything runs.
 COMPARE_LINE = st.tuples(
     st.lists(NAMES, min_size=0, max_size=3).map(" ".join),
     line_of(opt("--setup", st.sampled_from(['"x = torch.ones(3)"', "'x = ('", '"x = 1  # c"',
                                             "x=1"])),
-            opt("--warmup", st.sampled_from(["0", "1", "-2", "x"])),
-            opt("--repeats", st.sampled_from(["1", "0", "-1", "x"])),
-            opt("--min-time", st.sampled_from(["0", "0.001", "-1", "nan", "x"])),
+            opt("--warmup", st.sampled_from(["0", "1", "-2", "x", str(10**9)])),
+            opt("--repeats", st.sampled_from(["1", "0", "-1", "x", str(10**9)])),
+            opt("--min-time", st.sampled_from(["0", "0.001", "-1", "nan", "x", "inf", "1e300"])),
             st.just("--output"), st.just("-o")),
 ).map(lambda t: f"{t[0]} --min-time 0 --warmup 0 --repeats 1 {t[1]}")
 

@@ -54,7 +54,7 @@ def dtensor_basics() -> dict:
 
 def test_dtensor_shards_live_on_each_ranks_gpu(two) -> None:
     full = torch.arange(16.0).view(4, 4)
-    for rank, got in enumerate(devlab.launch(dtensor_basics, nprocs=2)):
+    for rank, got in enumerate(devlab.launch(dtensor_basics, nprocs=2, timeout=120)):
         gpu = f"cuda:{rank}"
         assert got == {
             "mesh": "cuda",
@@ -136,7 +136,7 @@ def test_tensor_parallel_training_matches_one_cpu_process(two, sequence) -> None
         ref(_inputs(step)).pow(2).sum().backward()
         opt.step()
     for rank, (weights, devices) in enumerate(devlab.launch(tensor_parallel, sequence,
-                                                            nprocs=2)):
+                                                            nprocs=2, timeout=120)):
         assert devices == [f"cuda:{rank}"]
         for got, want in zip(weights, ref.parameters(), strict=True):
             torch.testing.assert_close(torch.tensor(got), want.detach(), rtol=1e-4, atol=1e-5)
@@ -190,7 +190,7 @@ def test_fsdp2_shards_unshards_and_trains_as_one_cpu_process(two) -> None:
         sum(ref(half).pow(2).mean() for half in x.chunk(2)).div(2).backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)))
         opt.step()
-    for rank, got in enumerate(devlab.launch(fsdp2, start, nprocs=2)):
+    for rank, got in enumerate(devlab.launch(fsdp2, start, nprocs=2, timeout=120)):
         gpu = f"cuda:{rank}"
         assert got["sharded"] == sorted([f"{gpu} (8,)", f"{gpu} (8, 8)"])  # half of up's
         assert got["unsharded"] == sorted([f"{gpu} (16,)", f"{gpu} (16, 8)"])
@@ -239,7 +239,7 @@ def test_a_2d_mesh_of_fsdp2_and_tensor_parallelism(no_simulation) -> None:
         opt.zero_grad()
         sum(ref(half).pow(2).mean() for half in _inputs(step).chunk(2)).div(2).backward()
         opt.step()
-    for rank, (devices, weights) in enumerate(devlab.launch(two_dimensional, nprocs=4)):
+    for rank, (devices, weights) in enumerate(devlab.launch(two_dimensional, nprocs=4, timeout=180)):
         assert devices == [f"cuda:{rank}"]
         for got, want in zip(weights, ref.parameters(), strict=True):
             torch.testing.assert_close(torch.tensor(got), want.detach(), rtol=1e-4, atol=1e-5)
@@ -276,7 +276,7 @@ def test_pipelining_on_two_ranks_matches_one_cpu_process(two) -> None:
     micro = _inputs(0).chunk(2)
     losses = [ref(m).pow(2).mean() for m in micro]
     (sum(losses) / 2).backward()  # the schedule scales gradients by the microbatch count
-    results = devlab.launch(pipelined, nprocs=2)
+    results = devlab.launch(pipelined, nprocs=2, timeout=120)
     assert [r[0] for r in results] == ["cuda:0", "cuda:1"]
     assert results[1][1] == pytest.approx([v.item() for v in losses], rel=1e-5)
     owned = [[ref.norm.weight, ref.norm.bias, ref.up.weight, ref.up.bias],

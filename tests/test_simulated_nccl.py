@@ -11,6 +11,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+# Imported here, not in the ranks: a forked rank that imports a module the parent never did can
+# block on an import lock a thread of the parent held at the fork (seen ~1 run in 4 under load).
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
 import devlab
 from devlab import placement_log
 
@@ -56,7 +60,7 @@ def bound_group() -> dict:
 
 
 def test_a_group_made_for_nccl_is_nccl(two) -> None:
-    for rank, got in enumerate(devlab.launch(bound_group, nprocs=2)):
+    for rank, got in enumerate(devlab.launch(bound_group, nprocs=2, timeout=120)):
         assert got == {"backend": "nccl", "name": "nccl", "sub": "nccl", "available": True,
                        "bound": f"cuda:{rank}", "config": "cuda:nccl", "sub_sum": [2.0],
                        "split": ("nccl", "nccl", [1.0], f"cuda:{rank}"),
@@ -116,7 +120,7 @@ def collectives() -> dict:
 def test_collectives_accept_what_nccl_accepts_and_stay_on_the_gpu(two) -> None:
     inputs = [torch.arange(4.0) + 10 * r for r in range(2)]  # what _inputs gives each rank
     total = inputs[0] + inputs[1]
-    results = devlab.launch(collectives, nprocs=2)
+    results = devlab.launch(collectives, nprocs=2, timeout=120)
     for rank, got in enumerate(results):
         gathered = torch.cat(inputs).tolist()
         assert got["all_gather_into_tensor"] == (gathered, gathered, f"cuda:{rank}")
@@ -155,7 +159,7 @@ def nccl_errors() -> dict:
 
 
 def test_what_nccl_refuses_is_refused_in_its_words(two) -> None:
-    for got in devlab.launch(nccl_errors, nprocs=2):
+    for got in devlab.launch(nccl_errors, nprocs=2, timeout=120):
         assert got == {
             "band": "ValueError: Cannot use ReduceOp.BAND with NCCL",
             "bool_avg": "TypeError: Cannot use ReduceOp.AVG with boolean inputs",
@@ -186,8 +190,6 @@ def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def train_with_hook(hook: str) -> tuple[list[float], list[str]]:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
     rank = _rank()
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     torch.cuda.set_device(rank)
@@ -227,7 +229,7 @@ def one_process() -> torch.Tensor:
     ("none", 1e-6), ("fp16", 1e-3), ("bf16", 1e-2), ("powersgd", None)])
 def test_ddp_communication_hooks_train_on_simulated_gpus(two, one_process, hook,
                                                          tolerance) -> None:
-    results = devlab.launch(train_with_hook, hook, nprocs=2)
+    results = devlab.launch(train_with_hook, hook, nprocs=2, timeout=120)
     for rank, (weights, devices) in enumerate(results):
         assert devices == [f"cuda:{rank}"]
         assert weights == results[0][0]  # every rank applied the same step
@@ -259,7 +261,7 @@ def logged_gather() -> list[str]:
 
 def test_the_placement_log_shows_the_groups_collectives_with_their_bytes(two) -> None:
     gpu = "/job:localhost/replica:0/task:0/device:GPU:{}"
-    for rank, lines in enumerate(devlab.launch(logged_gather, nprocs=2)):
+    for rank, lines in enumerate(devlab.launch(logged_gather, nprocs=2, timeout=120)):
         assert lines == [f"All-gather 16 B on {gpu.format(rank)} (c10d::_allgather_base_)",
                          f"Reduce-scatter 16 B on {gpu.format(rank)} "
                          "(c10d::_reduce_scatter_base_)"]
@@ -273,8 +275,10 @@ def test_the_cuda_build_probes_answer_while_simulating_and_go_with_it(no_simulat
 
     before = (dist.is_nccl_available(), torch.version.cuda, torch.cuda.nccl.version,
               hasattr(torch._C, "_cuda_isInBadFork"), hasattr(dist, "ProcessGroupNCCL"),
-              c10d._new_process_group_helper, c10d.default_pg_nccl_timeout)
+              c10d._new_process_group_helper, c10d.default_pg_nccl_timeout,
+              torch._C.Future.then, torch._C._get_accelerator)
     devlab.simulated.start(2)
+    assert torch._C._get_accelerator() == torch.device("cuda")
     assert dist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
     assert torch.cuda.nccl.version()[-1] == "simulated"
     assert torch.version.cuda is not None and int(torch.version.cuda.split(".")[0]) >= 11
@@ -283,5 +287,6 @@ def test_the_cuda_build_probes_answer_while_simulating_and_go_with_it(no_simulat
     devlab.simulated.stop()
     after = (dist.is_nccl_available(), torch.version.cuda, torch.cuda.nccl.version,
              hasattr(torch._C, "_cuda_isInBadFork"), hasattr(dist, "ProcessGroupNCCL"),
-             c10d._new_process_group_helper, c10d.default_pg_nccl_timeout)
+             c10d._new_process_group_helper, c10d.default_pg_nccl_timeout,
+             torch._C.Future.then, torch._C._get_accelerator)
     assert after == before

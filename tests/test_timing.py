@@ -86,14 +86,17 @@ def test_an_error_in_fn_propagates_and_restores_the_default_device():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"repeats": 0}, "repeats is the number of blocks of calls to measure at least, a whole number of at least 1; got 0."),
-    ({"number": 0}, "number is the number of calls per block, a whole number of at least 1; got 0."),
-    ({"warmup": -1}, "warmup is the number of untimed calls before measuring, a whole number of at least 0; got -1."),
-    ({"warmup": 1.5}, "warmup is the number of untimed calls before measuring, a whole number of at least 0; got 1.5."),
+    ({"repeats": 0}, "repeats is the number of blocks of calls to measure at least, a whole number from 1 to 1,000,000; got 0."),
+    ({"number": 0}, "number is the number of calls per block, a whole number from 1 to 1,000,000; got 0."),
+    ({"warmup": -1}, "warmup is the number of untimed calls before measuring, a whole number from 0 to 1,000,000; got -1."),
+    ({"warmup": 1.5}, "warmup is the number of untimed calls before measuring, a whole number from 0 to 1,000,000; got 1.5."),
+    ({"warmup": 10**9}, "warmup is the number of untimed calls before measuring, a whole number from 0 to 1,000,000; got 1000000000."),
+    ({"repeats": 10**9}, "repeats is the number of blocks of calls to measure at least, a whole number from 1 to 1,000,000; got 1000000000."),
     ({"repeats": 5, "max_repeats": 3}, "max_repeats is the number of blocks of calls to measure at most, no fewer "
-                                       "than repeats, a whole number of at least 5; got 3."),
-    ({"min_time": -0.5}, "min_time is the least time in seconds to measure for, 0 or more; got -0.5."),
-    ({"min_time": float("nan")}, "min_time is the least time in seconds to measure for, 0 or more; got nan."),
+                                       "than repeats, a whole number from 5 to 1,000,000; got 3."),
+    ({"min_time": -0.5}, "min_time is the least time in seconds to measure for, from 0 to 3600 (an hour); got -0.5."),
+    ({"min_time": float("nan")}, "min_time is the least time in seconds to measure for, from 0 to 3600 (an hour); got nan."),
+    ({"min_time": float("inf")}, "min_time is the least time in seconds to measure for, from 0 to 3600 (an hour); got inf."),
 ])
 def test_argument_errors_name_the_option_and_what_it_takes(options, message):
     calls = []

@@ -244,13 +244,12 @@ class Progress:
             show = in_notebook()
         if show:
             import ipywidgets
-            from IPython.display import display
 
             self._bar = ipywidgets.IntProgress(value=0, min=0, max=self.total,
                                                description=description[:20])
             self._label = ipywidgets.Label(value="")
-            self.widget = ipywidgets.HBox(children=[self._bar, self._label])
-            display(self.widget)
+            self.widget = _progress_box()(children=[self._bar, self._label])
+            self.widget.display_live()
 
     def step(self, label: str = "", n: int = 1) -> None:
         """`n` more steps are done; `label` says what runs next."""
@@ -266,17 +265,43 @@ class Progress:
             self._bar.max = self.total
 
     def finish(self, failed: bool = False) -> None:
-        if self.widget is not None:
+        """The bar's last state; then it gives way to a static copy and its widgets close."""
+        if self.widget is not None and not self.widget.released:
             self._bar.bar_style = "danger" if failed else "success"
             if not failed:
                 self._bar.value = self.total
             self._label.value = "stopped" if failed else "done"
+            self.widget.release()
 
     def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self.finish(failed=exc_type is not None)
+
+
+_PROGRESS_BOX: Any = None
+
+
+def _progress_box() -> Any:
+    """An HBox that is live while an exercise runs, then a static `<progress>` (made on first
+    use: ipywidgets is imported only in a notebook)."""
+    global _PROGRESS_BOX
+    if _PROGRESS_BOX is None:
+        import ipywidgets
+
+        from devlab.widgets._live import LiveWidget, StaticView
+
+        class ProgressBox(LiveWidget, ipywidgets.HBox):
+            def static(self) -> StaticView:
+                bar, label = self.children
+                html = (f"<div class='devlab-progress'>{escape(bar.description)} <progress "
+                        f"value='{bar.value}' max='{bar.max}'></progress> "
+                        f"{escape(label.value)}</div>")
+                return StaticView(html, f"{bar.description} {bar.value}/{bar.max} {label.value}")
+
+        _PROGRESS_BOX = ProgressBox
+    return _PROGRESS_BOX
 
 
 def check_positive(**values: int | float) -> None:

@@ -14,6 +14,11 @@ here:
 - DDP's buckets: the Reducer makes them in C++, where a simulated GPU is the CPU, so a bucket
   would say `cpu`. A communication hook (`register_comm_hook`) sees its bucket on the GPU of
   the bucket's parameters, as on a real machine (PowerSGD makes its matrices there).
+- Futures of collectives (`work.get_future().then(callback)`, as DDP's hooks chain them): a
+  callback runs on the thread that completes the future, often gloo's own C++ thread, which
+  the simulation does not route; tensors made there would land on the host (PowerSGD keeps its
+  error feedback so). `Future.then` and `add_done_callback` run their callbacks routed, as the
+  calling thread's work is.
 - `dist._compute_bucket_assignment_by_size`, with which DistributedDataParallel groups the
   gradients it all-reduces into buckets: C++ groups them by device and sees only the CPU, so a
   model spread over two simulated GPUs would share buckets between them. It groups by
@@ -27,6 +32,7 @@ from typing import Any
 
 import torch
 
+from . import _session
 from ._marks import index_of, live_mark, mark_one, storage_of
 from ._patcher import Patcher
 
@@ -69,6 +75,25 @@ def _hook_registration(original: Any) -> Any:
         return original(reducer, state, _placed_hook(comm_hook))
 
     return _register_comm_hook
+
+
+def _routed_callbacks(original: Any) -> Any:
+    """`Future.then`/`add_done_callback` whose callback runs routed on whatever thread."""
+
+    @functools.wraps(original)
+    def chained(self: Any, callback: Any) -> Any:
+        @functools.wraps(callback)
+        def routed(fut: Any) -> Any:
+            if _session.session is None or _session.is_routed():
+                return callback(fut)
+            from . import _threads
+
+            with _threads.routing():
+                return callback(fut)
+
+        return original(self, routed)
+
+    return chained
 
 
 def _bucketing(original: Any) -> Any:
@@ -115,5 +140,9 @@ def install(p: Patcher) -> None:
     p.set(c10d, "default_pg_nccl_timeout", DEFAULT_TIMEOUT)
     p.set(c10d, "_new_process_group_helper", _binding(c10d._new_process_group_helper))
     p.set(dist, "_register_comm_hook", _hook_registration(dist._register_comm_hook))
+    # torch.Future (torch._C.Future): what Work.get_future() returns, and torch.futures.Future's
+    # base, whose methods it calls.
+    for name in ("then", "add_done_callback"):
+        p.set(torch._C.Future, name, _routed_callbacks(getattr(torch._C.Future, name)))
     p.set(dist, "_compute_bucket_assignment_by_size",
           _bucketing(dist._compute_bucket_assignment_by_size))

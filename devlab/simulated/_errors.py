@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from .._tracebacks import drop_frames
 from ._session import DeviceState
 
 _USER_ERROR = "_devlab_user_error"
@@ -59,17 +60,7 @@ def drop_own_frames(err: BaseException) -> None:
     """
     if not getattr(err, _USER_ERROR, False):
         return
-    kept = []
-    tb = err.__traceback__
-    while tb is not None:
-        if os.path.dirname(tb.tb_frame.f_code.co_filename) != _PACKAGE_DIR:
-            kept.append(tb)
-        tb = tb.tb_next
-    for outer, inner in zip(kept, kept[1:], strict=False):
-        outer.tb_next = inner
-    if kept:
-        kept[-1].tb_next = None
-    err.__traceback__ = kept[0] if kept else None
+    drop_frames(err, lambda filename: os.path.dirname(filename) == _PACKAGE_DIR)
 
 
 def let_go(err: BaseException) -> None:

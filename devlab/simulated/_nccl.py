@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import sys
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -87,6 +88,16 @@ class Options:
         self.group_desc = ""
         self.config = NCCLConfig()
         self.backend = "nccl"
+
+
+def _one_by_one(single: Callable[..., Any], outputs: Any, inputs: Any, opts: Any) -> Any:
+    """A coalesced collective as its single collectives, in order, each finished before the
+    next."""
+    work = None
+    for out, inp in zip(outputs, inputs, strict=True):
+        work = single(out, inp, opts)
+        work.wait()
+    return _done(outputs) if work is None else work
 
 
 def _done(result: Any) -> Any:
@@ -232,6 +243,13 @@ class ProcessGroupNCCL(dist.ProcessGroup):
             return self._nccl_backend
         return super()._get_backend(device)
 
+    def shutdown(self) -> None:
+        """Shut the gloo backend down once (it is registered here for two devices, and in
+        `_inner`)."""
+        if not getattr(self, "_shut", False):
+            self._shut = True
+            self._inner.shutdown()
+
     def get_group_store(self) -> Any:
         return self._inner.get_group_store()
 
@@ -343,11 +361,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        work = None
-        for out, inp in zip(outputs, inputs, strict=True):
-            work = self.all_gather_single(out, inp, opts)
-            work.wait()
-        return _done(outputs) if work is None else work
+        return _one_by_one(self.all_gather_single, outputs, inputs, opts)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -370,11 +384,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        work = None
-        for out, inp in zip(outputs, inputs, strict=True):
-            work = self.reduce_scatter_single(out, inp, opts)
-            work.wait()
-        return _done(outputs) if work is None else work
+        return _one_by_one(self.reduce_scatter_single, outputs, inputs, opts)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
