@@ -39,7 +39,7 @@ def ddp_step_seconds(steps: int, threads: int | None = None) -> float:
     """Seconds per DDP step on this rank: forward, backward (gradients all-reduced), SGD step."""
     if threads is not None:
         torch.set_num_threads(threads)
-    dist.init_process_group("gloo")  # what "nccl" becomes on simulated GPUs
+    dist.init_process_group("gloo")  # (simulated GPUs' NCCL runs on gloo too)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank)
     torch.manual_seed(0)

@@ -39,3 +39,28 @@ def cpu_quota(cgroup: Path = CGROUP) -> float | None:
     except (OSError, ValueError):  # unreadable or malformed: no quota known
         return None
     return None
+
+
+def memory_available(cgroup: Path = CGROUP) -> int | None:
+    """Bytes of memory this process can still get: the machine's available memory, or less
+    where a cgroup limits it (cgroup v2 `memory.max` minus `memory.current`, or v1's limit
+    minus usage: Binder's 2 GB on a host with far more). None where it cannot be read."""
+    try:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    except Exception:  # no psutil reading on this platform
+        available = None
+    for limit_file, used_file in (("memory.max", "memory.current"),
+                                  ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            limit = (cgroup / limit_file).read_text().strip()
+            if limit == "max":
+                break
+            left = max(0, int(limit) - int((cgroup / used_file).read_text()))
+        except (OSError, ValueError):
+            continue
+        if int(limit) < 2**60:  # v1 says "no limit" with a huge number
+            available = left if available is None else min(available, left)
+        break
+    return available

@@ -9,7 +9,9 @@ import re
 import pytest
 from nbutil import errors, run_cells, stream, text
 
-pytestmark = pytest.mark.notebook
+# One worker runs this module: its tests share one expensive module fixture, which
+# each worker would otherwise build again.
+pytestmark = [pytest.mark.notebook, pytest.mark.xdist_group("test_distributed_notebook")]
 
 SNAPSHOT = """\
 import logging, os, signal, sys, threading, psutil, torch, devlab
@@ -63,6 +65,12 @@ def cells():
         # 7: usage mistakes
         "%%distributed -n 0\npass",
         "%%distributed --timeout -2\npass",
+        # 9-11: issue 16's low findings, as written there
+        "%%distributed -n 2\nimport os\nif os.environ['RANK'] == '1':\n    os._exit(7)\n"
+        "import time\ntime.sleep(30)",
+        "%%distributed -n 2 --export /nonexistent/folder/train.py\npass",
+        "%%distributed -n 10000\npass",
+        CHECK,
         timeout=300,
     )[2:]
 
@@ -144,3 +152,24 @@ def test_spawned_ranks_get_the_notebooks_functions_and_gpus() -> None:
     assert sorted(stream(cells[1]).splitlines()) == ["[rank0] GPUs: 2", "[rank1] GPUs: 2"]
     assert text(cells[1]).strip().endswith(
         "[tensor([3., 3.], device='cuda:0'), tensor([3., 3.], device='cuda:1')]")
+
+
+def test_a_ranks_os_exit_is_one_clear_error_without_devlabs_frames(cells) -> None:
+    (err,) = errors(cells[9])
+    assert (err.ename, err.evalue) == ("RankError", (
+        "rank 1 of 2 ended with exit code 7 without returning or raising (os._exit(7) ends a "
+        "process at once; so does a crash in C code, shown in the rank's stderr)"))
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err.traceback))
+    assert shown == f"RankError: {err.evalue}"  # no internal traceback
+
+
+def test_a_bad_export_path_and_too_many_ranks_are_usage_errors_and_leave_nothing(cells) -> None:
+    assert text(cells[10]).strip() == ("UsageError: cannot write the script to "
+                                       "'/nonexistent/folder/train.py': the folder "
+                                       "'/nonexistent/folder' does not exist")
+    shown = text(cells[11]).strip()
+    assert shown.startswith("UsageError: nprocs=10000 is more ranks than this machine can run "
+                            "here: "), shown
+    assert re.search(r"; at most \d+ ranks$", shown), shown
+    assert "\n" not in shown
+    assert stream(cells[12]).strip() == "True []"

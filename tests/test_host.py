@@ -1,4 +1,4 @@
-"""What devlab knows of the machine: the CPU cores this process may use."""
+"""What devlab knows of the machine: the CPU cores this process may use, the memory it can get."""
 
 from __future__ import annotations
 
@@ -34,3 +34,22 @@ def test_cores_are_the_affinity_capped_by_the_quota(monkeypatch, quota, expected
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     monkeypatch.setattr(host, "cpu_quota", lambda: quota)
     assert host.cpu_cores() == expected
+
+
+def test_memory_available_is_the_machines_or_a_cgroups_smaller_room(tmp_path: Path) -> None:
+    import psutil
+
+    machine = psutil.virtual_memory().available
+    assert abs(host.memory_available(tmp_path) - machine) < 2**30  # no cgroup files: the machine's
+    (tmp_path / "memory.max").write_text("2147483648\n")  # Binder's 2 GB
+    (tmp_path / "memory.current").write_text("536870912\n")
+    assert host.memory_available(tmp_path) == min(2**31 - 2**29, psutil.virtual_memory().available)
+    (tmp_path / "memory.max").write_text("max\n")
+    assert abs(host.memory_available(tmp_path) - machine) < 2**30
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("1073741824\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text("1073741824\n")
+    assert host.memory_available(v1) == 0
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{2**63 - 4096}\n")  # v1's "no limit"
+    assert abs(host.memory_available(v1) - machine) < 2**30

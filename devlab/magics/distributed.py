@@ -64,7 +64,9 @@ class DistributedMagics(Magics):
         MASTER_PORT set, and the cell calls `dist.init_process_group(...)` itself (on simulated
         GPUs "nccl" runs on gloo). Each rank's output appears labelled [rankN]. A rank that
         fails raises its own error here, with its traceback through the cell's lines; the
-        cell's value is the list of each rank's value of its last expression.
+        cell's value is the list of each rank's value of its last expression. The ranks talk
+        over loopback only, and however the cell ends (an interrupt too) no rank, listener or
+        descriptor of theirs is left in the kernel.
 
         Example::
 
@@ -77,8 +79,8 @@ class DistributedMagics(Magics):
             t.tolist()
         """
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
-        args = parse_args(self.distributed, line)
-        with usage_errors():
+        with usage_errors():  # every argument is checked here, before anything starts
+            args = parse_args(self.distributed, line)
             if args.limit is not None and args.limit < 0:
                 raise ValueError(f"--limit is the number of lines to show, 0 or more; got {args.limit}.")
             distributed.check_options(args.nprocs, args.start_method, args.timeout)
