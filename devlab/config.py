@@ -398,8 +398,7 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     specifications, not measured; each GPU then has that GPU's memory unless `memory_limit`
     says otherwise. Choose before first use.
     """
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise ValueError(f"count is the number of GPUs to simulate, a whole number of at least 1; got {count!r}.")
+    simulated.check_count(count)
     check_memory_limit(memory_limit)
     if model is not None:
         spec = simulated.gpu_spec(model)  # an unknown name fails here, naming the models

@@ -988,6 +988,9 @@ def _rank_main(rank: int, run_dir: str, spec: dict[str, Any], job: tuple[Any, ..
     # KeyboardInterrupt, as in a script, and a rank stopped with SIGTERM just ends.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A forked rank uses the simulated GPUs it inherited, as a spawned one would (the parent
+    # finished their queued work before forking); nothing to do in a spawned rank.
+    simulated.reset_after_fork_for_rank()
     for key, value in _rank_env(spec, rank).items():
         if value:
             os.environ[key] = value

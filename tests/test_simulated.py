@@ -29,7 +29,10 @@ pytestmark = pytest.mark.usefixtures("no_simulation")
 def test_torch_cuda_reports_the_simulated_gpus(two) -> None:
     assert torch.cuda.is_available()
     assert torch.cuda.device_count() == 2
+    assert not torch.cuda.is_initialized()  # as on CUDA, asking what exists initializes nothing
     assert torch.cuda.current_device() == 0
+    assert torch.cuda.is_initialized()  # torch.cuda.current_device() initializes CUDA
+    assert not simulated.is_used()  # but devlab's settings are fixed by the first tensor only
     assert torch.cuda.get_device_name(1) == "Simulated GPU 1 (CPU-backed)"
     props = torch.cuda.get_device_properties(0)
     assert props.name == "Simulated GPU 0 (CPU-backed)" and props.total_memory > 0
@@ -37,7 +40,6 @@ def test_torch_cuda_reports_the_simulated_gpus(two) -> None:
     torch.cuda.synchronize(1)
     with pytest.raises(AssertionError, match="Invalid device id"):
         torch.cuda.get_device_name(2)
-    assert not torch.cuda.is_initialized()
     torch.ones(1, device="cuda")
     assert torch.cuda.is_initialized() and simulated.is_used()
 

@@ -31,9 +31,9 @@ def _launched(monkeypatch) -> list[int]:
     queued: list[int] = []
     submit = _workers.submit
 
-    def spy(index: int, fn) -> None:
+    def spy(index: int, fn, *holds) -> None:
         queued.append(index)
-        submit(index, fn)
+        submit(index, fn, *holds)
 
     monkeypatch.setattr(_workers, "submit", spy)
     return queued
@@ -340,19 +340,22 @@ def test_the_interpreter_exits_cleanly_with_work_queued(code: str) -> None:
 
 
 def test_a_forked_child_launches_work_on_its_own_workers() -> None:
+    # Forked before this process made a simulated tensor (CUDA's rule: a child forked after
+    # its parent initialized CUDA may not use it, test_simulated_safety), the child uses the
+    # GPUs on workers of its own; the parent's work is its own too.
     code = (
         "import devlab, torch, multiprocessing as mp\n"
         "devlab.config.simulate_gpus(2)\n"
-        "a = torch.randn(1024, 1024, device='cuda:1'); (a @ a).sum().item()\n"
         "def child(q):\n"
         "    x = torch.randn(1024, 1024, device='cuda:1')\n"
         "    q.put(((x @ x).device.index, torch.allclose((x @ x).cpu(), x.cpu() @ x.cpu())))\n"
         "q = mp.get_context('fork').Queue(); p = mp.get_context('fork').Process(target=child, args=(q,))\n"
         "p.start(); print(q.get(timeout=60)); p.join(60); print(p.exitcode)\n"
+        "a = torch.randn(1024, 1024, device='cuda:1'); print((a @ a).device.index)\n"
     )
     done = _python(code)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["(1,", "True)", "0"]
+    assert done.stdout.split() == ["(1,", "True)", "0", "1"]
 
 
 # --- the torch internals the simulation relies on ---------------------------------------------

@@ -18,12 +18,14 @@ without it, making a GPU tensor there fails with one line saying so).
 CUDA graphs, `torch.compile` for CUDA, cuDNN, CUDA's own random streams (random ops on simulated
 GPUs draw from the CPU's generators) and sparse tensors are not simulated (sparse ones are
 refused; a call that needs the CUDA runtime fails with an error naming itself). One stream per
-GPU.
+GPU. As on CUDA, a child forked after the simulated GPUs were initialized may not use them
+(`_fork`); at most `max_count()` GPUs (torch's device index is 8 bits).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -32,12 +34,13 @@ import torch
 
 from devlab.sizes import check_memory_limit
 
-from . import _launch, _requirements, _session, _workers
+from . import _errors, _fork, _launch, _requirements, _session, _workers
 from ._dispatched import run as run_dispatched
 from ._marks import index_of
 from ._session import current_index
 
 __all__ = [
+    "check_count",
     "current_index",
     "device_count",
     "explain",
@@ -49,8 +52,10 @@ __all__ = [
     "index_of",
     "is_active",
     "is_used",
+    "max_count",
     "memory_stats",
     "reconfigure",
+    "reset_after_fork_for_rank",
     "reset_peak",
     "watch_peak",
     "run_dispatched",
@@ -65,6 +70,40 @@ _undo: Any = None  # the running simulation's _patcher.Patcher
 _start_routing: Any = None  # the modes start() put on its thread's stacks
 _start_thread: int | None = None
 _MB = 1024 * 1024
+
+
+@functools.cache
+def max_count() -> int:
+    """The most GPUs a simulation can have: one past the largest device index torch holds
+    without wrapping it round (it keeps an index in a small integer, so `cuda:255` would name
+    another device): the rule `devlab.names` applies to every device name."""
+    from devlab.names import DeviceSpec
+
+    def addressable(index: int) -> bool:
+        try:
+            DeviceSpec(device_type="GPU", device_index=index).to_torch()
+        except ValueError:
+            return False
+        return True
+
+    # torch's device index is a signed integer of 8 bits (today), 16, 32 or 64.
+    largest = max((2 ** bits - 1 for bits in (7, 15, 31, 63) if addressable(2 ** bits - 1)),
+                  default=0)
+    return largest + 1
+
+
+def check_count(count: object, what: str = "count") -> int:
+    """`count` if it is a number of GPUs a simulation can have, else a ValueError saying what
+    would be right (checked before anything is switched on)."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"{what} is the number of GPUs to simulate, a whole number of at "
+                         f"least 1; got {count!r}.")
+    if count > max_count():
+        raise ValueError(
+            f"{what} {count} is more GPUs than torch can address: a torch device index is a "
+            f"small integer (cuda:0 to cuda:{max_count() - 1}), so devlab simulates at most "
+            f"{max_count()} GPUs.")
+    return count
 
 
 def _limits_bytes(count: int, memory_limits_mb: list[int | None] | None) -> list[int | None]:
@@ -89,13 +128,14 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
     what the simulation relies on.
     """
     global _undo, _start_routing, _start_thread
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be a positive integer, got {count!r}")
+    check_count(count)
     spec = gpu_spec(model) if model is not None else None
     limits = _limits_bytes(count, memory_limits_mb)
     if spec is not None:
         limits = [int(spec.memory_gb * 1e9) if lim is None else lim for lim in limits]
     with _control_lock:
+        if _session.bad_fork:  # the inherited GPUs are initialized: CUDA's rule (_fork)
+            raise _errors.forked_after_init()
         if _session.session is not None:
             if _session.session.used:
                 raise RuntimeError(
@@ -169,6 +209,7 @@ def reconfigure(memory_limits_mb: list[int | None],
         limits = list(memory_limits_mb)
         if not limits:
             raise ValueError("at least one simulated GPU is needed")
+        check_count(len(limits), "the number of logical GPUs")
         growth = None if memory_growth is None else [bool(g) for g in memory_growth]
         if growth is not None and len(growth) != len(limits):
             raise ValueError(f"memory_growth has {len(growth)} entries for {len(limits)} "
@@ -232,6 +273,14 @@ def thread_routing() -> Iterator[None]:
 
     with _threads.routing():
         yield
+
+
+def reset_after_fork_for_rank() -> None:
+    """In a child forked from this process: use the simulated GPUs it inherited, as a spawned
+    process would, although the parent had initialized them (which makes CUDA, and simulated
+    GPUs, refuse a forked child: `_fork`). For devlab's own forked ranks, whose parent
+    finished its queued work before forking; nothing to do without a simulation."""
+    _fork.reset_for_rank()
 
 
 def models() -> list[str]:

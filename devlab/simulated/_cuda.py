@@ -4,21 +4,38 @@ program asks about its GPUs, their memory, streams, events and random state."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from devlab.host import cpu_cores
 
-from . import _devices, _errors, _session, _workers
+from . import _devices, _errors, _fork, _session, _workers
 from ._errors import entry
 from ._patcher import Patcher
 from ._session import DeviceState
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def initializes(fn: _F) -> _F:
+    """A stand-in for a torch.cuda function that initializes CUDA (its original calls
+    `torch.cuda._lazy_init()`, or C++ does): it initializes the simulated runtime, which a
+    child forked after its parent did may not (`_fork`)."""
+
+    @functools.wraps(fn)
+    def initialized(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+        _fork.initialize()
+        return fn(*args, **kwargs)
+
+    return initialized  # type: ignore[return-value]
 
 
 def _gpu(device: Any = None) -> DeviceState:
@@ -78,6 +95,7 @@ def device_count() -> int:
 
 
 @entry
+@initializes
 def current_device() -> int:
     return _session.current_device()
 
@@ -93,6 +111,7 @@ def _ordinal(device: Any) -> int:
 
 
 @entry
+@initializes
 def set_device(device: Any) -> None:
     i = _ordinal(device)
     if i >= 0:  # torch: a negative index is a no-op
@@ -100,11 +119,13 @@ def set_device(device: Any) -> None:
 
 
 @entry
+@initializes
 def get_device_name(device: Any = None) -> str:
     return device_name(_devices.cuda_index(device))
 
 
 @entry
+@initializes
 def get_device_properties(device: Any = None) -> SimulatedDeviceProperties:
     i = _devices.cuda_index(device)
     return SimulatedDeviceProperties(name=device_name(i), total_memory=total_memory(i),
@@ -112,12 +133,14 @@ def get_device_properties(device: Any = None) -> SimulatedDeviceProperties:
 
 
 @entry
+@initializes
 def get_device_capability(device: Any = None) -> tuple[int, int]:
     _devices.cuda_index(device)
     return (0, 0)  # no real compute capability: code gated on one takes its plain path
 
 
 @entry
+@initializes
 def synchronize(device: Any = None) -> None:
     """Wait for the device's queued work; with no device, for every simulated GPU's.
 
@@ -168,6 +191,7 @@ def memory_stats(device: Any = None) -> dict[str, int]:
 
 
 @entry
+@initializes
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     """(free, total) bytes: as cudaMemGetInfo, what is reserved is not free."""
     i = _devices.cuda_index(device)
@@ -182,8 +206,9 @@ def empty_cache() -> None:
 
 @entry
 def is_initialized() -> bool:
+    """As torch.cuda's: initialized here, and not in a child forked after its parent was."""
     sess = _session.session
-    return bool(sess is not None and sess.used)
+    return bool(sess is not None and sess.initialized and not _session.bad_fork)
 
 
 @entry
@@ -192,6 +217,7 @@ def is_current_stream_capturing() -> bool:
 
 
 @entry
+@initializes
 def init() -> None:
     """Nothing to initialize for simulated GPUs."""
 
@@ -209,11 +235,13 @@ def seed() -> None:
 
 
 @entry
+@initializes
 def initial_seed() -> int:
     return torch.default_generator.initial_seed()
 
 
 @entry
+@initializes
 def get_rng_state(device: Any = "cuda") -> torch.Tensor:
     return torch.get_rng_state()
 
@@ -224,6 +252,7 @@ def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
 
 
 @entry
+@initializes
 def get_rng_state_all() -> list[torch.Tensor]:
     return [torch.get_rng_state() for _ in range(device_count())]
 
@@ -246,6 +275,7 @@ class device:  # noqa: N801 - stands in for torch.cuda.device
     def __enter__(self) -> None:
         self.prev_idx = _session.current_device()
         if self.idx >= 0:
+            _fork.initialize()
             _session.tls.device = _devices.checked_ordinal(self.idx)
 
     def __exit__(self, *exc: object) -> None:
@@ -261,6 +291,7 @@ class device_of(device):  # noqa: N801
 
 
 @entry
+@initializes
 def can_device_access_peer(device: Any, peer_device: Any) -> bool:
     """Simulated GPUs share the host's memory, so each reaches every other."""
     _devices.cuda_index(device)
@@ -276,6 +307,7 @@ def _lazy_init() -> None:
     the simulation does not cover. Either way, say so in one line, naming the caller.
     """
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    _fork.check()  # in a bad fork, CUDA's own error comes first, as in torch's
     if not _session.is_routed():
         name = threading.current_thread().name
         raise _errors.user_error(RuntimeError(
@@ -305,6 +337,7 @@ class Stream:
     """A simulated GPU's one stream: its worker's queue (no capture, no priorities)."""
 
     @entry
+    @initializes
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         self.device_index = _devices.cuda_index(device)
         self.device = torch.device("cuda", self.device_index)
@@ -362,6 +395,7 @@ class Event:
         self.device_index: int | None = None
 
     @entry
+    @initializes
     def record(self, stream: Any = None) -> None:
         i = stream.device_index if isinstance(stream, Stream) else _devices.cuda_index(None)
         self.device_index = i
@@ -445,6 +479,7 @@ class AcceleratorStream(Stream):
 
 
 @entry
+@initializes
 def current_stream(device: Any = None) -> Stream:
     return Stream(device)
 
@@ -516,6 +551,7 @@ _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "device_of": device_of,
     "can_device_access_peer": can_device_access_peer,
     "_lazy_init": _lazy_init,
+    "_is_in_bad_fork": _fork.is_in_bad_fork,
 }
 
 

@@ -3,6 +3,7 @@ device argument means on the simulated machine."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Final
 
 import torch
@@ -35,7 +36,29 @@ def parse(device: Any) -> tuple[str, int | None]:
         return "cpu", None
     if device == "cuda":
         return "cuda", None
-    d = DEVICE_TYPE(device)  # torch's own parsing and errors ("Invalid device string")
+    if isinstance(device, str):
+        return _parse_text(device)
+    return made(DEVICE_TYPE(device))  # torch's own parsing and errors
+
+
+@functools.lru_cache(maxsize=64)  # a program names a few devices, many times
+def _parse_text(text: str) -> tuple[str, int | None]:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    return made(DEVICE_TYPE(text), text)  # torch's own parsing and errors
+
+
+def made(d: torch.device, text: Any = None, index: Any = None) -> tuple[str, int | None]:
+    """(type, index) of the torch.device `d` torch made from the string `text` or the `index`
+    given, checked: torch keeps an index in a small integer and wraps a larger one round
+    (`cuda:255` is `cuda`, the current device; `cuda:256` is `cuda:0`), so a CUDA index it
+    did not keep is CUDA's invalid-ordinal error, never another GPU."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if d.type == "cuda":
+        if isinstance(text, str):
+            digits = text.rpartition(":")[2] if ":" in text else ""
+            index = int(digits) if digits.isdecimal() else None
+        if isinstance(index, int) and not isinstance(index, bool) and index != d.index:
+            raise _errors.invalid_ordinal()
     return d.type, d.index
 
 

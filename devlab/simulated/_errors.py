@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -62,6 +63,20 @@ def drop_own_frames(err: BaseException) -> None:
     drop_frames(err, lambda filename: os.path.dirname(filename) == _PACKAGE_DIR)
 
 
+def let_go(err: BaseException) -> None:
+    """An interrupt (KeyboardInterrupt, SystemExit) leaving the simulation at an entry point:
+    nothing of the interrupted call may stay alive through its traceback, which IPython keeps
+    (`sys.last_traceback`). The frames further in have finished: their locals (a half-made
+    output, the call's arguments) are cleared, and the simulation's own frames leave the
+    traceback. A frame kept also keeps its callers (`f_back`), so the entry point drops its own
+    locals too before it re-raises with a bare `raise`."""
+    tb = err.__traceback__
+    if tb is not None:
+        traceback.clear_frames(tb.tb_next)  # the entry's own frame is still running
+    setattr(err, _USER_ERROR, True)
+    drop_own_frames(err)
+
+
 def entry(fn: _F) -> _F:
     """Decorate a function a user's call enters the simulation through (a `torch.cuda`
     stand-in, a patched torch function): its errors leave at the user's line."""
@@ -73,6 +88,10 @@ def entry(fn: _F) -> _F:
             return fn(*args, **kwargs)
         except Exception as e:
             drop_own_frames(e)
+            raise
+        except BaseException as e:
+            let_go(e)
+            args = kwargs = None  # noqa: F841 - nothing of the call stays in this frame
             raise
 
     return entered  # type: ignore[return-value]
@@ -117,6 +136,14 @@ def numpy_of_gpu_tensor(index: int) -> TypeError:
         f"can't convert cuda:{index} device type tensor to numpy. Use Tensor.cpu() to copy "
         "the tensor to host memory first."
     ))
+
+
+def forked_after_init() -> RuntimeError:
+    """CUDA's error in a child forked after its parent initialized CUDA
+    (torch/cuda/__init__.py, `_lazy_init`)."""
+    return user_error(RuntimeError(
+        "Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
+        "you must use the 'spawn' start method"))
 
 
 def not_running() -> RuntimeError:

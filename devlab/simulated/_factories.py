@@ -94,6 +94,10 @@ def _device_context_tf(self: Any, func: Callable, types: Any, args: tuple = (),
         except Exception as e:  # a user's call may enter the simulation here too
             _errors.drop_own_frames(e)
             raise
+        except BaseException as e:
+            _errors.let_go(e)
+            args = kwargs = None  # noqa: F841
+            raise
     return _orig_context_tf(self, func, types, args, kwargs)
 
 

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from . import _ops, _session, _workers
-from ._marks import index_of
+from ._marks import index_of, live_mark
 
 Tensor = torch.Tensor
+_DisableTF = torch._C.DisableTorchFunction
 
 enabled = False
 
@@ -104,10 +105,16 @@ def launch(func: Callable, args: tuple, kwargs: dict) -> Any:
     charges = _session.session.charges  # type: ignore[union-attr]
     if charges is not None:
         charges.call(func, args, kwargs, out, index, True)
+    # The worker holds tensors of its own on the user's storages, never the user's tensors, so
+    # the GPU's count can tell when only queued work still uses a storage: the user's last
+    # reference went, and CUDA's allocator frees it at once (DeviceState.settle).
+    with _DisableTF():
+        wa, wb, wout = a.detach(), b.detach(), out.detach()
+        holds = [live_mark(t.untyped_storage()) for t in (wa, wb, wout)]
 
     def product() -> None:
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-            impl(a, b, out=out)
+            impl(wa, wb, out=wout)
 
-    _workers.submit(index, product)
+    _workers.submit(index, product, [m for m in holds if m is not None])
     return out

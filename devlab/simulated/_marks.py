@@ -14,10 +14,11 @@ import weakref
 
 import torch
 
-from . import _errors, _session
+from . import _errors, _fork, _session, _workers
 from ._session import DeviceState, Session
 
 MARK = "_devlab_sim"
+PINNED = "_devlab_pinned"  # a host storage pinned while simulating: its session
 WRAPPER_MARK = "_devlab_sim_wrapper"
 BLOCK = 512
 
@@ -33,7 +34,7 @@ def _release(m: Mark) -> None:
     sess = m.session
     if sess is _session.session:
         with _session.lock:
-            sess.devices[m.index].allocated -= m.nbytes
+            sess.devices[m.index].counted -= m.nbytes
 
 
 class Mark(weakref.ref):
@@ -141,6 +142,19 @@ def wrapped_mark(t: torch.Tensor) -> Mark | WrapperMark | None:
     return None
 
 
+def pin(storage: torch.UntypedStorage) -> None:
+    """Mark a host storage as pinned (page-locked) memory. On a simulated machine the host's
+    memory is the GPUs', so pinning is only this mark: `is_pinned()` reads it, and a copy from
+    it to a GPU can be asynchronous, as on CUDA."""
+    setattr(storage, PINNED, _session.session)
+
+
+def is_pinned(t: torch.Tensor) -> bool:
+    """True if t lives in host memory this simulation pinned."""
+    sess = _session.session
+    return sess is not None and getattr(storage_of(t), PINNED, None) is sess
+
+
 def index_of(t: torch.Tensor) -> int | None:
     """Simulated GPU index of a tensor; None for a real CPU tensor (or no simulation)."""
     m = mark_of(t)
@@ -152,19 +166,37 @@ def rounded(nbytes: int) -> int:
     return (nbytes + BLOCK - 1) & -BLOCK
 
 
-def _charge(dev: DeviceState, nbytes: int) -> None:
-    """Add `nbytes` (may be negative) to a device's count, or raise CUDA's out-of-memory error
-    and change nothing. The caller holds the lock."""
-    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    alloc = dev.allocated + nbytes
-    if nbytes > 0 and dev.limit is not None and alloc > dev.limit:
-        raise _errors.out_of_memory(dev, nbytes)
-    dev.allocated = alloc
+def _charge(dev: DeviceState, m: Mark, nbytes: int) -> bool:
+    """Make `nbytes` the bytes mark `m` holds on `dev`, unless that would exceed the device's
+    limit: then change nothing and return False. The caller holds the lock.
+
+    No call between the count and the mark's bytes, where an interrupt could land: the count
+    always equals what the live marks hold."""
+    if dev.queued:
+        dev.settle()
+    alloc = dev.counted + nbytes - m.nbytes
+    if nbytes > m.nbytes and dev.limit is not None and alloc > dev.limit:
+        return False
+    dev.counted = alloc
+    m.nbytes = nbytes
     if alloc > dev.peak:
         dev.peak = alloc
     for watch in dev.watches:
         if alloc > watch.peak:
             watch.peak = alloc
+    return True
+
+
+def _charge_or_raise(dev: DeviceState, m: Mark, nbytes: int) -> None:
+    """`_charge`, and if it does not fit: first wait for the device's queued work (its freed
+    tensors leave the count when the work is done), as CUDA's allocator frees its cache and
+    synchronizes before it gives up; then CUDA's out-of-memory error."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    _workers.drain(dev.index)  # outside the lock: the worker frees storages under it
+    with _session.lock:
+        if _charge(dev, m, nbytes):
+            return
+    raise _errors.out_of_memory(dev, nbytes - m.nbytes)
 
 
 def check_fits(index: int, nbytes: int) -> None:
@@ -177,7 +209,8 @@ def check_fits(index: int, nbytes: int) -> None:
     dev = sess.devices[index]
     if dev.limit is not None:
         nb = rounded(nbytes)
-        with _session.lock:
+        if dev.allocated + nb > dev.limit:
+            _workers.drain(index)
             if dev.allocated + nb > dev.limit:
                 raise _errors.out_of_memory(dev, nb)
 
@@ -192,13 +225,27 @@ def mark(storages: list[torch.UntypedStorage], index: int) -> None:
     sess = _session.session
     if sess is None:
         return
-    sizes = [rounded(s.nbytes()) for s in storages]
-    with _session.lock:
-        _charge(sess.devices[index], sum(sizes))
-    for s, nb in zip(storages, sizes, strict=True):
-        setattr(s, MARK, Mark(s, index, sess, nb))
     if not sess.used:
         _first_use(sess)
+    dev = sess.devices[index]
+    marks = []
+    try:
+        for s in storages:
+            m = Mark(s, index, sess, 0)
+            setattr(s, MARK, m)
+            marks.append(m)
+            with _session.lock:
+                fits = _charge(dev, m, rounded(s.nbytes()))
+            if not fits:
+                _charge_or_raise(dev, m, rounded(s.nbytes()))
+    except BaseException:
+        with _session.lock:
+            for m in marks:
+                _charge(dev, m, 0)
+        for s in storages:
+            if getattr(s, MARK, None) is not None:
+                delattr(s, MARK)
+        raise
 
 
 def mark_one(s: torch.UntypedStorage, index: int) -> None:
@@ -207,12 +254,20 @@ def mark_one(s: torch.UntypedStorage, index: int) -> None:
     sess = _session.session
     if sess is None:
         return
-    nb = rounded(s.nbytes())
-    with _session.lock:
-        _charge(sess.devices[index], nb)
-    setattr(s, MARK, Mark(s, index, sess, nb))
     if not sess.used:
         _first_use(sess)
+    dev = sess.devices[index]
+    nb = rounded(s.nbytes())
+    m = Mark(s, index, sess, 0)  # counts nothing until charged, so an interrupt leaks nothing
+    setattr(s, MARK, m)
+    with _session.lock:
+        fits = _charge(dev, m, nb)
+    if not fits:
+        try:
+            _charge_or_raise(dev, m, nb)
+        except BaseException:
+            delattr(s, MARK)
+            raise
 
 
 def recount(storage: torch.UntypedStorage, m: Mark) -> None:
@@ -220,12 +275,18 @@ def recount(storage: torch.UntypedStorage, m: Mark) -> None:
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     nb = rounded(storage.nbytes())
     if nb != m.nbytes:
+        dev = m.session.devices[m.index]
         with _session.lock:
-            _charge(m.session.devices[m.index], nb - m.nbytes)
-            m.nbytes = nb
+            fits = _charge(dev, m, nb)
+        if not fits:
+            _charge_or_raise(dev, m, nb)
 
 
 def _first_use(sess: Session) -> None:
+    """The first simulated tensor: the simulated CUDA runtime initializes (refused in a child
+    forked after its parent initialized it), and devlab's device settings are fixed."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    _fork.initialize()
     sess.used = True
     from devlab import runtime
 

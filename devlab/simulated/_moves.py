@@ -15,10 +15,11 @@ from typing import Any
 import torch
 import torch.utils._device as _torch_device
 
-from . import _devices, _errors, _ops, _session, _workers
-from ._marks import index_of
+from . import _devices, _errors, _factories, _ops, _session, _workers
+from ._marks import index_of, is_pinned, pin
 
 Tensor = torch.Tensor
+_DisableTF = torch._C.DisableTorchFunction
 
 
 def copy_to(t: Tensor, target: int | None, dtype: Any = None, non_blocking: bool = False,
@@ -37,9 +38,14 @@ def copy_to(t: Tensor, target: int | None, dtype: Any = None, non_blocking: bool
     out = _ops.call(target, Tensor.to, (t,), kw)
     if target is not None:
         _ops.mark_outputs(out, target)
+    elif non_blocking and src is not None:
+        pin(out.untyped_storage())  # as CUDA's _to_copy: a non-blocking copy to the host
     sess = _session.session
     if sess is not None and sess.clock is not None:
-        sess.clock.copy(src, target, t.nbytes, not non_blocking, "aten::_to_copy")
+        # From pageable host memory the host waits even for a non-blocking copy (CUDA stages
+        # it through a pinned buffer); from pinned memory, or to it, it does not.
+        blocking = not non_blocking or (src is None and not is_pinned(t))
+        sess.clock.copy(src, target, t.nbytes, blocking, "aten::_to_copy")
     if out.grad_fn is not None and src != target:
         from ._autograd import route_copy_backward  # autograd's handlers use these moves
 
@@ -57,21 +63,34 @@ def _split_copy(args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
     return args, kwargs, copy
 
 
-def _int_device_as_cuda(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """A bare int device (`.to(1)`, `Module.to(1)`) as `cuda:N`: torch reads it as an index on
-    the accelerator, which a CPU build of torch does not have."""
-    if args and isinstance(args[0], int) and not isinstance(args[0], bool):
-        args = (torch.device("cuda", args[0]),) + args[1:]
+def _device_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """`.to()`'s and `Module.to()`'s device argument made safe for torch's `_parse_to`: a bare
+    int (`.to(1)`) as `cuda:N`, which torch would read as an index on the accelerator a CPU
+    build lacks; a device string checked (`_devices.parse`), as torch would wrap a large
+    index round (`cuda:255` is `cuda`)."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if args and not isinstance(args[0], bool) and isinstance(args[0], (int, str)):
+        args = (_device(args[0]),) + args[1:]
     d = kwargs.get("device")
-    if isinstance(d, int) and not isinstance(d, bool):
-        kwargs = dict(kwargs, device=torch.device("cuda", d))
+    if d is not None and not isinstance(d, bool) and isinstance(d, (int, str)):
+        kwargs = dict(kwargs, device=_device(d))
     return args, kwargs
+
+
+def _device(device: int | str) -> Any:
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if isinstance(device, str):
+        _devices.parse(device)  # torch's own errors, and never a wrapped index
+        return device
+    d = _devices.DEVICE_TYPE("cuda", device)
+    _devices.made(d, index=device)
+    return d
 
 
 def parse_to(func: Callable, args: tuple, kwargs: dict) -> Any:
     """torch._C._nn._parse_to, as Module.to calls it."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    args, kwargs = _int_device_as_cuda(args, kwargs)
+    args, kwargs = _device_args(args, kwargs)
     return _ops.call(None, func, args, kwargs)
 
 
@@ -80,7 +99,7 @@ def to(func: Callable, args: tuple, kwargs: dict) -> Any:
     self = args[0]
     rest, kw_rest, copy = _split_copy(args[1:], dict(kwargs))
     other = rest[0] if rest and isinstance(rest[0], Tensor) else kw_rest.get("other")
-    rest, kw_rest = _int_device_as_cuda(rest, kw_rest)
+    rest, kw_rest = _device_args(rest, kw_rest)
     device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*rest, **kw_rest)
     src = index_of(self)
     if isinstance(other, Tensor):
@@ -97,6 +116,8 @@ def to(func: Callable, args: tuple, kwargs: dict) -> Any:
         kw: dict[str, Any] = {"dtype": dtype or self.dtype, "non_blocking": non_blocking}
         if memory_format is not None:
             kw["memory_format"] = memory_format
+        if src is not None:
+            _workers.wait(src)  # a conversion reads the values, which may still be queued
         out = _ops.call(src, func, (self, "cpu"), kw)
         if src is not None and out is not self:
             _ops.mark_outputs(out, src)
@@ -168,15 +189,40 @@ def type_(func: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 def pin_memory(func: Callable, args: tuple, kwargs: dict) -> Any:
-    # Pinned host memory exists only with a CUDA runtime; a simulated machine has the page-
-    # locking for free (host and "device" are the same memory), so pinning is a copy.
+    """`t.pin_memory()`: a pinned copy of a host tensor (itself if pinned already), as on CUDA.
+    Pinned host memory needs an accelerator's runtime, which a CPU build of torch lacks; on a
+    simulated machine the host's memory is the GPUs', so pinning is a copy with a mark."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     self = args[0]
-    if index_of(self) is not None:
+    if index_of(self) is not None or self.layout is not torch.strided:
         raise _errors.user_error(RuntimeError(
             f"cannot pin '{self.type().replace('torch.', 'torch.cuda.', 1)}' "
             "only dense CPU tensors can be pinned"))
-    return self.clone()
+    if is_pinned(self):
+        return self
+    out = _ops.call(None, Tensor.clone, (self,), {})
+    pin(out.untyped_storage())
+    return out
+
+
+def pinned_factory(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """A factory given `pin_memory=True` (`torch.empty(n, pin_memory=True)`): its tensor in
+    pinned host memory; on a GPU, CUDA's error."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    device = kwargs.get("device")
+    if device is None and func in _factories.CONSTRUCTORS:
+        device = _factories.default_device()
+    if device is not None and _devices.target(device) is not _devices.HOST:
+        raise _errors.user_error(RuntimeError("Only dense CPU tensors can be pinned"))
+    kw = {k: v for k, v in kwargs.items() if k != "pin_memory"}
+    if device is not None:
+        kw["device"] = "cpu"
+    with _DisableTF():  # decided: a host op (a default device naming a GPU would place it)
+        out = _ops.call(None, func, args, kw)
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if isinstance(t, Tensor):
+            pin(t.untyped_storage())
+    return out
 
 
 def as_tensor(func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -197,7 +243,11 @@ def as_tensor(func: Callable, args: tuple, kwargs: dict) -> Any:
     kw = dict(kwargs, device="cpu")
     if isinstance(data, Tensor):
         if index_of(data) == target:
-            return _ops.call(target, func, args, kw)
+            _workers.wait(target)  # a dtype given converts, reading the values
+            out = _ops.call(target, func, args, kw)
+            if out is not data:
+                _ops.mark_outputs(out, target)
+            return out
         return copy_to(data, target, kwargs.get("dtype"))
     out = _ops.call(target, func, args, kw)
     if not isinstance(data, (list, tuple, int, float, bool, complex)):

@@ -94,10 +94,17 @@ def stand_in(real: type, make: Callable[..., Any]) -> type:
 
 
 def _make_device(*args: Any, **kwargs: Any) -> torch.device:
+    """torch.device(...): a bare int is `cuda:N`; an index torch would wrap round is refused
+    (`_devices.made`)."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if len(args) == 1 and not kwargs and isinstance(args[0], int) and not isinstance(args[0],
                                                                                        bool):
-        return DEVICE_TYPE("cuda", args[0])
-    return DEVICE_TYPE(*args, **kwargs)
+        args = ("cuda", args[0])
+    d = DEVICE_TYPE(*args, **kwargs)
+    if d.type == "cuda":
+        _devices.made(d, args[0] if len(args) == 1 else kwargs.get("type"),
+                      args[1] if len(args) > 1 else kwargs.get("index"))
+    return d
 
 
 GENERATOR_TYPE: Final = torch.Generator
@@ -141,4 +148,4 @@ def install(p: Patcher) -> None:
     try:
         DEVICE_TYPE(0)
     except RuntimeError:  # no accelerator in this build: `torch.device(0)` needs the stand-in
-        p.set(torch, "device", stand_in(DEVICE_TYPE, _make_device))
+        p.set(torch, "device", stand_in(DEVICE_TYPE, entry(_make_device)))

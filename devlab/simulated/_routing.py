@@ -87,6 +87,8 @@ class SimulationMode(TorchFunctionMode):
             if h is not None:
                 return h(func, args, kwargs)
             if kwargs:
+                if kwargs.get("pin_memory"):
+                    return _moves.pinned_factory(func, args, kwargs)
                 d = kwargs.get("device")
                 if d is not None:
                     return _factories.place(func, args, kwargs, d)
@@ -99,4 +101,8 @@ class SimulationMode(TorchFunctionMode):
             # The user's call entered the simulation here: an error raised in torch's name
             # leaves without the simulation's frames.
             _errors.drop_own_frames(e)
+            raise
+        except BaseException as e:  # an interrupt: nothing of the call stays alive
+            _errors.let_go(e)
+            args = kwargs = None  # noqa: F841
             raise

@@ -35,6 +35,10 @@ def _restore(obj: Any, location: str) -> Any:
     except Exception as e:  # torch.load entered the simulation here
         _errors.drop_own_frames(e)
         raise
+    except BaseException as e:
+        _errors.let_go(e)
+        obj = None  # noqa: F841
+        raise
 
 
 def _restore_on(obj: Any, location: str) -> Any:

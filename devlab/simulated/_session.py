@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 import threading
-from dataclasses import dataclass, field
+import weakref
 from typing import Any
 
 import torch
 
 
-@dataclass
 class DeviceState:
     """Byte accounting of one simulated GPU (bytes; limit None = unlimited).
 
@@ -17,20 +17,56 @@ class DeviceState:
     TensorFlow maps a GPU's memory by default, so its reserved bytes are the limit. Without a
     limit there is no capacity of its own to hold (its memory is the host's), and reserved
     stays what is allocated.
+
+    `counted` is what the storages' marks hold (`_marks`). `queued` lists, for each op queued
+    on this GPU's worker (`_workers`), the marks of the storages it holds its own tensors on,
+    one per tensor: a storage the user has let go of is free for CUDA's stream-ordered
+    allocator at once, though its kernel still runs, so `settle` takes it out of the count.
     """
 
-    index: int
-    limit: int | None
-    reserve_up_front: bool = False
-    allocated: int = 0
-    peak: int = 0
-    # devlab's own watches (%%memwatch): each keeps its peak apart from `peak`, which
-    # torch.cuda.max_memory_allocated reads and only the user resets.
-    watches: list[PeakWatch] = field(default_factory=list)
-    torch_device: torch.device = field(init=False)
+    __slots__ = ("counted", "index", "limit", "peak", "queued", "reserve_up_front",
+                 "torch_device", "watches")
 
-    def __post_init__(self) -> None:
-        self.torch_device = torch.device("cuda", self.index)
+    def __init__(self, index: int, limit: int | None, reserve_up_front: bool = False) -> None:
+        self.index = index
+        self.limit = limit
+        self.reserve_up_front = reserve_up_front
+        self.counted = 0
+        self.peak = 0
+        self.queued: dict[int, list] = {}  # id(op) -> marks, one per tensor the op holds
+        # devlab's own watches (%%memwatch): each keeps its peak apart from `peak`, which
+        # torch.cuda.max_memory_allocated reads and only the user resets.
+        self.watches: list[PeakWatch] = []
+        self.torch_device = torch.device("cuda", index)
+
+    @property
+    def allocated(self) -> int:
+        """Bytes allocated now: what the user's tensors hold."""
+        if self.queued:
+            with lock:
+                self.settle()
+        return self.counted
+
+    def settle(self) -> None:
+        """Uncount the storages only queued work still uses (the caller holds the lock).
+
+        A worker takes its op out of `queued` before the op's tensors go, so the tensors
+        counted here are never more than the queued work holds."""
+        held: dict[int, list] = {}
+        for marks in list(self.queued.values()):
+            for m in marks:
+                entry = held.get(id(m))
+                if entry is None:
+                    held[id(m)] = [m, 1]
+                else:
+                    entry[1] += 1
+        for m, n in held.values():
+            s = m()
+            if (s is not None and m.nbytes and _use_count(s._cdata) == 1 + n  # type: ignore[misc]
+                    and sys.getrefcount(s) <= _BARE_REFS):
+                # Nothing but its Python object (1) and the queued work's tensors use it.
+                self.counted -= m.nbytes
+                m.nbytes = 0
 
     @property
     def reserved(self) -> int:
@@ -44,6 +80,23 @@ class DeviceState:
         if self.reserve_up_front and self.limit is not None:
             return self.limit
         return self.peak
+
+
+# A storage's C++ use count (`_requirements` checks torch has it before a simulation starts).
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _bare_refs() -> int:
+    """What sys.getrefcount reads in settle() for a storage no Python code holds: the storage
+    of a tensor whose storage object was made and let go, read back through a weak reference as
+    settle() reads a mark."""
+    t = torch.empty(0)
+    w = weakref.ref(t.untyped_storage())
+    s = w()
+    return sys.getrefcount(s)
+
+
+_BARE_REFS = _bare_refs()
 
 
 class PeakWatch:
@@ -71,13 +124,17 @@ class Session:
 
     `spec` is the real GPU the simulated ones model (None: no performance model); `clock` the
     modeled timeline (`_clock.Clock`) when there is one, and `charges` what charges it.
+    `used`: a simulated tensor was made (the configuration is fixed from then on);
+    `initialized`: the simulated CUDA runtime is initialized in this process (`_fork`).
     """
 
-    __slots__ = ("__weakref__", "charges", "clock", "count", "devices", "spec", "used")
+    __slots__ = ("__weakref__", "charges", "clock", "count", "devices", "initialized", "spec",
+                 "used")
 
     def __init__(self, limits: list[int | None], growth: list[bool] | None = None,
                  spec: Any = None) -> None:
         self.used = False
+        self.initialized = False
         self.spec = spec
         self.configure(limits, growth)
 
@@ -106,6 +163,10 @@ session: Session | None = None
 # Reentrant: a weakref callback (storage freed) can run inside a locked section of the same
 # thread when garbage collection triggers there.
 lock = threading.RLock()
+
+# This process was forked after its parent initialized the simulated CUDA runtime, so, by
+# CUDA's rule, it may not use the simulated GPUs (`_fork`).
+bad_fork = False
 
 # Per thread, as CUDA's: `device` is torch.cuda.current_device(), `index` the simulated GPU the
 # op running right now executes on (None on the host), `routed` the session whose mode the

@@ -1,11 +1,11 @@
 """What a tensor says about its device: `device`, `is_cuda`, `is_cpu`, `get_device()` read the
-mark of its storage, in every thread."""
+mark of its storage, and `is_pinned()` whether the simulation pinned it, in every thread."""
 
 from __future__ import annotations
 
 import torch
 
-from ._marks import PLAIN, mark_of
+from ._marks import PLAIN, is_pinned, mark_of
 from ._patcher import Patcher
 
 _TB = torch._C.TensorBase
@@ -13,6 +13,7 @@ _orig_device = _TB.device
 _orig_is_cuda = _TB.is_cuda
 _orig_is_cpu = _TB.is_cpu
 _orig_get_device = _TB.get_device
+_orig_is_pinned = _TB.is_pinned
 _DisableTF = torch._C.DisableTorchFunction
 
 
@@ -42,8 +43,16 @@ def _get_device(self: torch.Tensor) -> int:
 _get_device.__doc__ = _orig_get_device.__doc__
 
 
+def _is_pinned(self: torch.Tensor, device: object = None) -> bool:
+    return is_pinned(self) or (mark_of(self) is None and _orig_is_pinned(self))
+
+
+_is_pinned.__doc__ = _orig_is_pinned.__doc__
+
+
 def install(p: Patcher) -> None:
     p.set(torch.Tensor, "device", property(_device, doc=_orig_device.__doc__))
     p.set(torch.Tensor, "is_cuda", property(_is_cuda, doc=_orig_is_cuda.__doc__))
     p.set(torch.Tensor, "is_cpu", property(_is_cpu, doc=_orig_is_cpu.__doc__))
     p.set(torch.Tensor, "get_device", _get_device)
+    p.set(torch.Tensor, "is_pinned", _is_pinned)
