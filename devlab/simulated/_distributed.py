@@ -18,7 +18,10 @@ here:
   callback runs on the thread that completes the future, often gloo's own C++ thread, which
   the simulation does not route; tensors made there would land on the host (PowerSGD keeps its
   error feedback so). `Future.then` and `add_done_callback` run their callbacks routed, as the
-  calling thread's work is.
+  calling thread's work is. That thread lets go of a callback only after completing the future
+  it chained, and needs the GIL to; `settle()` waits for that, so that a group is never torn
+  down (gloo joins its threads, with the GIL held when DDP's Reducer lets go last) while one
+  of its threads still waits for the GIL, or holds the group's last reference.
 - `dist._compute_bucket_assignment_by_size`, with which DistributedDataParallel groups the
   gradients it all-reduces into buckets: C++ groups them by device and sees only the CPU, so a
   model spread over two simulated GPUs would share buckets between them. It groups by
@@ -28,6 +31,8 @@ here:
 from __future__ import annotations
 
 import functools
+import os
+import time
 from typing import Any
 
 import torch
@@ -77,13 +82,51 @@ def _hook_registration(original: Any) -> Any:
     return _register_comm_hook
 
 
+# One entry per future's callback that has run and that torch still holds (see settle()); a
+# list, as append and pop are atomic under the GIL on whichever thread. A forked child has none
+# of the threads that would let go of its parent's.
+_unreleased: list[None] = []
+os.register_at_fork(after_in_child=_unreleased.clear)
+
+
+class _Released:
+    """Kept by one routed callback alone: counted in `_unreleased` from the callback's first run
+    until torch lets go of the callback (and so of this)."""
+
+    __slots__ = ("ran",)
+
+    def __init__(self) -> None:
+        self.ran = False
+
+    def run(self) -> None:
+        if not self.ran:
+            self.ran = True
+            _unreleased.append(None)
+
+    def __del__(self) -> None:
+        if self.ran:
+            _unreleased.pop()
+
+
+def settle(within: float = 5.0) -> None:
+    """Wait, with the GIL released, until torch has let go of every future's callback that has
+    run (the thread that ran one lets go of it after completing the future it chained, so the
+    caller may go on meanwhile). Bounded: a callback kept alive elsewhere only delays this."""
+    deadline = time.monotonic() + within
+    while _unreleased and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def _routed_callbacks(original: Any) -> Any:
     """`Future.then`/`add_done_callback` whose callback runs routed on whatever thread."""
 
     @functools.wraps(original)
     def chained(self: Any, callback: Any) -> Any:
+        released = _Released()
+
         @functools.wraps(callback)
         def routed(fut: Any) -> Any:
+            released.run()
             if _session.session is None or _session.is_routed():
                 return callback(fut)
             from . import _threads

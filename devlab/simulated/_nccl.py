@@ -42,6 +42,9 @@ from torch._C._distributed_c10d import (
     _create_work_from_future,
 )
 
+from . import _distributed
+from ._threads import suspended
+
 NOTICE = ("devlab: simulated GPUs have no NCCL (a CPU build of torch has none), so "
           "torch.distributed's \"nccl\" backend runs on gloo instead: NCCL's behaviour, "
           "gloo's transport, on the CPU.")
@@ -206,8 +209,12 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         gloo.options.group_name = options.group_name
         inner = dist.ProcessGroup(store, rank, size)
         inner._set_default_backend(_GLOO)
-        for device in ("cpu", "cuda"):
-            inner._register_backend(torch.device(device), _GLOO, gloo)
+        # For the CPU alone: a simulated GPU's tensor reaches `_inner` as a CPU tensor, and C++'s
+        # splitGroup (this torch) splits the backend once per device it is registered for, each
+        # child meeting its peers under the same store prefix; a rank could then read its peer's
+        # address from the other child and wait for a connection that never comes (split_group
+        # hung ~1 launch in 3 under load).
+        inner._register_backend(torch.device("cpu"), _GLOO, gloo)
         self._adopt(inner, options)
         tell_once()
 
@@ -245,9 +252,11 @@ class ProcessGroupNCCL(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Shut the gloo backend down once (it is registered here for two devices, and in
-        `_inner`)."""
+        `_inner`), once gloo's threads have let go of the callbacks they ran: the group may be
+        torn down next, and gloo then joins its threads (see `_distributed.settle`)."""
         if not getattr(self, "_shut", False):
             self._shut = True
+            _distributed.settle()
             self._inner.shutdown()
 
     def get_group_store(self) -> Any:
@@ -273,6 +282,18 @@ class ProcessGroupNCCL(dist.ProcessGroup):
 
     # Collectives -------------------------------------------------------------------------------
 
+    def _run(self, op: str, *args: Any) -> Any:
+        """`_inner`'s collective `op`, issued with this thread's simulation modes set aside.
+
+        Gloo's work keeps the thread-local state it was issued with, the function mode stack
+        (Python objects) among it, and gloo's thread lets go of it after completing the work,
+        needing the GIL. DDP's Reducer issues collectives from autograd with the simulation's
+        mode on the stack; when the group is torn down just after its last step (the Reducer,
+        holding it last, joins gloo's threads with the GIL held), that thread waited for the
+        GIL for ever. Issued so, the work holds nothing of Python's."""
+        with suspended():
+            return getattr(self._inner, op)(*args)
+
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else AllreduceOptions()
@@ -281,7 +302,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         if factor is not None:
             for t in tensors:
                 t.mul_(factor)
-        return self._inner.allreduce(tensors, _options(AllreduceOptions, opts, kind))
+        return self._run("allreduce", tensors, _options(AllreduceOptions, opts, kind))
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
@@ -291,7 +312,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         if factor is not None:
             for t in tensors:
                 t.mul_(factor)
-        return self._inner.allreduce_coalesced(
+        return self._run("allreduce_coalesced",
             tensors, _options(AllreduceCoalescedOptions, opts, kind))
 
     def reduce(self, tensors: Any, opts: Any = None) -> Any:
@@ -302,15 +323,15 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         if factor is not None:
             for t in tensors:
                 t.mul_(factor)
-        return self._inner.reduce(tensors, _options(ReduceOptions, opts, kind,
-                                                    rootRank=opts.rootRank,
-                                                    rootTensor=opts.rootTensor))
+        return self._run("reduce", tensors, _options(ReduceOptions, opts, kind,
+                                                     rootRank=opts.rootRank,
+                                                     rootTensor=opts.rootTensor))
 
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else BroadcastOptions()
         _check(tensors)
-        return self._inner.broadcast(tensors, opts)
+        return self._run("broadcast", tensors, opts)
 
     def barrier(self, opts: Any = None) -> Any:
         """NCCL's barrier blocks until every rank has entered it; it needs no tensor on a
@@ -319,7 +340,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         plain = BarrierOptions()
         if timeout is not None:
             plain.timeout = timeout
-        self._inner.barrier(plain).wait()
+        self._run("barrier", plain).wait()
         return _done(None)
 
     def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
@@ -329,12 +350,12 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         (outs,), (inp,) = outputs, _listed(inputs)
         _check([inp, *outs])
         if all(o.numel() == inp.numel() for o in outs):
-            return self._inner.allgather([[_flat(o) for o in outs]], [_flat(inp)],
-                                         _options(AllgatherOptions, opts))
+            return self._run("allgather", [[_flat(o) for o in outs]], [_flat(inp)],
+                             _options(AllgatherOptions, opts))
         _flat(outs[self.rank()]).copy_(_flat(inp))
         for root, out in enumerate(outs):
-            self._inner.broadcast([out], _options(BroadcastOptions, opts, rootRank=root,
-                                                  rootTensor=0)).wait()
+            self._run("broadcast", [out], _options(BroadcastOptions, opts, rootRank=root,
+                                                   rootTensor=0)).wait()
         return _done(outputs)
 
     def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
@@ -355,8 +376,8 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         if input.numel() * self.size() != output.numel():
             raise ValueError("output tensor size must be equal to world_size times input "
                              "tensor size")
-        return self._inner.all_gather_single(_flat(output), _flat(input),
-                                             _options(AllgatherOptions, opts))
+        return self._run("all_gather_single", _flat(output), _flat(input),
+                         _options(AllgatherOptions, opts))
 
     _allgather_base = all_gather_single
 
@@ -377,7 +398,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
             raise ValueError("input tensor must be the same size as output size times world "
                              "size")
         kind, factor = _reduction(opts.reduceOp, input.dtype)
-        return self._inner.reduce_scatter_single(
+        return self._run("reduce_scatter_single",
             _flat(output), _flat(_scaled(input, factor)),
             _options(ReduceScatterOptions, opts, kind))
 
@@ -396,13 +417,13 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         _check([out, *ins])
         kind, factor = _reduction(opts.reduceOp, out.dtype)
         if all(i.numel() == out.numel() for i in ins):
-            return self._inner.reduce_scatter(
+            return self._run("reduce_scatter",
                 [_flat(out)], [[_flat(_scaled(i, factor)) for i in ins]],
                 _options(ReduceScatterOptions, opts, kind))
         for root, part in enumerate(ins):
             buffer = _scaled(part, factor).clone()
-            self._inner.reduce([buffer], _options(ReduceOptions, opts, kind, rootRank=root,
-                                                  rootTensor=0)).wait()
+            self._run("reduce", [buffer], _options(ReduceOptions, opts, kind, rootRank=root,
+                                                   rootTensor=0)).wait()
             if root == self.rank():
                 _flat(out).copy_(_flat(buffer))
         return _done([out])
@@ -411,12 +432,11 @@ class ProcessGroupNCCL(dist.ProcessGroup):
                           output_split_sizes: Any, input_split_sizes: Any,
                           opts: Any = None) -> Any:
         _check([input, output])
-        return self._inner.all_to_all_single(output, input, list(output_split_sizes or []),
-                                             list(input_split_sizes or []),
-                                             *(() if opts is None else (opts,)))
+        return self._run("all_to_all_single", output, input, list(output_split_sizes or []),
+                         list(input_split_sizes or []), *(() if opts is None else (opts,)))
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         _check([*outputs, *inputs])
-        return self._inner.alltoall(outputs, inputs, *(() if opts is None else (opts,)))
+        return self._run("alltoall", outputs, inputs, *(() if opts is None else (opts,)))
