@@ -19,9 +19,15 @@ here:
   the simulation does not route; tensors made there would land on the host (PowerSGD keeps its
   error feedback so). `Future.then` and `add_done_callback` run their callbacks routed, as the
   calling thread's work is. That thread lets go of a callback only after completing the future
-  it chained, and needs the GIL to; `settle()` waits for that, so that a group is never torn
-  down (gloo joins its threads, with the GIL held when DDP's Reducer lets go last) while one
-  of its threads still waits for the GIL, or holds the group's last reference.
+  it chained; a callback may hold a group's last reference (PowerSGD's holds its group), and a
+  gloo thread that tears down its own group aborts the process. `settle()`, which the NCCL
+  group's shutdown calls, waits until torch has let go of every callback that ran.
+- DDP's Reducer never holds its process group last. Torch releases a group held from Python
+  with the GIL released (gloo's teardown joins its threads, which may need the GIL to finish
+  the work they completed last: its thread-local state holds Python objects, as work issued
+  during backward does); the Reducer, a C++ object freed with the GIL held, would join them
+  holding it, and wait for ever. The group's Python object stays alive until the Reducer is
+  gone.
 - `dist._compute_bucket_assignment_by_size`, with which DistributedDataParallel groups the
   gradients it all-reduces into buckets: C++ groups them by device and sees only the CPU, so a
   model spread over two simulated GPUs would share buckets between them. It groups by
@@ -33,6 +39,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -139,6 +146,27 @@ def _routed_callbacks(original: Any) -> Any:
     return chained
 
 
+def _keep(group: Any) -> None:
+    """What a Reducer's finalizer calls: nothing; its finalizer lets go of `group` after."""
+
+
+def _reducer(original: Any) -> Any:
+    """`dist.Reducer` that keeps its process group's Python object alive until the Reducer is
+    freed: its finalizer runs after the C++ Reducer is destroyed, then lets go of the group
+    from Python, where torch tears a group down with the GIL released."""
+
+    def Reducer(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - the class it stands for
+        reducer = original(*args, **kwargs)
+        group = args[3] if len(args) > 3 else kwargs.get("process_group")
+        if group is not None:
+            weakref.finalize(reducer, _keep, group)
+        return reducer
+
+    Reducer.__wrapped__ = original  # type: ignore[attr-defined]
+    Reducer.__doc__ = original.__doc__
+    return Reducer
+
+
 def _bucketing(original: Any) -> Any:
     def compute_bucket_assignment_by_size(tensors: list[torch.Tensor],
                                           bucket_size_limits: list[int],
@@ -183,6 +211,7 @@ def install(p: Patcher) -> None:
     p.set(c10d, "default_pg_nccl_timeout", DEFAULT_TIMEOUT)
     p.set(c10d, "_new_process_group_helper", _binding(c10d._new_process_group_helper))
     p.set(dist, "_register_comm_hook", _hook_registration(dist._register_comm_hook))
+    p.set(dist, "Reducer", _reducer(dist.Reducer))
     # torch.Future (torch._C.Future): what Work.get_future() returns, and torch.futures.Future's
     # base, whose methods it calls.
     for name in ("then", "add_done_callback"):

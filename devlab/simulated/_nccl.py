@@ -43,7 +43,6 @@ from torch._C._distributed_c10d import (
 )
 
 from . import _distributed
-from ._threads import suspended
 
 NOTICE = ("devlab: simulated GPUs have no NCCL (a CPU build of torch has none), so "
           "torch.distributed's \"nccl\" backend runs on gloo instead: NCCL's behaviour, "
@@ -252,8 +251,9 @@ class ProcessGroupNCCL(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Shut the gloo backend down once (it is registered here for two devices, and in
-        `_inner`), once gloo's threads have let go of the callbacks they ran: the group may be
-        torn down next, and gloo then joins its threads (see `_distributed.settle`)."""
+        `_inner`), once gloo's threads have let go of the future callbacks they ran: one may
+        hold the group's last reference, and gloo's thread cannot tear down its own group (see
+        `_distributed.settle`)."""
         if not getattr(self, "_shut", False):
             self._shut = True
             _distributed.settle()
@@ -282,18 +282,6 @@ class ProcessGroupNCCL(dist.ProcessGroup):
 
     # Collectives -------------------------------------------------------------------------------
 
-    def _run(self, op: str, *args: Any) -> Any:
-        """`_inner`'s collective `op`, issued with this thread's simulation modes set aside.
-
-        Gloo's work keeps the thread-local state it was issued with, the function mode stack
-        (Python objects) among it, and gloo's thread lets go of it after completing the work,
-        needing the GIL. DDP's Reducer issues collectives from autograd with the simulation's
-        mode on the stack; when the group is torn down just after its last step (the Reducer,
-        holding it last, joins gloo's threads with the GIL held), that thread waited for the
-        GIL for ever. Issued so, the work holds nothing of Python's."""
-        with suspended():
-            return getattr(self._inner, op)(*args)
-
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else AllreduceOptions()
@@ -302,7 +290,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         if factor is not None:
             for t in tensors:
                 t.mul_(factor)
-        return self._run("allreduce", tensors, _options(AllreduceOptions, opts, kind))
+        return self._inner.allreduce(tensors, _options(AllreduceOptions, opts, kind))
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
@@ -312,7 +300,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         if factor is not None:
             for t in tensors:
                 t.mul_(factor)
-        return self._run("allreduce_coalesced",
+        return self._inner.allreduce_coalesced(
             tensors, _options(AllreduceCoalescedOptions, opts, kind))
 
     def reduce(self, tensors: Any, opts: Any = None) -> Any:
@@ -323,15 +311,15 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         if factor is not None:
             for t in tensors:
                 t.mul_(factor)
-        return self._run("reduce", tensors, _options(ReduceOptions, opts, kind,
-                                                     rootRank=opts.rootRank,
-                                                     rootTensor=opts.rootTensor))
+        return self._inner.reduce(tensors, _options(ReduceOptions, opts, kind,
+                                                    rootRank=opts.rootRank,
+                                                    rootTensor=opts.rootTensor))
 
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else BroadcastOptions()
         _check(tensors)
-        return self._run("broadcast", tensors, opts)
+        return self._inner.broadcast(tensors, opts)
 
     def barrier(self, opts: Any = None) -> Any:
         """NCCL's barrier blocks until every rank has entered it; it needs no tensor on a
@@ -340,7 +328,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         plain = BarrierOptions()
         if timeout is not None:
             plain.timeout = timeout
-        self._run("barrier", plain).wait()
+        self._inner.barrier(plain).wait()
         return _done(None)
 
     def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
@@ -350,12 +338,12 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         (outs,), (inp,) = outputs, _listed(inputs)
         _check([inp, *outs])
         if all(o.numel() == inp.numel() for o in outs):
-            return self._run("allgather", [[_flat(o) for o in outs]], [_flat(inp)],
-                             _options(AllgatherOptions, opts))
+            return self._inner.allgather([[_flat(o) for o in outs]], [_flat(inp)],
+                                         _options(AllgatherOptions, opts))
         _flat(outs[self.rank()]).copy_(_flat(inp))
         for root, out in enumerate(outs):
-            self._run("broadcast", [out], _options(BroadcastOptions, opts, rootRank=root,
-                                                   rootTensor=0)).wait()
+            self._inner.broadcast([out], _options(BroadcastOptions, opts, rootRank=root,
+                                                  rootTensor=0)).wait()
         return _done(outputs)
 
     def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
@@ -376,8 +364,8 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         if input.numel() * self.size() != output.numel():
             raise ValueError("output tensor size must be equal to world_size times input "
                              "tensor size")
-        return self._run("all_gather_single", _flat(output), _flat(input),
-                         _options(AllgatherOptions, opts))
+        return self._inner.all_gather_single(_flat(output), _flat(input),
+                                             _options(AllgatherOptions, opts))
 
     _allgather_base = all_gather_single
 
@@ -398,7 +386,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
             raise ValueError("input tensor must be the same size as output size times world "
                              "size")
         kind, factor = _reduction(opts.reduceOp, input.dtype)
-        return self._run("reduce_scatter_single",
+        return self._inner.reduce_scatter_single(
             _flat(output), _flat(_scaled(input, factor)),
             _options(ReduceScatterOptions, opts, kind))
 
@@ -417,13 +405,13 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         _check([out, *ins])
         kind, factor = _reduction(opts.reduceOp, out.dtype)
         if all(i.numel() == out.numel() for i in ins):
-            return self._run("reduce_scatter",
+            return self._inner.reduce_scatter(
                 [_flat(out)], [[_flat(_scaled(i, factor)) for i in ins]],
                 _options(ReduceScatterOptions, opts, kind))
         for root, part in enumerate(ins):
             buffer = _scaled(part, factor).clone()
-            self._run("reduce", [buffer], _options(ReduceOptions, opts, kind, rootRank=root,
-                                                   rootTensor=0)).wait()
+            self._inner.reduce([buffer], _options(ReduceOptions, opts, kind, rootRank=root,
+                                                  rootTensor=0)).wait()
             if root == self.rank():
                 _flat(out).copy_(_flat(buffer))
         return _done([out])
@@ -432,11 +420,12 @@ class ProcessGroupNCCL(dist.ProcessGroup):
                           output_split_sizes: Any, input_split_sizes: Any,
                           opts: Any = None) -> Any:
         _check([input, output])
-        return self._run("all_to_all_single", output, input, list(output_split_sizes or []),
-                         list(input_split_sizes or []), *(() if opts is None else (opts,)))
+        return self._inner.all_to_all_single(output, input, list(output_split_sizes or []),
+                                             list(input_split_sizes or []),
+                                             *(() if opts is None else (opts,)))
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         _check([*outputs, *inputs])
-        return self._run("alltoall", outputs, inputs, *(() if opts is None else (opts,)))
+        return self._inner.alltoall(outputs, inputs, *(() if opts is None else (opts,)))
