@@ -11,4 +11,4 @@ fi
 .venv/bin/ruff check devlab tests benchmarks tools
 # The suite's tiers (notebooks in every environment, the corpus, Binder, the browser) are
 # independent: pytest-xdist runs them on every core (DEVLAB_TEST_WORKERS to choose, 0 for none).
-exec .venv/bin/python -m pytest -n "${DEVLAB_TEST_WORKERS:-auto}" --durations=25 "$@"
+exec .venv/bin/python -m pytest -n "${DEVLAB_TEST_WORKERS:-auto}" --dist loadgroup --durations=25 "$@"

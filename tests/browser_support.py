@@ -228,6 +228,45 @@ def launch_chromium(playwright: Any) -> Any:
                                       headless=True, timeout=30_000)
 
 
+# In a notebook (JupyterLab's panel, or a page of the rendered site): in its markdown cells,
+# text blocks whose direction is not right to left, code blocks whose direction is not left to
+# right, and inline code drawn reversed (its first character right of its last, as an
+# unisolated `/GPU:1` or `f(2)` comes out in a right-to-left line); code cells' lines and
+# outputs whose direction is not left to right.
+BIDI_PROBE = """(panel) => {
+    const found = {blocks: 0, rtl: 0, notRtl: [], pre: 0, preNotLtr: [], code: 0, reversed: [],
+                   codeNotLtr: 0};
+    const dir = el => getComputedStyle(el).direction;
+    const charLeft = (node, i) => {
+        const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1);
+        return r.getBoundingClientRect().left;
+    };
+    for (const md of panel.querySelectorAll('.jp-MarkdownCell .jp-RenderedMarkdown')) {
+        for (const el of md.querySelectorAll('p, li, h1, h2, h3, h4, td, th')) {
+            if (el.closest('pre') || !el.textContent.trim()) continue;
+            found.blocks++;
+            if (dir(el) === 'rtl') found.rtl++;
+            else found.notRtl.push(el.textContent.trim().slice(0, 60));
+        }
+        for (const pre of md.querySelectorAll('pre')) {
+            found.pre++;
+            if (dir(pre) !== 'ltr') found.preNotLtr.push(pre.textContent.slice(0, 60));
+        }
+        for (const code of md.querySelectorAll('code')) {
+            if (code.closest('pre')) continue;
+            const text = code.firstChild;
+            if (!text || text.nodeType !== 3 || text.length < 2 || code.getClientRects().length !== 1) continue;
+            found.code++;
+            if (charLeft(text, 0) > charLeft(text, text.length - 1)) found.reversed.push(text.data);
+        }
+    }
+    for (const line of panel.querySelectorAll('.jp-CodeCell .cm-line, .jp-CodeCell pre')) {
+        if (dir(line) !== 'ltr') found.codeNotLtr++;
+    }
+    return found;
+}"""
+
+
 # -- page helpers ------------------------------------------------------------------------------
 
 CODE_PROMPTS = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt"

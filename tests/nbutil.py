@@ -67,7 +67,14 @@ def run_notebook(name: str, **kwargs) -> nbformat.NotebookNode:
 def text(cell: nbformat.NotebookNode) -> str:
     """All text a cell showed: stream output, text/plain results and error lines."""
     parts: list[str] = []
+    stream = None
     for out in cell.get("outputs", []):
+        if out.output_type == "stream" and out.name == stream:
+            # One stream's consecutive outputs are one text, as a notebook shows them: a busy
+            # kernel can send one print in pieces (ipykernel flushes on a timer).
+            parts[-1] += out.text
+            continue
+        stream = out.name if out.output_type == "stream" else None
         if out.output_type == "stream":
             parts.append(out.text)
         elif out.output_type in ("execute_result", "display_data"):

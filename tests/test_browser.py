@@ -25,6 +25,7 @@ import nbformat
 import pytest
 from browser_support import (
     ARTIFACTS,
+    BIDI_PROBE,
     CHROMIUM,
     PROMPT_DONE,
     LabServer,
@@ -42,7 +43,9 @@ from browser_support import (
     wait_cells_done,
 )
 
-pytestmark = pytest.mark.browser
+# One worker runs this module: its tests share one expensive module fixture, which
+# each worker would otherwise build again.
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("test_browser")]
 
 DEVLAB_NOTEBOOK = "devlab-charts.ipynb"
 CONTROL_NOTEBOOK = "plain-widgets.ipynb"
@@ -287,3 +290,58 @@ def check_devlab(server: LabServer, page: Any) -> None:
 
     assert "browser test: all cells ran" in cell(page, LAST).inner_text()
     assert shot.stat().st_size > 20_000, f"screenshot looks empty: {shot}"
+
+
+# -- a lesson in Persian, right to left ----------------------------------------------------------
+
+PERSIAN = sorted((Path(__file__).resolve().parents[1] / "notebooks" / "fa").glob("*.ipynb"))
+
+
+def open_quietly(page: Any, server: LabServer, notebook: str) -> Any:
+    """Open a notebook without running it; wait until its markdown is drawn."""
+    open_notebook(page, server, notebook)
+    panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+    panel.locator(".jp-MarkdownCell .jp-RenderedMarkdown").first.wait_for(state="visible")
+    page.wait_for_timeout(500)
+    return panel
+
+
+def serve(server: LabServer, path: Path, name: str | None = None) -> str:
+    """Copy a notebook into the server's fa/ folder; its path there."""
+    (server.root / "fa").mkdir(exist_ok=True)
+    target = server.root / "fa" / (name or path.name)
+    shutil.copy(path, target)
+    return f"fa/{target.name}"
+
+
+@pytest.mark.parametrize("path", PERSIAN, ids=lambda p: p.stem)
+def test_persian_lesson_reads_right_to_left(server: LabServer, tab: Tab, path: Path) -> None:
+    """notebooks/fa/ in JupyterLab: prose right to left; code blocks, code cells and every
+    inline code span (device names, API names, values) left to right. A screenshot of each
+    goes to test-artifacts/browser/fa-<lesson>.png."""
+    with screenshot_on_failure(tab, f"fa-{path.stem}"):
+        panel = open_quietly(tab.page, server, serve(server, path))
+        shot = screenshot_whole_notebook(tab.page, ARTIFACTS / f"fa-{path.stem}.png")
+        found = panel.evaluate(BIDI_PROBE)
+        assert_clean(tab.page)
+    assert found["blocks"] > 0 and found["notRtl"] == [], found
+    assert found["preNotLtr"] == [] and found["codeNotLtr"] == 0, found
+    assert found["code"] > 0 and found["reversed"] == [], found
+    assert shot.stat().st_size > 20_000, f"screenshot looks empty: {shot}"
+
+
+def test_the_bidi_probe_sees_unisolated_code_reversed(server: LabServer, tab: Tab) -> None:
+    """The control: lesson 01 in Persian with its inline code spans not isolated. Device names
+    such as `/GPU:1` then come out reversed in a right-to-left line, and the probe says so."""
+    path = next(p for p in PERSIAN if p.stem.startswith("01-"))
+    plain = nbformat.read(path, as_version=4)
+    for c in plain.cells:
+        c.source = re.sub(r'<span dir="ltr">(`+[^`]+`+)</span>', r"\1", c.source)
+    unisolated = server.root / f"unisolated-{path.name}"
+    nbformat.write(plain, unisolated)
+    with screenshot_on_failure(tab, "fa-unisolated"):
+        panel = open_quietly(tab.page, server, serve(server, unisolated))
+        control = panel.evaluate(BIDI_PROBE)
+    assert control["notRtl"] == [] and control["code"] > 0, control
+    assert "/GPU:1" in control["reversed"], (
+        f"without isolation `/GPU:1` should come out reversed in a right-to-left line: {control}")

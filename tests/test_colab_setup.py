@@ -70,7 +70,13 @@ def test_links_follow_pyproject(tmp_path: Path) -> None:
                               "v1.2.0/notebooks/01-devices-and-placement.ipynb")
     assert home.install_source == "devlab @ git+https://github.com/someone/devlab@v1.2.0"
     block = links.readme_block(home)
-    assert block.count("](https://mybinder.org/v2/gh/someone/devlab/v1.2.0?urlpath=") == len(NOTEBOOKS)
+    # Each lesson, and each of its translations (notebooks/<lang>/, tools/i18n.py).
+    translated = sum(len(links.translations(p.name)) for p in NOTEBOOKS)
+    assert translated == 3 * len(NOTEBOOKS)
+    assert block.count("](https://mybinder.org/v2/gh/someone/devlab/v1.2.0?urlpath=") == \
+        len(NOTEBOOKS) + translated
+    assert "?urlpath=lab/tree/notebooks/fa/01-devices-and-placement.ipynb" in block
+    assert "/blob/v1.2.0/notebooks/ja/01-devices-and-placement.ipynb" in block
     assert links.readme_with_block(f"intro\n{links.readme_block(None)}\nrest", home) == f"intro\n{block}\nrest"
 
     pyproject.write_text('[project]\nname = "devlab"\nversion = "1.2.0"\n')

@@ -17,7 +17,9 @@ kernel. docs/conformance.md lists the programs.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,11 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "conformance"))
 
 import corpus  # noqa: E402
+import references  # noqa: E402
 import run_program  # noqa: E402
 
 pytestmark = pytest.mark.conformance
 
-GPUS = 2
 _RUNS: dict[tuple[str, int], run_program.RunResult] = {}
 
 
@@ -40,9 +42,14 @@ def _run(name: str, gpus: int) -> run_program.RunResult:
     CPU run of a program whose ranks are replayed replays its simulated run."""
     key = (name, gpus)
     if key not in _RUNS:
-        replay_of = _run(name, GPUS) if gpus == 0 and corpus.get(name).replays else None
+        replay_of = _sim(name) if gpus == 0 and corpus.get(name).replays else None
         _RUNS[key] = run_program.run(name, gpus, root=ROOT, replay_of=replay_of)
     return _RUNS[key]
+
+
+def _sim(name: str) -> run_program.RunResult:
+    """The program's run on its simulated GPUs (2, or as many as it says it needs)."""
+    return _run(name, corpus.get(name).gpus)
 
 
 ALL = [p.name for p in corpus.CORPUS]
@@ -60,7 +67,7 @@ def test_corpus_is_large_enough_and_covers_two_gpus() -> None:
     assert any(p.kernel for p in corpus.CORPUS)
     for p in corpus.CORPUS:
         if p.ranks is not None:
-            assert p.gpus_used == p.ranks.world, p.name
+            assert p.gpus_used == p.ranks.world <= p.gpus, p.name
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -76,7 +83,7 @@ def test_program_files_are_the_stored_text(name: str) -> None:
 @pytest.mark.parametrize("name", ALL)
 def test_runs_on_simulated_gpus(name: str) -> None:
     program = corpus.get(name)
-    sim = _run(name, GPUS)
+    sim = _sim(name)
     assert not sim.timed_out, f"{name} did not finish within {program.timeout:.0f} s"
     assert sim.report is not None, "no result line: " + sim.describe()
     rep = sim.report
@@ -88,7 +95,7 @@ def test_runs_on_simulated_gpus(name: str) -> None:
     else:
         assert sim.returncode == 0, sim.describe()
     peaks = rep["peak"]
-    assert len(peaks) == GPUS
+    assert len(peaks) == program.gpus
     if not program.gpus_used:  # a launcher's test whose ranks make no tensor (see its notes)
         return
     assert rep["is_used"], f"{name} never created a tensor on a simulated GPU"
@@ -100,7 +107,7 @@ def test_runs_on_simulated_gpus(name: str) -> None:
 @pytest.mark.parametrize("name", [p.name for p in corpus.CORPUS if p.expect_stdout])
 def test_prints_what_it_prints_on_a_gpu(name: str) -> None:
     program = corpus.get(name)
-    sim = _run(name, GPUS)
+    sim = _sim(name)
     missing = [p for p in program.expect_stdout
                if not re.search(p, sim.stdout, re.M)]
     assert not missing, f"stdout lacks {missing}\n--- stdout ---\n{sim.stdout[-3000:]}"
@@ -113,7 +120,7 @@ def test_numbers_match_the_cpu_run(name: str) -> None:
     cpu = _run(name, 0)
     assert cpu.returncode == 0, "the CPU baseline failed: " + cpu.describe()
     assert cpu.report is not None and not cpu.report["simulated"] and cpu.report["peak"] == []
-    sim = _run(name, GPUS)
+    sim = _sim(name)
     assert sim.returncode == (1 if program.expect_error else 0), sim.describe()
     on_cpu = run_program.numbers(cpu.stdout, program.compare)
     on_gpus = run_program.numbers(sim.stdout, program.compare)
@@ -124,7 +131,7 @@ def test_numbers_match_the_cpu_run(name: str) -> None:
 @pytest.mark.parametrize("name", RANKED)
 def test_ranks_train_one_model(name: str) -> None:
     program = corpus.get(name)
-    sim = _run(name, GPUS)
+    sim = _sim(name)
     assert sim.returncode == 0 and sim.report is not None, sim.describe()
     replay = _run(name, 0).report if program.replays else None
     found = run_program.rank_problems(program, sim.report, replay)
@@ -134,7 +141,7 @@ def test_ranks_train_one_model(name: str) -> None:
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_shows_its_stored_gpu_outputs(name: str) -> None:
     program = corpus.get(name)
-    sim = _run(name, GPUS)
+    sim = _sim(name)
     assert sim.report is not None, sim.describe()
     assert len(sim.report["cells"]) == len(run_program.stored_outputs(program))
     mismatches = run_program.notebook_mismatches(program, sim.report)
@@ -217,6 +224,95 @@ def test_ranks_that_need_not_train_are_known_by_their_launchers_rank() -> None:
         program, {"processes": [launcher, rank0]})[0]
 
 
+def test_large_models_are_recorded_by_digest_and_compared_from_rank_0s_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A model of more than INLINE values (the 2-D FSDP x TP Llama's 18 million) is recorded as
+    # its digest, rank 0's also as a file, which the CPU replay starts from and is compared to,
+    # per parameter tensor where the replay gives their sizes.
+    import torch
+
+    observer = run_program._observer_module()
+    monkeypatch.setattr(observer, "INLINE", 3)
+    monkeypatch.setenv(run_program.VECTORS_VARIABLE, str(tmp_path))
+    program = corpus.get("examples_fsdp_tp")
+    assert program.ranks is not None and program.ranks.outliers == 0.05
+    values = torch.arange(400, dtype=torch.float32) / 400
+
+    def rank(r: int, initial: torch.Tensor, final: torch.Tensor) -> dict:
+        peak = [0] * 4
+        peak[r] = 512
+        keep = r == 0
+        return {"pid": 100 + r, "rank": r, "world_size": 4, "steps": 10, "errors": [],
+                "initial": observer.vector_record(initial, f"{r}-initial.pt", keep),
+                "final": observer.vector_record(final, f"{r}-final.pt", keep),
+                "is_used": True, "peak": peak}
+
+    def replayed(final: torch.Tensor) -> dict:
+        return {"replay": {"initial": observer.vector_record(values, "r-i.pt", True),
+                           "final": observer.vector_record(final, f"r-{id(final)}.pt", True),
+                           "sizes": [200, 200]}}
+
+    ranks = [rank(r, values, values + 1) for r in range(4)]
+    assert ranks[0]["initial"]["file"] and ranks[1]["initial"]["file"] is None
+    assert ranks[1]["initial"]["sha256"] == ranks[0]["initial"]["sha256"]
+    good = {"processes": ranks}
+    assert run_program.rank_problems(program, good, replayed(values + 1 + 1e-7)) == []
+    # One value of the second tensor a step off (a near-zero gradient under Adam): allowed.
+    nudged = values + 1
+    nudged[300] += 0.01
+    assert run_program.rank_problems(program, good, replayed(nudged)) == []
+    # Eleven of its 200 (5.5%): that tensor is wrong.
+    nudged[301:311] += 0.01
+    assert "parameter tensors [1] beyond the 5.00% of their values allowed" in " ".join(
+        run_program.rank_problems(program, good, replayed(nudged)))
+    assert "400 of 400 final parameters differ from the CPU replay's" in " ".join(
+        run_program.rank_problems(program, good, replayed(values + 1.1)))
+    one_far = values + 1
+    one_far[0] += 0.02  # beyond five Adam steps of lr 3e-3
+    assert "(more than 0.015 apart)" in " ".join(
+        run_program.rank_problems(program, good, replayed(one_far)))
+    apart = {"processes": [*ranks[:3], rank(3, values, values + 2)]}
+    assert "rank 3 ended with other parameters than rank 0" in run_program.rank_problems(
+        program, apart, replayed(values + 1))
+    (initial, world) = references._initial(ranks)
+    assert world == 4 and initial.tolist() == values.tolist()
+
+
+RST = """Title
+=====
+
+.. note::
+   Not code.
+
+.. code:: python
+
+   import os
+
+   def f():
+      return os.sep
+
+Prose between.
+
+.. code-block:: python
+
+      print(f())
+.. code:: bash
+
+   echo not python
+"""
+
+
+def test_a_tutorials_program_is_its_python_blocks_in_order(tmp_path: Path) -> None:
+    assert run_program.rst_code(RST) == "import os\n\ndef f():\n   return os.sep\n\nprint(f())\n"
+    tutorial = tmp_path / "tutorial.rst"
+    tutorial.write_text(RST)
+    script = run_program.script_from_rst(tutorial)
+    assert script == tmp_path / "tutorial.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout == os.sep + "\n"
+
+
 OBSERVED_FORK = """
 import multiprocessing, torch
 
@@ -239,8 +335,6 @@ def test_observer_records_a_forked_child_that_exits_without_atexit(tmp_path: Pat
     # A multiprocessing child ends with os._exit, after multiprocessing's own exit handlers:
     # the ranks Lightning's ddp_notebook and accelerate's notebook_launcher fork end so.
     import json
-    import os
-    import subprocess
 
     script = tmp_path / "fork.py"
     script.write_text(OBSERVED_FORK)

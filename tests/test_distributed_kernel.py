@@ -24,7 +24,9 @@ from nbutil import ROOT, _kernel_env, _patched_environ
 sys.path.insert(0, str(Path(__file__).resolve().parent / "distributed"))
 import hygiene  # noqa: E402
 
-pytestmark = pytest.mark.notebook
+# One worker runs this module: its tests share one expensive module fixture, which
+# each worker would otherwise build again.
+pytestmark = [pytest.mark.notebook, pytest.mark.xdist_group("test_distributed_kernel")]
 
 HELPERS = Path(__file__).resolve().parent / "distributed"
 

@@ -9,7 +9,9 @@ import re
 import pytest
 from nbutil import errors, run_cells, stream, text
 
-pytestmark = pytest.mark.notebook
+# One worker runs this module: its tests share one expensive module fixture, which
+# each worker would otherwise build again.
+pytestmark = [pytest.mark.notebook, pytest.mark.xdist_group("test_distributed_notebook")]
 
 SNAPSHOT = """\
 import logging, os, signal, sys, threading, psutil, torch, devlab

@@ -1,4 +1,4 @@
-"""Every lesson notebook, in every place it runs: one test per (notebook, environment).
+"""Every lesson notebook, in every place it runs: one test per (notebook, language, environment).
 
 Each notebook in notebooks/ runs top to bottom in a real kernel in each environment of
 `lesson_envs.ENVS` (no GPU; DEVLAB_SIMULATE_GPUS=2; DEVLAB_SIMULATE_GPUS=1, one GPU as on
@@ -11,12 +11,18 @@ reads what a learner sees:
 - the lesson's claims hold, asserted from what machine load cannot move: byte counts,
   modeled times, counts of copies and host syncs, values compared with the CPU.
 
-A notebook without claims here yet (a new lesson) gets the first two checks. Each run writes
-its error count and time to test-artifacts/lessons/ (`lesson_envs.report`).
+A notebook without claims here yet (a new lesson) gets the first two checks. Each translation in
+notebooks/<lang>/ (built by tools/i18n.py, with the English code) runs in the environments
+`TRANSLATION_ENVS` gives it (why those, there), and is read as its English notebook
+(`i18n.english_view`: the English cells' sources, the translation's own outputs), so every check
+and claim holds for it as written: its outputs are the English lesson's wherever they are not
+prose. Each run writes its error count and time to test-artifacts/lessons/
+(`lesson_envs.report`).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +43,8 @@ from lesson_envs import (
 )
 from nbutil import errors, html, run_cells, stream, text
 
+from tools import i18n
+
 pytestmark = [
     pytest.mark.notebook,
     pytest.mark.skipif(torch.cuda.is_available(), reason="the environments stand in for a "
@@ -55,19 +63,48 @@ INTENDED = {
 }
 
 
-def _param(path: Path, env: Env) -> object:
+# English, then each translation (notebooks/<lang>/<the same name>).
+LANGS = ["en", *i18n.LANGUAGES]
+EVERY_LANGUAGE_EVERYWHERE = "DEVLAB_LESSONS_EVERY_LANGUAGE"
+# Where a translation runs. Its code is the English code token for token, magic lines as text
+# (tools/i18n.py's check, tests/test_i18n.py); only comments and prose differ. So its outputs
+# can differ from the English ones only where a cell's text is handled as text (a cell magic
+# gets its body with the comments, a traceback quotes them), which depends on the Python,
+# IPython and locale handling it, not on how many GPUs there are. Those differ between the
+# local kernel (plain, sim2 and sim1 share it), binder (its own venv, binder/start, C.UTF-8) and
+# colab (Python 3.12, IPython 7.34): every translation runs in binder and colab, and in one of
+# the local environments, a different one per language, so each of those runs one script too.
+# The whole cross product is about three times the English matrix, more than CI's 30 minutes
+# allow; DEVLAB_LESSONS_EVERY_LANGUAGE=1 runs it.
+_LOCAL = [e.name for e in ENVS if e.name not in ("binder", "colab")]
+TRANSLATION_ENVS = {lang: {_LOCAL[i % len(_LOCAL)], "binder", "colab"}
+                    for i, lang in enumerate(i18n.LANGUAGES)}
+
+
+def _param(path: Path, lang: str, env: Env) -> object:
     marks = [pytest.mark.binder] if env.name == "binder" else []
+    if lang != "en" and env.name not in TRANSLATION_ENVS[lang]:
+        marks.append(pytest.mark.skipif(
+            os.environ.get(EVERY_LANGUAGE_EVERYWHERE) != "1",
+            reason=f"translation in {env.name}: its code is the English code, run there in "
+                   f"English; it runs in {', '.join(sorted(TRANSLATION_ENVS[lang]))} "
+                   f"({EVERY_LANGUAGE_EVERYWHERE}=1 runs every language everywhere)"))
     if env.name == "colab":
         marks.append(pytest.mark.skipif(
             colab_python() is None, reason="the Colab-like environment (Python 3.12, a CUDA "
             "build of torch) is built by the compatibility job: bash scripts/compat.sh --colab"))
-    return pytest.param(path, env, id=f"{path.stem}-{env.name}", marks=marks)
+    name = path.stem if lang == "en" else f"{path.stem}-{lang}"
+    return pytest.param(path, lang, env, id=f"{name}-{env.name}", marks=marks)
 
 
-@pytest.mark.parametrize(("path", "env"), [_param(p, e) for p in NOTEBOOKS for e in ENVS])
-def test_lesson(path: Path, env: Env, tmp_path: Path,
+@pytest.mark.parametrize(("path", "lang", "env"),
+                         [_param(p, lang, e) for p in NOTEBOOKS for lang in LANGS for e in ENVS])
+def test_lesson(path: Path, lang: str, env: Env, tmp_path: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> None:
-    ran = run(path, env, tmp_path, shared_dir(tmp_path_factory.getbasetemp()))
+    source = path if lang == "en" else path.parent / lang / path.name
+    ran = run(source, env, tmp_path, shared_dir(tmp_path_factory.getbasetemp()))
+    if lang != "en":
+        ran.nb = i18n.english_view(ran.nb, nbformat.read(path, as_version=4))
     code = [c for c in ran.nb.cells if c.cell_type == "code"]
     raised = [c for c in code if errors(c)]
     figures = {"seconds": round(ran.seconds, 1), "errors": len(raised),
@@ -80,7 +117,7 @@ def test_lesson(path: Path, env: Env, tmp_path: Path,
         assert found["python"].startswith("3.12.") and found["ipython"].startswith("7.34.")
         assert found["ipykernel"].startswith("6.17.") and found["ipywidgets"].startswith("7.7.")
         assert "+cpu" not in found["torch"] and not found["devlab"].startswith(str(ROOT))
-    report(path.name, env, figures, ran.nb)
+    report(path.name if lang == "en" else f"{path.stem}.{lang}.ipynb", env, figures, ran.nb)
     check_errors(path.stem, code)
     check_setup_line(path.stem, ran.nb, env)
     claims = CLAIMS.get(path.stem)

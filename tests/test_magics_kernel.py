@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from nbutil import errors, html, run_cells, stream, text
 
-pytestmark = pytest.mark.notebook
+# One worker runs this module: its tests share one expensive module fixture, which
+# each worker would otherwise build again.
+pytestmark = [pytest.mark.notebook, pytest.mark.xdist_group("test_magics_kernel")]
 
 CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
 GPU0 = "/job:localhost/replica:0/task:0/device:GPU:0"

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 from nbutil import ROOT, errors, run_cells, text
 
-pytestmark = pytest.mark.notebook
+# One worker runs this module: its tests share one expensive module fixture, which
+# each worker would otherwise build again.
+pytestmark = [pytest.mark.notebook, pytest.mark.xdist_group("test_readme")]
 
 README = ROOT / "README.md"
 NOT_RUN = re.compile(r"^# Not run by the README test: (\S.*)$")

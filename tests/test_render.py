@@ -1,5 +1,7 @@
-"""The rendered lessons (scripts/render.sh): every notebook executed and written to site/ as a
-static page, widgets drawn as their final state, one page checked in headless Chromium."""
+"""The rendered lessons (scripts/render.sh): every notebook, in English and in each translation,
+executed and written to site/ as a static page, widgets drawn as their final state, a switch
+between the languages on every page; pages checked in headless Chromium (one in English, the
+Persian ones right to left)."""
 
 from __future__ import annotations
 
@@ -11,14 +13,19 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from browser_support import CHROMIUM, chromium_missing_message, launch_chromium
+from browser_support import BIDI_PROBE, CHROMIUM, chromium_missing_message, launch_chromium
 
 from tools import render
+from tools.i18n import LANGUAGES
 
-pytestmark = [pytest.mark.notebook, pytest.mark.browser]
+# One worker runs this module: its tests share one expensive module fixture, which
+# each worker would otherwise build again.
+pytestmark = [pytest.mark.notebook, pytest.mark.browser, pytest.mark.xdist_group("test_render")]
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+# Every page: each lesson in English and in each language it is translated into.
+PAGES = [(name, lang) for name in NAMES for lang in render.languages_of(name)]
 SHOTS = ROOT / "test-artifacts" / "site"
 PNG = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=\s]+)"')
 # Cells whose output is a chart: these must show at least one image on the page.
@@ -45,15 +52,16 @@ def cell_html(cell: nbformat.NotebookNode) -> str:
         for o in cell.get("outputs", []))
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_page_is_static_with_every_output_and_chart(site, name: str) -> None:
-    page_path = render.SITE / f"{Path(name).stem}.html"
+@pytest.mark.parametrize(("name", "lang"), PAGES, ids=lambda v: getattr(v, "code", v))
+def test_page_is_static_with_every_output_and_chart(site, name: str, lang: render.Language) -> None:
+    page_path = render.page_path(render.SITE, name, lang)
     nb = site[page_path]
     page = page_path.read_text()
     for leftover in ("Loading widget", render.WIDGET_VIEW, render.WIDGET_STATE, "<script",
                      "Error displaying widget"):
         assert leftover not in page, f"{page_path.name} still has {leftover!r}"
-    source = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    assert f'<html lang="{lang.code}">' in page
+    source = nbformat.read(render.source(name, lang), as_version=4)
     code = [c for c in source.cells if c.cell_type == "code"]
     assert page.count("jp-CodeCell") >= len(code), "a code cell is missing from the page"
     for cell in nb.cells:
@@ -75,9 +83,30 @@ def test_widgets_are_drawn_as_their_final_state(site) -> None:
     assert memory.count("devlab-memory-monitor") >= 2 and "memory (stopped" in memory
 
 
-def test_index_lists_every_lesson(site) -> None:
+def test_index_lists_every_lesson_in_every_language(site) -> None:
     index = (render.SITE / "index.html").read_text()
-    assert [f"{Path(n).stem}.html" for n in NAMES] == re.findall(r'href="([^"]+)"', index)
+    assert [render.page_path(Path("."), n, lang).as_posix() for n, lang in PAGES] == \
+        re.findall(r'href="([^"]+)"', index)
+    assert {lang for _, lang in PAGES} == {render.ENGLISH, *LANGUAGES.values()}
+
+
+@pytest.mark.parametrize(("name", "lang"), PAGES, ids=lambda v: getattr(v, "code", v))
+def test_every_page_switches_between_the_languages(site, name: str, lang: render.Language) -> None:
+    """At the top of each page: the same lesson in each language, named in that language,
+    the page's own marked as current; every link leads to a page of the site."""
+    page_path = render.page_path(render.SITE, name, lang)
+    nav = re.search(r'<nav [^>]*class="devlab-languages"[^>]*>(.*?)</nav>', page_path.read_text(), re.S)
+    assert nav, f"{page_path}: no language switch"
+    links = re.findall(r'<a ([^>]*)>([^<]*)</a>', nav[1])
+    targets = {label: re.search(r'href="([^"]+)"', attrs)[1] for attrs, label in links}
+    assert list(targets) == ["devlab lessons", *(other.name for other in render.languages_of(name))]
+    for label, target in targets.items():
+        assert (page_path.parent / target).resolve().exists(), f"{page_path}: {label} -> {target}"
+    current = [label for attrs, label in links if 'aria-current="page"' in attrs]
+    assert current == [lang.name]
+    for other in render.languages_of(name):
+        assert (page_path.parent / targets[other.name]).resolve() == \
+            render.page_path(render.SITE, name, other).resolve()
 
 
 def test_a_page_in_headless_chromium(site) -> None:
@@ -106,4 +135,32 @@ def test_a_page_in_headless_chromium(site) -> None:
     assert "Loading widget" not in text
     assert "still held" in text and "OutOfMemoryError" in text
     assert [u for u in requests if not u.startswith(("file:", "data:"))] == [], "the page fetched from elsewhere"
+    assert shot.stat().st_size > 50_000, f"screenshot looks empty: {shot}"
+
+
+@pytest.mark.parametrize("name", [n for n, lang in PAGES if lang.rtl])
+def test_persian_page_reads_right_to_left_in_chromium(site, name: str) -> None:
+    """A Persian page as a reader sees it: prose right to left; code cells, outputs, code
+    blocks and every inline code span left to right. Screenshot in test-artifacts/site/."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(chromium_missing_message(), pytrace=False)
+    from playwright.sync_api import sync_playwright
+
+    page_path = render.page_path(render.SITE, name, LANGUAGES["fa"])
+    shot = SHOTS / f"fa-{Path(name).stem}.png"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            page.goto(page_path.as_uri(), wait_until="load")
+            found = page.locator("body").evaluate(BIDI_PROBE)
+            switch = page.locator("nav.devlab-languages").inner_text()
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert found["blocks"] > 0 and found["notRtl"] == [], found
+    assert found["preNotLtr"] == [] and found["codeNotLtr"] == 0, found
+    assert found["code"] > 0 and found["reversed"] == [], found
+    assert "English" in switch and "فارسی" in switch
     assert shot.stat().st_size > 50_000, f"screenshot looks empty: {shot}"

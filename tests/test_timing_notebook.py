@@ -9,7 +9,9 @@ import re
 import pytest
 from nbutil import errors, html, run_cells, text
 
-pytestmark = pytest.mark.notebook
+# One worker runs this module: its tests share one expensive module fixture, which
+# each worker would otherwise build again.
+pytestmark = [pytest.mark.notebook, pytest.mark.xdist_group("test_timing_notebook")]
 
 CELLS = {
     "load": "%load_ext devlab",

@@ -7,6 +7,7 @@ the README shows no badge and the Colab set-up cell says devlab cannot be instal
 
     python -m tools.links            # print the links (or why there are none)
     python -m tools.links --write    # rewrite the README's links block and the set-up cells
+                                     # (and build the translations again: python -m tools.i18n build)
 """
 
 from __future__ import annotations
@@ -70,6 +71,14 @@ def notebooks() -> list[str]:
     return sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
 
 
+def translations(nb: str) -> list[tuple[str, str]]:
+    """(language's own name, path under notebooks/) of each translation of `nb` (tools/i18n.py)."""
+    from tools.i18n import LANGUAGES
+
+    return [(lang.name, f"{lang.code}/{nb}") for lang in LANGUAGES.values()
+            if (NOTEBOOKS / lang.code / nb).exists()]
+
+
 def readme_block(home: Home | None) -> str:
     """The README's links block, markers included."""
     if home is None:
@@ -77,10 +86,13 @@ def readme_block(home: Home | None) -> str:
                 "under `[project.urls]` in pyproject.toml, `python -m tools.links --write` puts a "
                 "Binder and a Colab link for every notebook here.")
     else:
-        rows = [f"| `{nb}` | [Binder]({home.binder(nb)}) | [Colab]({home.colab(nb)}) |"
+        rows = [f"| `{nb}` | [Binder]({home.binder(nb)}) | [Colab]({home.colab(nb)}) | "
+                + " · ".join(f"{name}: [Binder]({home.binder(path)}), [Colab]({home.colab(path)})"
+                             for name, path in translations(nb)) + " |"
                 for nb in notebooks()]
         body = "\n".join([f"Links open release `{home.ref}` of {home.url}.", "",
-                          "| notebook | Binder | Colab |", "|---|---|---|", *rows])
+                          "| notebook | Binder | Colab | translations |", "|---|---|---|---|",
+                          *rows])
     return f"{README_START}\n{body}\n{README_END}"
 
 
@@ -102,12 +114,16 @@ def main(argv: list[str]) -> int:
         for nb in notebooks():
             colab_cell.write(NOTEBOOKS / nb, home)
         print(f"wrote README.md's links block and the set-up cells of {len(notebooks())} notebooks")
-        return 0
+        # The translations carry the same set-up cell (its comments translated): build them again.
+        from tools import i18n
+
+        return i18n.main(["build"])
     if home is None:
         print("no links: set Repository under [project.urls] in pyproject.toml")
         return 0
     for nb in notebooks():
-        print(f"{nb}\n  Binder: {home.binder(nb)}\n  Colab:  {home.colab(nb)}")
+        for path in [nb, *(path for _, path in translations(nb))]:
+            print(f"{path}\n  Binder: {home.binder(path)}\n  Colab:  {home.colab(path)}")
     return 0
 
 

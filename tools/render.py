@@ -1,19 +1,25 @@
 """Execute the lesson notebooks and write them as static HTML pages into site/.
 
-A teacher reads a lesson, outputs and charts included, before opening it. Widgets (devlab's
-live memory chart, progress bars) are drawn as their final state: nbclient records every
-widget's state while the notebook runs, and `freeze_widgets` turns each widget view into
-plain HTML from that state (an Output widget's chart becomes its PNG), so a page needs no
-JavaScript, no widget manager and no network, and never shows "Loading widget...".
+A teacher reads a lesson, outputs and charts included, before opening it, in English
+(`site/<lesson>.html`) or in a translation (`site/<lang>/<lesson>.html`, from notebooks/<lang>/,
+see tools/i18n.py, with the outputs of the English run: the same code), with a switch between
+the languages at the top of every page; Persian pages read right to left (their markdown carries
+`dir="rtl"`). Widgets (devlab's live memory chart, progress bars) are drawn as their final
+state: nbclient records every widget's state while the notebook runs, and `freeze_widgets` turns
+each widget view into plain HTML from that state (an Output widget's chart becomes its PNG), so
+a page needs no JavaScript, no widget manager and no network, and never shows "Loading
+widget...".
 
-    python -m tools.render [--out DIR] [NOTEBOOK ...]     (scripts/render.sh)
+    python -m tools.render [--out DIR] [--lang LANG ...] [NOTEBOOK ...]     (scripts/render.sh)
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import html
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +30,8 @@ from jinja2 import DictLoader
 from nbclient import NotebookClient
 from nbconvert import HTMLExporter
 from nbconvert.filters import ansi2html
+
+from tools.i18n import ENGLISH, LANGUAGES, Language, check_code
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -152,51 +160,146 @@ def _output(out: Mapping[str, Any]) -> str:
 
 # JupyterLab's page, without the scripts it fetches from a CDN (require.js for widgets,
 # MathJax, Mermaid): the lessons use neither maths nor diagrams, and a page must read offline.
+# Above the notebook: the switch between the lesson's languages.
 _STATIC_TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block html_head_js -%}{%- endblock html_head_js -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block extra_css -%}<style type="text/css">""" + \
+    """nav.devlab-languages{display:flex;gap:1em;padding:8px 16px;font-size:14px;""" + \
+    """border-bottom:1px solid #ddd;font-family:var(--jp-ui-font-family,sans-serif)}""" + \
+    """nav.devlab-languages [aria-current]{font-weight:bold;color:inherit;text-decoration:none}""" + \
+    """</style>{%- endblock extra_css -%}
+{%- block body_header -%}{{ super() }}{{ resources.devlab_switch }}{%- endblock body_header -%}
 """
+ALL_LANGUAGES = [ENGLISH, *LANGUAGES.values()]
 
 
-def to_html(nb: nbformat.NotebookNode, title: str) -> str:
+def to_html(nb: nbformat.NotebookNode, title: str, lang: Language = ENGLISH,
+            switch: str = "") -> str:
     """The notebook as one self-contained page: nothing fetched from elsewhere."""
     exporter = HTMLExporter(template_name="lab", template_file="devlab-static.html.j2",
-                            extra_loaders=[DictLoader({"devlab-static.html.j2": _STATIC_TEMPLATE})])
-    page, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+                            extra_loaders=[DictLoader({"devlab-static.html.j2": _STATIC_TEMPLATE})],
+                            language_code=lang.code)
+    page, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title},
+                                                         "devlab_switch": switch})
     return page
 
 
-def render(names: list[str], out_dir: Path) -> dict[Path, nbformat.NotebookNode]:
-    """Execute and write each notebook to `out_dir/<stem>.html`, plus an index page.
+def source(name: str, lang: Language) -> Path:
+    """The notebook a page shows: notebooks/<name>, or its translation notebooks/<lang>/<name>."""
+    return NOTEBOOKS / name if lang is ENGLISH else NOTEBOOKS / lang.code / name
 
+
+def page_path(out_dir: Path, name: str, lang: Language) -> Path:
+    folder = out_dir if lang is ENGLISH else out_dir / lang.code
+    return folder / f"{Path(name).stem}.html"
+
+
+def title_of(path: Path) -> str:
+    """The lesson's title in its own language: its first heading, else its file name."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("# "):
+                    return re.sub(r"<[^>]+>", "", line[2:]).strip()
+    return path.stem
+
+
+def languages_of(name: str) -> list[Language]:
+    """The languages the lesson exists in: English and each translation built."""
+    return [lang for lang in ALL_LANGUAGES if source(name, lang).exists()]
+
+
+def switch_html(name: str, lang: Language) -> str:
+    """Links to the same lesson in every language it exists in, each named in its own language."""
+    here = page_path(Path("/"), name, lang).parent
+    links = []
+    for other in languages_of(name):
+        target = os.path.relpath(page_path(Path("/"), name, other), here)
+        current = ' aria-current="page"' if other is lang else ""
+        links.append(f'<a href="{html.escape(target)}" hreflang="{other.code}" lang="{other.code}"'
+                     f'{current}>{html.escape(other.name)}</a>')
+    index = os.path.relpath("/index.html", here)
+    return (f'<nav class="devlab-languages" aria-label="Language" dir="ltr">'
+            f'<a href="{index}">devlab lessons</a> · {" ".join(links)}</nav>')
+
+
+def render(names: list[str], out_dir: Path,
+           languages: list[Language] | None = None) -> dict[Path, nbformat.NotebookNode]:
+    """Execute each English notebook and write it, in each of `languages` (default: all it
+    exists in; a translation with the English run's outputs, `as_translated`), to
+    `out_dir/[<lang>/]<stem>.html`, plus an index page of every lesson in every language.
     Returns each page with the executed notebook it shows (widgets frozen)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pages = {}
     for name in names:
-        nb = execute(NOTEBOOKS / name)
-        freeze_widgets(nb)
-        page = out_dir / f"{Path(name).stem}.html"
-        page.write_text(to_html(nb, Path(name).stem), encoding="utf-8")
-        pages[page] = nb
-        print(f"wrote {page}", flush=True)
-    (out_dir / "index.html").write_text(index_html(list(pages)), encoding="utf-8")
+        english_run = None
+        for lang in languages_of(name):
+            if languages is not None and lang not in languages:
+                continue
+            english_run = english_run or execute(source(name, ENGLISH))
+            nb = copy.deepcopy(english_run) if lang is ENGLISH else as_translated(
+                english_run, nbformat.read(source(name, lang), as_version=4))
+            freeze_widgets(nb)
+            page = page_path(out_dir, name, lang)
+            page.parent.mkdir(parents=True, exist_ok=True)
+            title = title_of(source(name, lang))
+            page.write_text(to_html(nb, title, lang, switch_html(name, lang)), encoding="utf-8")
+            pages[page] = nb
+            print(f"wrote {page}", flush=True)
+    (out_dir / "index.html").write_text(index_html(names), encoding="utf-8")
     return pages
 
 
-def index_html(pages: list[Path]) -> str:
-    items = "\n".join(f'<li><a href="{p.name}">{html.escape(p.stem)}</a></li>' for p in pages)
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>devlab lessons</title>"
-            f"</head><body><h1>devlab lessons, rendered</h1>\n<ul>\n{items}\n</ul></body></html>\n")
+def as_translated(english_run: nbformat.NotebookNode,
+                  translation: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A translation's page: its own cells, each code cell with the outputs of the English
+    cell of the same id in `english_run`, and that run's widget state. Its code is the English
+    code token for token (tools/i18n.py checks it, and this refuses a notebook where it is
+    not), so these are its outputs: running it again would only take the time. The translation
+    itself runs in a kernel in tests/test_lessons.py."""
+    problems = check_code(english_run, translation, Path("translation"), executed=True)
+    if problems:
+        raise ValueError("; ".join(p.what for p in problems))
+    page = copy.deepcopy(translation)
+    for cell, ran in zip(page.cells, english_run.cells, strict=True):
+        if cell.cell_type == "code":
+            cell.outputs = copy.deepcopy(ran.outputs)
+            cell.execution_count = ran.execution_count
+    if "widgets" in english_run.metadata:
+        page.metadata["widgets"] = copy.deepcopy(english_run.metadata["widgets"])
+    return page
+
+
+def index_html(names: list[str]) -> str:
+    """A table of the lessons, one column per language."""
+    head = "".join(f'<th lang="{lang.code}">{html.escape(lang.name)}</th>' for lang in ALL_LANGUAGES)
+    rows = []
+    for name in names:
+        cells = "".join(
+            f'<td lang="{lang.code}"><a href="{page_path(Path("."), name, lang).as_posix()}" '
+            f'hreflang="{lang.code}">{html.escape(title_of(source(name, lang)))}</a></td>'
+            if lang in languages_of(name) else "<td></td>" for lang in ALL_LANGUAGES)
+        rows.append(f"<tr>{cells}</tr>")
+    body = "\n".join(rows)
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>devlab "
+            f"lessons</title></head><body><h1>devlab lessons, rendered</h1>\n<table>\n<tr>{head}</tr>"
+            f"\n{body}\n</table></body></html>\n")
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.render", description=__doc__.split("\n")[0])
     parser.add_argument("notebooks", nargs="*", help="notebook file names (default: all)")
     parser.add_argument("--out", type=Path, default=SITE, help="output folder (default: site/)")
+    codes = [lang.code for lang in ALL_LANGUAGES]
+    parser.add_argument("--lang", action="append", choices=codes,
+                        help=f"only this language (repeatable; default: all of {', '.join(codes)})")
     args = parser.parse_args(argv)
     names = args.notebooks or sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
-    render(names, args.out.resolve())
+    languages = [lang for lang in ALL_LANGUAGES if lang.code in args.lang] if args.lang else None
+    render(names, args.out.resolve(), languages)
     return 0
 
 

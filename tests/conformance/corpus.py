@@ -37,6 +37,8 @@ APACHE_LIGHTNING = ("Apache-2.0 (Lightning-AI/pytorch-lightning LICENSE, © 2018
                     "Falcon)")
 APACHE_ACCELERATE = ("Apache-2.0 (huggingface/accelerate LICENSE; each file's header: © 2022 or "
                      "2023 The HuggingFace Team)")
+LLAMA2 = ("Llama 2 Community License Agreement (the file's header; the Agreement's text and "
+          "the Notice it asks for: programs/examples_fsdp_tp/LICENSE-LLAMA2 and NOTICE)")
 APACHE_LLMS = ("Apache-2.0 (the file's header: 'Copyright (c) Sebastian Raschka under Apache License "
                "2.0 (see LICENSE.txt)'; rasbt/LLMs-from-scratch LICENSE.txt @b655e628)")
 
@@ -98,7 +100,11 @@ class Ranks:
     function in `references.py` that is this program's CPU run: it replays the training on the
     CPU in one process, from the seed the program gives its ranks or else from rank 0's recorded
     initial parameters, prints the lines the program prints, and its initial and final
-    parameters must equal rank 0's within `rtol`/`atol`.
+    parameters must equal rank 0's within `rtol`/`atol`; with `outliers`, that fraction of each
+    parameter tensor's values may lie beyond them, but within `bound` (Adam's step is about `lr`
+    whatever the gradient's size, so where a gradient is near zero the rounding of a differently
+    ordered sum can move its value by up to a step or two: a few in ten thousand values, never
+    by more than `bound`; a replay that returns its tensors' `sizes` is judged per tensor).
 
     `trains=False`: a program whose ranks check themselves (a framework's own test script, its
     assertions the check) and need not step an optimizer; each rank, known by the RANK its
@@ -111,6 +117,8 @@ class Ranks:
     replay: str | None = None
     rtol: float = 1e-5
     atol: float = 1e-6
+    outliers: float = 0.0
+    bound: float = 0.0
     trains: bool = True
 
 
@@ -128,7 +136,8 @@ class Program:
     `standins`: the folders (under tests/conformance) put on the import path. `own_network`: the
     program listens on fixed TCP ports (its own or its launcher's default); where the machine
     allows it, the run gets a network namespace of its own (loopback only), so that two runs at
-    once cannot take each other's ports.
+    once cannot take each other's ports. `gpus`: how many simulated GPUs its run has (4 for a
+    program that needs four, as a 2-D mesh of 2 x 2 ranks).
     """
 
     name: str
@@ -160,6 +169,7 @@ class Program:
     standins: tuple[str, ...] = ("standins",)
     own_network: bool = False
     ranks: Ranks | None = None
+    gpus: int = 2
 
     @property
     def folder(self) -> Path:
@@ -1004,9 +1014,101 @@ NCCL_PROGRAMS: tuple[Program, ...] = (
               "32x64 tokens); it has no flags to make it smaller. It writes its checkpoint "
               "under checkpoints/ in the run's temporary folder.",
     ),
+    Program(
+        name="examples_fsdp_tp",
+        title="pytorch/examples distributed/tensor_parallelism/fsdp_tp_example.py (2-D mesh)",
+        repo=EXAMPLES,
+        files=(
+            SourceFile("distributed/tensor_parallelism/fsdp_tp_example.py",
+                       "77f55b912142e11fcfdf5b530231fb9c52f181e8", "fsdp_tp_example.py", 6114,
+                       "4194b28d33a35bb9d6c6026f58ab4a4e87ab2e259caa1c500c30c6b806dede66"),
+            SourceFile("distributed/tensor_parallelism/llama2_model.py",
+                       "ecd951d95258f81a7ea9f516acac44521df9d9e2", "llama2_model.py", 16585,
+                       "f95b5fcc592e181153872a9175676fbcb5f37697f64264ffe91ed802e9494eac"),
+            TP_LOG_UTILS,
+        ),
+        licence=BSD3_EXAMPLES + "; llama2_model.py: " + LLAMA2,
+        entry="fsdp_tp_example.py",
+        launch=("torchrun", "--standalone", "--nproc-per-node", "4"),
+        gpus=4,
+        exercises="a 2-D DeviceMesh: `init_device_mesh(device_type, (2, 2), mesh_dim_names="
+                  "(\"dp\", \"tp\"))` over 4 GPUs, `mesh[\"tp\"]`/`mesh[\"dp\"]` and "
+                  "`get_local_rank`; tensor and sequence parallelism on a Llama 2 "
+                  "(`RowwiseParallel` embedding with Shard(1) output, `SequenceParallel` norms, "
+                  "`PrepareModuleInput`, `ColwiseParallel(use_local_output=False)` attention, "
+                  "row-wise output projections) within each tp pair, FSDP2 `fully_shard` over "
+                  "the dp dimension on DTensors already sharded by TP, foreach AdamW, 10 "
+                  "iterations on `torch.randint(..., device=\"cuda\")` inputs",
+        compare_note="the CPU run is a replay (references.examples_fsdp_tp): the program's "
+                     "Llama on the CPU from rank 0's initial parameters (the observer gathers "
+                     "each 2-D DTensor parameter whole), 10 iterations of AdamW on each dp "
+                     "rank's `torch.manual_seed(i + dp_rank)` inputs with the dp ranks' mean "
+                     "gradient (FSDP2's reduce-scatter), no zero_grad, as the program; "
+                     "compared: initial and final parameters (rtol 1e-4, but for AdamW's "
+                     "near-zero-gradient outliers: see ranks); the four ranks must also start "
+                     "and end equal",
+        expect_stdout=tuple(rf"^Starting PyTorch 2D \(FSDP \+ TP\) example on rank {r}\.$"
+                            for r in range(4)),
+        gpus_used=4,
+        # Where a gradient is near zero, AdamW (lr 3e-3) can move a value a step or two away
+        # from the replay's (see Ranks.outliers): three runs had 2, 6 and 2237 of the 18
+        # million values beyond rtol/atol, at most 0.0059 (two steps) apart, the rest a median
+        # 1e-9 apart. Allowed: 5% of any one parameter tensor (a wrong tensor-parallel or FSDP2
+        # shard is a quarter or half of one), each within five steps (0.015).
+        ranks=Ranks(world=4, replay="examples_fsdp_tp", rtol=1e-4, atol=1e-5, outliers=0.05,
+                    bound=0.015),
+        timeout=900.0,
+        notes="It needs 4 GPUs (dp 2 x tp 2) and has no flags: its sizes (dim 256, 2 layers, "
+              "a 32000-token vocabulary, batches of 8 x 256 tokens, 10 iterations) are fixed "
+              "in the program. Its 18 million parameters are recorded by digest and, for "
+              "rank 0, as files (see observer). The inputs come from torch.manual_seed on "
+              "each rank, so the replay draws the same ones on the CPU (a simulated GPU draws "
+              "from the CPU's generator; on a real GPU they come from the CUDA generator).",
+    ),
 )
 
 CORPUS += NCCL_PROGRAMS
+
+# --- torch.distributed.pipelining (wp-corpus2) -----------------------------------------------
+CORPUS += (
+    Program(
+        name="pipelining_tutorial",
+        title="Introduction to Distributed Pipeline Parallelism (tutorial, torchrun, 2 ranks)",
+        repo=TUTORIALS,
+        files=(SourceFile("intermediate_source/pipelining_tutorial.rst",
+                          "2662ccacff76e7210d9a02a836fce7381a8e7294", "pipelining_tutorial.rst",
+                          10620, "7e1f40c658bbccedb67ca107e1311ed5e4539da6162d1bc7ae57a0a2244d11d3"),),
+        licence=BSD3_TUTORIALS,
+        entry="pipelining_tutorial.rst",
+        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        exercises="`torch.distributed.pipelining` on two ranks: `init_process_group()` with "
+                  "its default backend and `new_group()` for the pipeline, a Transformer (8 "
+                  "`TransformerDecoderLayer`s) cut by hand into two `PipelineStage`s on "
+                  "cuda:0 and cuda:1 (`del model.layers[...]`, `model.output = None`), "
+                  "`model.to(device)` after the stage is built, `ScheduleGPipe` over 4 "
+                  "micro-batches: activations sent from cuda:0 to cuda:1, the cross-entropy "
+                  "loss on the last stage, gradients sent back, the per-micro-batch losses "
+                  "returned on rank 1",
+        compare_note="no CPU run: each rank builds the whole model from its own unseeded "
+                     "generator and keeps half, the decoder layers' dropout is on (training "
+                     "mode) and nothing is optimized, so no replay can draw the same numbers; "
+                     "checked: both ranks hold their stage on their own GPU, and rank 1 prints "
+                     "the 4 micro-batches' losses as GPU tensors on cuda:1, each near ln(10000) "
+                     "= 9.21 as an untrained 10000-word model's must be",
+        expect_stdout=(r"^losses: \[" + ", ".join(
+            [r"tensor\((?:9\.[0-9]+|10\.[0-4][0-9]*), device='cuda:1', "
+             r"grad_fn=<NllLossBackward0>\)"] * 4) + r"\]$",),
+        gpus_used=2,
+        ranks=Ranks(world=2, trains=False),
+        timeout=600.0,
+        notes="The tutorial is reStructuredText: its program is its five `.. code:: python` "
+              "blocks, which the runner writes, in order and dedented, to "
+              "pipelining_tutorial.py, the file the tutorial runs with `torchrun --nnodes 1 "
+              "--nproc_per_node 2 pipelining_tutorial.py` (here --standalone, as the other "
+              "torchrun programs). Its sizes are fixed (32 x 500 tokens, 3.7 TFLOP for its "
+              "one step); it has no flags.",
+    ),
+)
 
 BY_NAME: dict[str, Program] = {p.name: p for p in CORPUS}
 

@@ -9,8 +9,8 @@ where the program seeds its ranks, else from those the observer recorded in the 
 run's rank 0 (each new process's random generator starts from a different seed, so no other
 process can draw the same ones). It uses the program's own classes and functions (its file is
 run with a name other than `__main__`, so its launching code does not run), prints the lines
-the program prints, and returns the initial and final parameters. Everything runs on the CPU;
-devlab is not imported.
+the program prints, and returns the initial and final parameters (lists, or flat tensors for a
+large model). Everything runs on the CPU; devlab is not imported.
 """
 
 from __future__ import annotations
@@ -27,10 +27,16 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
 
-def _initial(records: list[dict[str, Any]]) -> tuple[list[float], int]:
-    """Rank 0's initial parameters and the world size, from the observer's records."""
+def _initial(records: list[dict[str, Any]]) -> tuple[torch.Tensor, int]:
+    """Rank 0's initial parameters (flat) and the world size, from the observer's records (a
+    list of values, or for a large model the file rank 0 saved them in)."""
     (rank0,) = [r for r in records if r.get("rank") == 0]
-    return rank0["initial"], int(rank0["world_size"])
+    initial = rank0["initial"]
+    if isinstance(initial, dict):
+        values = torch.load(initial["file"], weights_only=True)
+    else:
+        values = torch.tensor(initial)
+    return values, int(rank0["world_size"])
 
 
 def _llms_ddp(folder: Path, entry: str, records: list[dict[str, Any]],
@@ -57,7 +63,7 @@ def _llms_ddp(folder: Path, entry: str, records: list[dict[str, Any]],
                for r in range(world)]
     model = program["NeuralNetwork"](num_inputs=2, num_outputs=2)
     if seed is None:
-        torch.nn.utils.vector_to_parameters(torch.tensor(recorded), model.parameters())
+        torch.nn.utils.vector_to_parameters(recorded, model.parameters())
     initial = torch.nn.utils.parameters_to_vector(model.parameters()).tolist()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     lines: list[list[str]] = [[] for _ in range(world)]
@@ -112,7 +118,7 @@ def examples_tensor_parallel(folder: Path, records: list[dict[str, Any]]) -> dic
     exec(compile(ast.Module(body=[toy], type_ignores=[]), str(path), "exec"), namespace)
     recorded, _ = _initial(records)
     model = namespace["ToyModel"]()
-    torch.nn.utils.vector_to_parameters(torch.tensor(recorded), model.parameters())
+    torch.nn.utils.vector_to_parameters(recorded, model.parameters())
     initial = torch.nn.utils.parameters_to_vector(model.parameters()).tolist()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.25, foreach=True)
     for i in range(10):  # num_iters, as the module body sets it
@@ -124,8 +130,38 @@ def examples_tensor_parallel(folder: Path, records: list[dict[str, Any]]) -> dic
             "final": torch.nn.utils.parameters_to_vector(model.parameters()).tolist()}
 
 
+def examples_fsdp_tp(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """pytorch/examples fsdp_tp_example.py: FSDP2 over the "dp" dimension of a (dp, tp) mesh,
+    tensor and sequence parallelism over "tp" (tp_size = 2, as the program sets it). Its Llama
+    (`llama2_model.py`, imported as the program imports it, with the program's ModelArgs) from
+    rank 0's initial parameters, gathered whole by the observer (`fully_shard` broadcasts
+    nothing: each dp rank's shards come from its own unseeded draw, and their union is what
+    every rank trains), then its 10 iterations of AdamW (lr 3e-3, foreach) without zero_grad
+    (gradients accumulate, as in the program): dp rank d draws `torch.manual_seed(i + d);
+    torch.randint(32000, (8, 256))`, the loss is the sum of the output, FSDP2's reduce-scatter
+    averages the dp ranks' gradients, and tensor parallelism computes one device's gradient."""
+    llama = runpy.run_path(str(folder / "llama2_model.py"), run_name="conformance_replay")
+    recorded, world = _initial(records)
+    dp = world // 2
+    model = llama["Transformer"].from_model_args(
+        llama["ModelArgs"](dim=256, n_layers=2, n_heads=16, vocab_size=32000))
+    torch.nn.utils.vector_to_parameters(recorded, model.parameters())
+    initial = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=True)
+    for i in range(10):  # num_iterations, as the program sets it
+        for d in range(dp):
+            torch.manual_seed(i + d)
+            inp = torch.randint(32000, (8, 256))
+            (model(inp).sum() / dp).backward()
+        optimizer.step()
+    return {"initial": initial,
+            "final": torch.nn.utils.parameters_to_vector(model.parameters()).detach(),
+            "sizes": [p.numel() for p in model.parameters()]}
+
+
 REPLAYS: dict[str, Callable[[Path, list[dict[str, Any]]], dict[str, Any]]] = {
     "llms_from_scratch_ddp": llms_from_scratch_ddp,
     "llms_from_scratch_ddp_torchrun": llms_from_scratch_ddp_torchrun,
     "examples_tensor_parallel": examples_tensor_parallel,
+    "examples_fsdp_tp": examples_fsdp_tp,
 }

@@ -1,7 +1,7 @@
 """Run one corpus program, unmodified, in a fresh process: on the CPU or on simulated GPUs.
 
     python tests/conformance/run_program.py NAME [--simulate-gpus N]   # run it here, now
-    python tests/conformance/run_program.py --report [NAME ...]         # CPU + 2 GPUs, judged
+    python tests/conformance/run_program.py --report [NAME ...]         # CPU + GPUs, judged
 
 Run mode copies `programs/NAME/` into a temporary folder, writes the data files the program
 reads (`datagen`), makes that folder the working directory and the first import path, sets
@@ -83,6 +83,9 @@ import datagen  # noqa: E402
 MARKER = "CONFORMANCE-RESULT "
 OBSERVER = HERE / "observer"
 OBSERVE_VARIABLE = "CONFORMANCE_OBSERVE"
+# Where a large model's parameter vectors are kept as files (see the observer), for as long as
+# the process that started the run lives: the CPU replay and the comparisons read them.
+VECTORS_VARIABLE = "CONFORMANCE_VECTORS"
 
 
 # --------------------------------------------------------------------------- run mode (child)
@@ -135,6 +138,35 @@ def _run_notebook(path: Path) -> list[dict[str, Any]]:
     return cells
 
 
+def rst_code(text: str) -> str:
+    """The program a reStructuredText tutorial shows: its `.. code:: python` (or `code-block`)
+    blocks, dedented, in order, as its reader puts them into one file."""
+    import textwrap
+
+    lines = text.splitlines()
+    blocks: list[str] = []
+    i = 0
+    while i < len(lines):
+        if re.match(r"^\s*\.\. (?:code|code-block|sourcecode)::\s*python\s*$", lines[i]):
+            i += 1
+            block: list[str] = []
+            while i < len(lines) and (not lines[i].strip() or lines[i][:1].isspace()):
+                block.append(lines[i])
+                i += 1
+            blocks.append(textwrap.dedent("\n".join(block)).strip("\n"))
+        else:
+            i += 1
+    return "\n\n".join(blocks) + "\n"
+
+
+def script_from_rst(path: Path) -> Path:
+    """Write the program of tutorial `path` (see rst_code) beside it as `<name>.py`, the file
+    the tutorial tells its reader to run."""
+    script = path.with_suffix(".py")
+    script.write_text(rst_code(path.read_text(encoding="utf-8")), encoding="utf-8")
+    return script
+
+
 def _error_line(exc: BaseException) -> str:
     """'Type: first line of the message', as Python's last traceback line shows it."""
     msg = str(exc).splitlines()[0] if str(exc) else ""
@@ -164,6 +196,16 @@ def _simulation_report(simulate: int) -> dict[str, Any]:
     with contextlib.suppress(Exception):
         out["peak"] = [int(sim.memory_stats(i)["peak"]) for i in range(sim.device_count())]
     return out
+
+
+def _as_record(values: Any, name: str) -> Any:
+    """A replay's parameter vector (a list or a flat tensor) as the observer records one."""
+    import torch
+
+    if not isinstance(values, torch.Tensor):
+        values = torch.tensor(values, dtype=torch.float64)
+    observer = _observer_module()
+    return observer.vector_record(values.detach().reshape(-1).cpu(), name, keep=True)
 
 
 def _observed(folder: Path) -> list[dict[str, Any]]:
@@ -291,15 +333,21 @@ def _wait_for_ranks(timeout: float = 120.0) -> None:
     psutil.wait_procs(children, timeout=timeout)
 
 
-def _observe_here(folder: Path) -> Any:
-    """Observe this process too (see the observer): for a framework that makes the script's own
-    process rank 0. The observer's module is loaded from its file under a name of its own."""
+@functools.cache
+def _observer_module() -> Any:
+    """The observer's module, loaded from its file under a name of its own."""
     spec = importlib.util.spec_from_file_location("conformance_observer",
                                                   OBSERVER / "sitecustomize.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.observe(str(folder))
+    return module
+
+
+def _observe_here(folder: Path) -> Any:
+    """Observe this process too (see the observer): for a framework that makes the script's own
+    process rank 0."""
+    return _observer_module().observe(str(folder))
 
 
 def run_here(name: str, simulate: int, replay: str | None = None) -> int:
@@ -335,6 +383,8 @@ def run_here(name: str, simulate: int, replay: str | None = None) -> int:
         os.chdir(workdir)
         sys.path.insert(0, str(workdir))
         entry = workdir / program.entry
+        if entry.suffix == ".rst":
+            entry = script_from_rst(entry)
         argv = program.argv if simulate or program.cpu_argv is None else program.cpu_argv
         sys.argv = [str(entry), *argv]
         if program.ranks is not None and not replay:
@@ -349,7 +399,9 @@ def run_here(name: str, simulate: int, replay: str | None = None) -> int:
 
             assert program.ranks is not None and program.ranks.replay is not None
             records = json.loads(Path(replay).read_text(encoding="utf-8"))
-            report["replay"] = references.REPLAYS[program.ranks.replay](workdir, records)
+            replayed = references.REPLAYS[program.ranks.replay](workdir, records)
+            report["replay"] = {k: v if k == "sizes" else _as_record(v, f"replay-{k}.pt")
+                                for k, v in replayed.items()}
         elif program.kernel:
             report["cells"] = cells = _run_in_kernel(program, entry, workdir)
             failed = [c for c in cells if c["error"]]
@@ -446,6 +498,38 @@ def devlab_root() -> Path:
     return Path(spec.origin).resolve().parent.parent
 
 
+@functools.cache
+def _vectors_folder() -> str:
+    """One folder per process for the parameter files of large models' runs, removed when this
+    process ends."""
+    import atexit
+
+    folder = tempfile.mkdtemp(prefix="conformance-vectors-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def vector(values: Any) -> Any:
+    """A parameter vector of a record (a list, or a large model's {"n", "sha256", "file"}) as a
+    float64 numpy array; None where the record holds only the digest."""
+    import numpy as np
+
+    if isinstance(values, list):
+        return np.asarray(values, dtype=np.float64)
+    if not values.get("file"):
+        return None
+    import torch
+
+    return torch.load(values["file"], weights_only=True).double().numpy()
+
+
+def same_vector(a: Any, b: Any) -> bool:
+    """Whether two recorded parameter vectors are equal, bit for bit (large ones by digest)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return (a["n"], a["dtype"], a["sha256"]) == (b["n"], b["dtype"], b["sha256"])
+    return a == b
+
+
 def run(name: str, simulate_gpus: int = 0, timeout: float | None = None,
         root: Path | None = None, replay_of: RunResult | None = None) -> RunResult:
     """Run program `name` in a fresh subprocess (run mode) and collect what it did. The CPU run
@@ -454,6 +538,8 @@ def run(name: str, simulate_gpus: int = 0, timeout: float | None = None,
     env = dict(os.environ)
     env.pop("DEVLAB_SIMULATE_GPUS", None)
     env.pop(OBSERVE_VARIABLE, None)
+    if program.ranks is not None:
+        env[VECTORS_VARIABLE] = _vectors_folder()
     env["PYTHONPATH"] = os.pathsep.join([str(root or devlab_root()),
                                          *(str(HERE / s) for s in program.standins),
                                          str(OBSERVER)])
@@ -633,39 +719,68 @@ def rank_problems(program: corpus.Program, report: dict[str, Any],
         return out
     rank0 = records[0]
     for r in records[1:]:
-        if r["initial"] != rank0["initial"]:
+        if not same_vector(r["initial"], rank0["initial"]):
             out.append(f"rank {r['rank']} started from other parameters than rank 0 "
                        "(DDP broadcasts rank 0's)")
-        if r["final"] != rank0["final"]:
+        if not same_vector(r["final"], rank0["final"]):
             out.append(f"rank {r['rank']} ended with other parameters than rank 0")
-    if ranks.unchanged and rank0["final"] != rank0["initial"]:
+    if ranks.unchanged and not same_vector(rank0["final"], rank0["initial"]):
         out.append("the final parameters differ from the initial ones (the loss's gradient is 0)")
     if ranks.checkpoint:
         saved = report.get("checkpoint")
         if saved is None:
             out.append(f"no checkpoint {ranks.checkpoint} could be read: "
                        f"{report.get('report_error') or 'no such file'}")
-        elif saved != rank0["final"]:
+        elif not same_vector(saved, rank0["final"]):
             out.append(f"{ranks.checkpoint} does not hold rank 0's final parameters")
     if ranks.replay:
         replayed = (replay or {}).get("replay") or {}
         if replayed.get("final") is None:
             out.append("the CPU replay gave no final parameters")
         for which in ("initial", "final"):
-            values = replayed.get(which)
-            if values is None:
+            if replayed.get(which) is None:
                 continue
-            if len(values) != len(rank0[which]):
+            values, ours = vector(replayed[which]), vector(rank0[which])
+            if values is None or ours is None:
+                out.append(f"rank 0's or the replay's {which} parameters were not kept")
+                continue
+            if len(values) != len(ours):
                 out.append(f"{len(values)} {which} parameters in the CPU replay, "
-                           f"{len(rank0[which])} on rank 0")
+                           f"{len(ours)} on rank 0")
                 continue
-            bad = [i for i, (s, c) in enumerate(zip(rank0[which], values, strict=True))
-                   if not math.isclose(s, c, rel_tol=ranks.rtol, abs_tol=ranks.atol)]
-            if bad:
+            bad = _not_close(ours, values, ranks.rtol, ranks.atol)
+            if not len(bad):
+                continue
+            i = int(bad[abs(ours[bad] - values[bad]).argmax()])
+            worst = abs(ours[i] - values[i])
+            tensors = _outlying_tensors(bad, replayed.get("sizes") or [len(values)],
+                                        ranks.outliers)
+            if tensors or worst > ranks.bound:
                 out.append(f"{len(bad)} of {len(values)} {which} parameters differ from the CPU "
-                           f"replay's, e.g. #{bad[0]}: {rank0[which][bad[0]]} vs "
-                           f"{values[bad[0]]}")
+                           f"replay's, the most #{i}: {ours[i]} vs {values[i]}"
+                           + (f" (parameter tensors {tensors} beyond the {ranks.outliers:.2%} "
+                              "of their values allowed)" if tensors else
+                              f" (more than {ranks.bound} apart)"))
     return out
+
+
+def _outlying_tensors(bad: Any, sizes: list[int], allowed: float) -> list[int]:
+    """The parameter tensors (indices, in the optimizer's order; `sizes`: their numbers of
+    values) in which more than the fraction `allowed` of the values are at indices `bad`."""
+    import numpy as np
+
+    ends = np.cumsum(sizes)
+    counts = np.bincount(np.searchsorted(ends, bad, side="right"), minlength=len(sizes))
+    return [t for t, (n, size) in enumerate(zip(counts, sizes, strict=False))
+            if n > allowed * size]
+
+
+def _not_close(a: Any, b: Any, rtol: float, atol: float) -> Any:
+    """Indices where two float arrays differ beyond math.isclose(rel_tol=rtol, abs_tol=atol)."""
+    import numpy as np
+
+    tolerance = np.maximum(rtol * np.maximum(np.abs(a), np.abs(b)), atol)
+    return np.flatnonzero(~(np.abs(a - b) <= tolerance))
 
 
 def problems(program: corpus.Program, sim: RunResult, cpu: RunResult | None) -> list[str]:
@@ -711,12 +826,12 @@ def problems(program: corpus.Program, sim: RunResult, cpu: RunResult | None) -> 
 
 # --------------------------------------------------------------------------- CLI
 
-def _report(names: list[str], gpus: int, json_path: str | None) -> int:
+def _report(names: list[str], gpus: int | None, json_path: str | None) -> int:
     rows = []
     total = cpu_time = 0.0
     for name in names or [p.name for p in corpus.CORPUS]:
         program = corpus.get(name)
-        sim = run(name, gpus)
+        sim = run(name, gpus or program.gpus)
         cpu = (run(name, 0, replay_of=sim) if program.replays
                else run(name, 0) if program.compare is not None else None)
         total += sim.seconds + (cpu.seconds if cpu else 0.0)
@@ -750,14 +865,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="program name(s) from corpus.py")
     parser.add_argument("--simulate-gpus", type=int, default=0, metavar="N")
     parser.add_argument("--report", action="store_true",
-                        help="run each program on the CPU and on N (default 2) simulated GPUs")
+                        help="run each program on the CPU and on N simulated GPUs (default: "
+                             "2, or as many as the program needs)")
     parser.add_argument("--json", help="with --report: write the results here")
     parser.add_argument("--replay", metavar="FILE",
                         help="the CPU run of a program whose ranks are replayed: the simulated "
                              "run's observed processes (JSON)")
     args = parser.parse_args(argv)
     if args.report:
-        return _report(args.names, args.simulate_gpus or 2, args.json)
+        return _report(args.names, args.simulate_gpus or None, args.json)
     if len(args.names) != 1:
         parser.error("give one program name (or --report)")
     if args.replay and args.simulate_gpus:

@@ -21,7 +21,11 @@ optimizer last stepped, whose parameters are read at exit: the weights training 
 process writes `<pid>.json` in the folder: rank, whether devlab's simulated GPUs were used, each
 GPU's peak bytes (`memory_stats(i)["peak"]`), the initial and final parameters (flattened, in
 the optimizer's order), the RANK its launcher gave it, the observed process it was forked from
-(if any), and any error of the observer itself.
+(if any), and any error of the observer itself. A model larger than `INLINE` values (the 2-D
+FSDP x TP Llama's 18 million) would make records of hundreds of megabytes: its parameters are
+recorded as their count and the SHA-256 of their bytes, and rank 0's also as a file (`torch.save`
+of the flat tensor) in the folder CONFORMANCE_VECTORS names, which the runner keeps for the CPU
+replay and the comparisons.
 
 A process forked from an observed one (the ranks of Lightning's `ddp_notebook` and accelerate's
 `notebook_launcher`, forked from a kernel) is a process of its own: it starts a new record, and
@@ -36,11 +40,39 @@ import sys
 from typing import Any
 
 _FOLDER = os.environ.get("CONFORMANCE_OBSERVE")
+VECTORS = "CONFORMANCE_VECTORS"
+INLINE = 1_000_000  # parameters up to this many values are recorded as a JSON list
 
 
-def _parameters(optimizer: Any) -> list[float]:
-    return [v for group in optimizer.param_groups for p in group["params"]
-            for v in _whole(p).detach().reshape(-1).tolist()]
+def _parameters(optimizer: Any) -> Any:
+    """The optimizer's parameters, whole and flattened, on the CPU (one tensor)."""
+    import torch
+
+    with torch.no_grad():
+        flat = [_whole(p).detach().reshape(-1).cpu() for group in optimizer.param_groups
+                for p in group["params"]]
+        return torch.cat(flat) if flat else torch.zeros(0)
+
+
+def vector_record(values: Any, name: str, keep: bool) -> Any:
+    """`values` (a flat CPU tensor) as a record holds it: a list of floats, or for more than
+    INLINE values {"n", "sha256" of the bytes, "file"}, the file (a torch.save in the
+    CONFORMANCE_VECTORS folder, called `name`) written only where `keep`."""
+    import hashlib
+
+    if values.numel() <= INLINE:
+        return values.tolist()
+    values = values.contiguous()
+    digest = hashlib.sha256(values.numpy().tobytes()).hexdigest()
+    record: dict[str, Any] = {"n": values.numel(), "dtype": str(values.dtype),
+                              "sha256": digest, "file": None}
+    folder = os.environ.get(VECTORS)
+    if keep and folder:
+        import torch
+
+        record["file"] = os.path.join(folder, name)
+        torch.save(values, record["file"])
+    return record
 
 
 def _whole(p: Any) -> Any:
@@ -67,7 +99,14 @@ class _Observer:
         self.record: dict[str, Any] = {"pid": os.getpid(), "parent": parent, "rank": None,
                                        "steps": 0, "initial": None, "final": None, "errors": []}
         self.optimizer: Any = None
+        self.final: Any = None  # a sharded model's last gathered parameters
         self.written = False
+
+    def _vector(self, values: Any, which: str) -> Any:
+        """Rank 0's large vectors go to files (the CPU replay and the comparisons read them);
+        the other ranks' are compared by digest."""
+        return vector_record(values, f"{self.record['pid']}-{which}.pt",
+                             keep=self.record["rank"] in (0, None))
 
     def pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.record["steps"]:
@@ -78,7 +117,7 @@ class _Observer:
             if dist.is_available() and dist.is_initialized():
                 self.record["rank"] = dist.get_rank()
                 self.record["world_size"] = dist.get_world_size()
-            self.record["initial"] = _parameters(optimizer)
+            self.record["initial"] = self._vector(_parameters(optimizer), "initial")
         except Exception as e:
             self.record["errors"].append(f"pre-step: {type(e).__name__}: {e}")
 
@@ -88,7 +127,7 @@ class _Observer:
         if any(_sharded(p) for group in optimizer.param_groups for p in group["params"]):
             # gathered now, while the process group lives (at exit it is gone)
             try:
-                self.record["final"] = _parameters(optimizer)
+                self.final = _parameters(optimizer)
             except Exception as e:
                 self.record["errors"].append(f"post-step: {type(e).__name__}: {e}")
             self.optimizer = None
@@ -124,11 +163,13 @@ class _Observer:
             return
         self.written = True
         record = self.record
-        if self.optimizer is not None:
-            try:
-                record["final"] = _parameters(self.optimizer)
-            except Exception as e:
-                record["errors"].append(f"final: {type(e).__name__}: {e}")
+        try:
+            if self.optimizer is not None:
+                self.final = _parameters(self.optimizer)
+            if self.final is not None:
+                record["final"] = self._vector(self.final, "final")
+        except Exception as e:
+            record["errors"].append(f"final: {type(e).__name__}: {e}")
         # The rank a launcher gave the process, for one that never stepped an optimizer.
         record["env_rank"] = os.environ.get("RANK")
         devlab = sys.modules.get("devlab")
