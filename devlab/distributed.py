@@ -472,7 +472,9 @@ class _Launch:
             running = [r for r in self.ranks if self._ended(r) is None]
             if not running:
                 return
-            failed = any(self.failed(r) for r in self.ranks)
+            # A rank its own watchdog stopped leaves the others to theirs (they share its
+            # deadline), so that each says where it was; the kill below ends what cannot.
+            failed = any(self.failed(r) and not self._timed_out(r) for r in self.ranks)
             now = time.monotonic()
             if failed and self._stop_asked is None:
                 self._stop_asked = now
@@ -490,6 +492,13 @@ class _Launch:
         return rank.status is not None and (
             rank.status != ("exit", 0) or self.run_dir is None
             or not (self.run_dir / f"rank{rank.rank}.result").exists())
+
+    def _timed_out(self, rank: _Rank) -> bool:
+        """Whether the rank's watchdog stopped it (its dump is written)."""
+        if self.run_dir is None:
+            return False
+        path = self.run_dir / f"rank{rank.rank}.hang"
+        return path.exists() and path.stat().st_size > 0
 
     def _ended(self, rank: _Rank) -> tuple[str, int] | None:
         """How the rank ended, or None while it runs; never reaps it (so its pid, which is
@@ -839,9 +848,12 @@ def _where(frames: list[tuple[str, int, str]]) -> str:
         return ""
     import linecache
 
-    filename, lineno, _ = frames[-1]
+    filename, lineno, name = frames[-1]
     line = linecache.getline(filename, lineno).strip()
-    return f"line {lineno}" + (f": {line}" if line else "")
+    where = f"line {lineno}" + (f": {line}" if line else "")
+    if os.path.abspath(filename) == _HERE:
+        where = f"devlab's launcher ({name}, {where})"
+    return where
 
 
 def _note(exc: BaseException, text: str) -> None:
@@ -906,7 +918,9 @@ def _hang_frames(run_dir: Path, rank: int) -> list[tuple[str, int, str]] | None:
         if m and block:
             frames.append((m.group(1), int(m.group(2)), m.group(3)))
     frames.reverse()  # faulthandler lists the innermost call first
-    return _users_frames(frames)
+    # Outside the user's code (before their function, or freeing what it left as it returns):
+    # where in the launcher, rather than nowhere.
+    return _users_frames(frames) or frames[-1:]
 
 
 def _users_frames(frames: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:

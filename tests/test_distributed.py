@@ -101,6 +101,31 @@ def test_a_hung_rank_is_stopped_after_the_timeout_and_says_where(state_kept) -> 
     assert [(f.name, str(f.statement).strip()) for f in err.traceback][-1] == ("hang_on_one", "time.sleep(120)")
 
 
+def hang_on_both() -> str:
+    if os.environ["RANK"] == "0":
+        time.sleep(120)
+    else:
+        time.sleep(121)
+    return "done"
+
+
+def test_every_hung_rank_says_where_it_was(state_kept) -> None:
+    # The first rank its watchdog stopped no longer gets the others stopped before their own
+    # watchdogs say where they were.
+    with pytest.raises(TimeoutError) as err:
+        devlab.launch(hang_on_both, timeout=2)
+    first = hang_on_both.__code__.co_firstlineno + 2
+    assert str(err.value) == (
+        f"ranks 0, 1 of 2 did not finish within 2 s and were stopped: rank 0 was at line "
+        f"{first}: time.sleep(120); rank 1 was at line {first + 2}: time.sleep(121)")
+
+
+def test_a_hang_outside_the_users_code_says_where_in_the_launcher() -> None:
+    # (Freeing what the function left, as it returns: the rank's frames are all the launcher's.)
+    frames = [(distributed.__file__, 1, "_call")]
+    assert distributed._where(frames).startswith("devlab's launcher (_call, line 1")
+
+
 def test_forked_ranks_see_the_simulated_gpus_and_return_tensors_on_them(two, state_kept) -> None:
     def where() -> torch.Tensor:  # a local function: forked ranks need no pickling
         rank = int(os.environ["RANK"])

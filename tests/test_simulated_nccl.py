@@ -71,6 +71,30 @@ def test_a_group_made_for_nccl_is_nccl(two) -> None:
                                     "GLOO backend."}
 
 
+SPLITS = 16
+
+
+def split_many_times() -> list[float]:
+    rank = _rank()
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    sums = []
+    for _ in range(SPLITS):
+        split = dist.split_group(split_ranks=[[0, 1]])
+        s = torch.full((1,), float(rank + 1), device=rank)
+        dist.all_reduce(s, group=split)
+        sums.append(s.item())
+    dist.destroy_process_group()
+    return sums
+
+
+def test_splitting_a_group_again_and_again_never_hangs(two) -> None:
+    # A split once met its peers twice under one store prefix (the gloo backend was registered
+    # for two devices, and torch splits each): a rank could connect to the wrong child and wait
+    # for ever. Before the fix, 16 splits in a row hung in most launches.
+    for got in devlab.launch(split_many_times, nprocs=2, timeout=120):
+        assert got == [3.0] * SPLITS
+
+
 # --- collectives take what NCCL takes ---------------------------------------------------------
 
 def _inputs(rank: int) -> torch.Tensor:

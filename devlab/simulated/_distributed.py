@@ -18,7 +18,16 @@ here:
   callback runs on the thread that completes the future, often gloo's own C++ thread, which
   the simulation does not route; tensors made there would land on the host (PowerSGD keeps its
   error feedback so). `Future.then` and `add_done_callback` run their callbacks routed, as the
-  calling thread's work is.
+  calling thread's work is. That thread lets go of a callback only after completing the future
+  it chained; a callback may hold a group's last reference (PowerSGD's holds its group), and a
+  gloo thread that tears down its own group aborts the process. `settle()`, which the NCCL
+  group's shutdown calls, waits until torch has let go of every callback that ran.
+- DDP's Reducer never holds its process group last. Torch releases a group held from Python
+  with the GIL released (gloo's teardown joins its threads, which may need the GIL to finish
+  the work they completed last: its thread-local state holds Python objects, as work issued
+  during backward does); the Reducer, a C++ object freed with the GIL held, would join them
+  holding it, and wait for ever. The group's Python object stays alive until the Reducer is
+  gone.
 - `dist._compute_bucket_assignment_by_size`, with which DistributedDataParallel groups the
   gradients it all-reduces into buckets: C++ groups them by device and sees only the CPU, so a
   model spread over two simulated GPUs would share buckets between them. It groups by
@@ -28,6 +37,9 @@ here:
 from __future__ import annotations
 
 import functools
+import os
+import time
+import weakref
 from typing import Any
 
 import torch
@@ -77,13 +89,51 @@ def _hook_registration(original: Any) -> Any:
     return _register_comm_hook
 
 
+# One entry per future's callback that has run and that torch still holds (see settle()); a
+# list, as append and pop are atomic under the GIL on whichever thread. A forked child has none
+# of the threads that would let go of its parent's.
+_unreleased: list[None] = []
+os.register_at_fork(after_in_child=_unreleased.clear)
+
+
+class _Released:
+    """Kept by one routed callback alone: counted in `_unreleased` from the callback's first run
+    until torch lets go of the callback (and so of this)."""
+
+    __slots__ = ("ran",)
+
+    def __init__(self) -> None:
+        self.ran = False
+
+    def run(self) -> None:
+        if not self.ran:
+            self.ran = True
+            _unreleased.append(None)
+
+    def __del__(self) -> None:
+        if self.ran:
+            _unreleased.pop()
+
+
+def settle(within: float = 5.0) -> None:
+    """Wait, with the GIL released, until torch has let go of every future's callback that has
+    run (the thread that ran one lets go of it after completing the future it chained, so the
+    caller may go on meanwhile). Bounded: a callback kept alive elsewhere only delays this."""
+    deadline = time.monotonic() + within
+    while _unreleased and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def _routed_callbacks(original: Any) -> Any:
     """`Future.then`/`add_done_callback` whose callback runs routed on whatever thread."""
 
     @functools.wraps(original)
     def chained(self: Any, callback: Any) -> Any:
+        released = _Released()
+
         @functools.wraps(callback)
         def routed(fut: Any) -> Any:
+            released.run()
             if _session.session is None or _session.is_routed():
                 return callback(fut)
             from . import _threads
@@ -94,6 +144,27 @@ def _routed_callbacks(original: Any) -> Any:
         return original(self, routed)
 
     return chained
+
+
+def _keep(group: Any) -> None:
+    """What a Reducer's finalizer calls: nothing; its finalizer lets go of `group` after."""
+
+
+def _reducer(original: Any) -> Any:
+    """`dist.Reducer` that keeps its process group's Python object alive until the Reducer is
+    freed: its finalizer runs after the C++ Reducer is destroyed, then lets go of the group
+    from Python, where torch tears a group down with the GIL released."""
+
+    def Reducer(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - the class it stands for
+        reducer = original(*args, **kwargs)
+        group = args[3] if len(args) > 3 else kwargs.get("process_group")
+        if group is not None:
+            weakref.finalize(reducer, _keep, group)
+        return reducer
+
+    Reducer.__wrapped__ = original  # type: ignore[attr-defined]
+    Reducer.__doc__ = original.__doc__
+    return Reducer
 
 
 def _bucketing(original: Any) -> Any:
@@ -140,6 +211,7 @@ def install(p: Patcher) -> None:
     p.set(c10d, "default_pg_nccl_timeout", DEFAULT_TIMEOUT)
     p.set(c10d, "_new_process_group_helper", _binding(c10d._new_process_group_helper))
     p.set(dist, "_register_comm_hook", _hook_registration(dist._register_comm_hook))
+    p.set(dist, "Reducer", _reducer(dist.Reducer))
     # torch.Future (torch._C.Future): what Work.get_future() returns, and torch.futures.Future's
     # base, whose methods it calls.
     for name in ("then", "add_done_callback"):

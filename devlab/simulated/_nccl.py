@@ -42,6 +42,8 @@ from torch._C._distributed_c10d import (
     _create_work_from_future,
 )
 
+from . import _distributed
+
 NOTICE = ("devlab: simulated GPUs have no NCCL (a CPU build of torch has none), so "
           "torch.distributed's \"nccl\" backend runs on gloo instead: NCCL's behaviour, "
           "gloo's transport, on the CPU.")
@@ -206,8 +208,12 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         gloo.options.group_name = options.group_name
         inner = dist.ProcessGroup(store, rank, size)
         inner._set_default_backend(_GLOO)
-        for device in ("cpu", "cuda"):
-            inner._register_backend(torch.device(device), _GLOO, gloo)
+        # For the CPU alone: a simulated GPU's tensor reaches `_inner` as a CPU tensor, and C++'s
+        # splitGroup (this torch) splits the backend once per device it is registered for, each
+        # child meeting its peers under the same store prefix; a rank could then read its peer's
+        # address from the other child and wait for a connection that never comes (split_group
+        # hung ~1 launch in 3 under load).
+        inner._register_backend(torch.device("cpu"), _GLOO, gloo)
         self._adopt(inner, options)
         tell_once()
 
@@ -245,9 +251,12 @@ class ProcessGroupNCCL(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Shut the gloo backend down once (it is registered here for two devices, and in
-        `_inner`)."""
+        `_inner`), once gloo's threads have let go of the future callbacks they ran: one may
+        hold the group's last reference, and gloo's thread cannot tear down its own group (see
+        `_distributed.settle`)."""
         if not getattr(self, "_shut", False):
             self._shut = True
+            _distributed.settle()
             self._inner.shutdown()
 
     def get_group_store(self) -> Any:
