@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,10 +48,17 @@ def _run(name: str, gpus: int) -> run_program.RunResult:
     return _RUNS[key]
 
 
+def _runs_of(names: list[str]) -> list[Any]:
+    """`names` as parameters of tests that read a program's runs: all the tests of one program go
+    to one pytest-xdist worker (`--dist loadgroup`), which runs the program once for them all."""
+    return [pytest.param(n, marks=pytest.mark.xdist_group(f"corpus-{n}")) for n in names]
+
+
 ALL = [p.name for p in corpus.CORPUS]
 COMPARED = [p.name for p in corpus.CORPUS if p.compare is not None]
 NOTEBOOKS = [p.name for p in corpus.CORPUS if p.notebook_cells]
 RANKED = [p.name for p in corpus.CORPUS if p.ranks is not None]
+PRINTING = [p.name for p in corpus.CORPUS if p.expect_stdout]
 
 
 def test_corpus_is_large_enough_and_covers_two_gpus() -> None:
@@ -75,7 +83,7 @@ def test_program_files_are_the_stored_text(name: str) -> None:
     assert (program.folder / program.entry).is_file()
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", _runs_of(ALL))
 def test_runs_on_simulated_gpus(name: str) -> None:
     program = corpus.get(name)
     sim = _run(name, GPUS)
@@ -99,7 +107,7 @@ def test_runs_on_simulated_gpus(name: str) -> None:
         f"{name} should use {program.gpus_used} simulated GPU(s); peaks {peaks}")
 
 
-@pytest.mark.parametrize("name", [p.name for p in corpus.CORPUS if p.expect_stdout])
+@pytest.mark.parametrize("name", _runs_of(PRINTING))
 def test_prints_what_it_prints_on_a_gpu(name: str) -> None:
     program = corpus.get(name)
     sim = _run(name, GPUS)
@@ -108,7 +116,7 @@ def test_prints_what_it_prints_on_a_gpu(name: str) -> None:
     assert not missing, f"stdout lacks {missing}\n--- stdout ---\n{sim.stdout[-3000:]}"
 
 
-@pytest.mark.parametrize("name", COMPARED)
+@pytest.mark.parametrize("name", _runs_of(COMPARED))
 def test_numbers_match_the_cpu_run(name: str) -> None:
     program = corpus.get(name)
     assert program.compare is not None
@@ -123,7 +131,7 @@ def test_numbers_match_the_cpu_run(name: str) -> None:
     assert diff is None, diff
 
 
-@pytest.mark.parametrize("name", RANKED)
+@pytest.mark.parametrize("name", _runs_of(RANKED))
 def test_ranks_train_one_model(name: str) -> None:
     program = corpus.get(name)
     sim = _run(name, GPUS)
@@ -133,7 +141,7 @@ def test_ranks_train_one_model(name: str) -> None:
     assert not found, "\n".join(found) + "\n" + sim.describe()
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("name", _runs_of(NOTEBOOKS))
 def test_notebook_shows_its_stored_gpu_outputs(name: str) -> None:
     program = corpus.get(name)
     sim = _run(name, GPUS)
