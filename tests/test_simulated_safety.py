@@ -179,10 +179,12 @@ def test_del_while_the_product_is_queued_frees_at_once_three_of_three(monkeypatc
         del a, b
         assert not _workers.idle(0)
         assert torch.cuda.memory_allocated() == 0  # CUDA's allocator frees at once
+        # (a factory op waits for the GPU's queue, as the simulation orders work, so the gate
+        # opens first rather than let the allocation below wait for the gate's own timeout)
+        gate.set()
         c = torch.empty(80 * MIB // 4, device="cuda")  # fits: no false OutOfMemoryError
         assert torch.cuda.memory_allocated() == 80 * MIB
         assert torch.cuda.max_memory_allocated() == 80 * MIB  # as CUDA would count the peak
-        gate.set()
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() == 80 * MIB  # the finished product took nothing back
         del c

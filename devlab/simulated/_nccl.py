@@ -149,6 +149,17 @@ def _reduction(op: Any, dtype: torch.dtype) -> tuple[_RED, Any]:
     return kind, None
 
 
+def _reduce_in_place(tensors: list[torch.Tensor], opts: Any) -> _RED:
+    """Check `tensors` for an in-place reduction and scale them by PREMUL_SUM's factor; the
+    reduction gloo is to run."""
+    _check(tensors)
+    kind, factor = _reduction(opts.reduceOp, tensors[0].dtype)
+    if factor is not None:
+        for t in tensors:
+            t.mul_(factor)
+    return kind
+
+
 def _options(kind: type, opts: Any, reduce_op: _RED | None = None, **extra: Any) -> Any:
     """Options of type `kind` for gloo, with `opts`' timeout and async flag."""
     out = kind()
@@ -285,32 +296,20 @@ class ProcessGroupNCCL(dist.ProcessGroup):
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else AllreduceOptions()
-        _check(tensors)
-        kind, factor = _reduction(opts.reduceOp, tensors[0].dtype)
-        if factor is not None:
-            for t in tensors:
-                t.mul_(factor)
+        kind = _reduce_in_place(tensors, opts)
         return self._inner.allreduce(tensors, _options(AllreduceOptions, opts, kind))
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else AllreduceCoalescedOptions()
-        _check(tensors)
-        kind, factor = _reduction(opts.reduceOp, tensors[0].dtype)
-        if factor is not None:
-            for t in tensors:
-                t.mul_(factor)
+        kind = _reduce_in_place(tensors, opts)
         return self._inner.allreduce_coalesced(
             tensors, _options(AllreduceCoalescedOptions, opts, kind))
 
     def reduce(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else ReduceOptions()
-        _check(tensors)
-        kind, factor = _reduction(opts.reduceOp, tensors[0].dtype)
-        if factor is not None:
-            for t in tensors:
-                t.mul_(factor)
+        kind = _reduce_in_place(tensors, opts)
         return self._inner.reduce(tensors, _options(ReduceOptions, opts, kind,
                                                     rootRank=opts.rootRank,
                                                     rootTensor=opts.rootTensor))

@@ -868,7 +868,7 @@ FRAMEWORKS: tuple[Program, ...] = (
                        r"^Device: cuda:1$", r"^Test clean CUDA fork",
                        r"^Test fault tolerant$", r"^Test monitoring$"),
         gpus_used=0,
-        timeout=600.0,  # includes torch's 30 s wait for a rank to end (see notes)
+        timeout=300.0,  # includes torch's 30 s wait for a rank to end (see notes)
         notes="The script's text runs as one notebook cell (its `__main__` block runs: a "
               "cell's `__name__` is `__main__`), with the environment accelerate's own test "
               "gives it (ACCELERATE_NUM_PROCESSES=2, OMP_NUM_THREADS=1). Its ranks create no "
