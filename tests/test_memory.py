@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import re
 import threading
 import time
@@ -53,14 +54,18 @@ def _sampler_threads() -> list[threading.Thread]:
 
 
 def test_process_reader_sees_a_big_tensor_in_rss():
+    # The tensor lives in a fresh anonymous mapping: torch's allocator may hand back memory an
+    # earlier test freed and is still resident (CI once saw RSS unchanged), a new mapping cannot.
     reader = ProcessReader()
     before = reader.read()
-    x = torch.ones(64 * MiB // 4)  # 64 MiB, touched, so resident
+    pages = mmap.mmap(-1, 64 * MiB)
+    x = torch.frombuffer(pages, dtype=torch.float32).fill_(1.0)  # 64 MiB, touched: resident
     after = reader.read()
     assert after.used - before.used > 48 * MiB
     assert after.reserved is None and after.limit is None
     assert after.timestamp > before.timestamp
     del x
+    pages.close()
 
 
 def test_reader_for_cpu_names():

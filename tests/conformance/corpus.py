@@ -124,7 +124,9 @@ class Program:
     `env`: environment settings the program or its framework reads (`PL_TRAINER_DEVICES`, ...),
     `cpu_env` for the CPU run if they differ. `kernel`: run as a notebook user runs it, in a
     real Jupyter kernel: a notebook's code cells (but `skip_cells`, code-cell indices, which
-    install packages or fetch files from the internet), or a script's text as one cell.
+    install packages or fetch files from the internet), or a script's text as one cell, or, with
+    `cells`, the script loaded as a module (`%run -n`, which does not run its `__main__` block)
+    and then `cells`, which call what that block would (to leave out a part of the program).
     `standins`: the folders (under tests/conformance) put on the import path. `own_network`: the
     program listens on fixed TCP ports (its own or its launcher's default); where the machine
     allows it, the run gets a network namespace of its own (loopback only), so that two runs at
@@ -157,6 +159,7 @@ class Program:
     cpu_env: tuple[tuple[str, str], ...] | None = None
     kernel: bool = False
     skip_cells: tuple[int, ...] = ()
+    cells: tuple[str, ...] = ()
     standins: tuple[str, ...] = ("standins",)
     own_network: bool = False
     ranks: Ranks | None = None
@@ -856,26 +859,40 @@ FRAMEWORKS: tuple[Program, ...] = (
         env=(("ACCELERATE_NUM_PROCESSES", "2"), ("OMP_NUM_THREADS", "1")),
         standins=(),
         own_network=True,
-        exercises="`notebook_launcher(fn, num_processes=2)` from a notebook cell in a real "
+        # Its `main()` but `test_fault_tolerant`, whose ranks race on a multiprocessing queue
+        # (see notes), one cell per test as a notebook user would call them.
+        cells=("print('Test basic notebook can be ran')\ntest_can_initialize()",
+               "print('Test clean CUDA fork (regression test for #3925)')\n"
+               "test_clean_cuda_fork()",
+               "print('Test static rendezvous backend')\ntest_static_rdzv_backend()",
+               "print('Test c10d rendezvous backend')\ntest_c10d_rdzv_backend()",
+               "print('Test monitoring')\ntest_monitoring()",
+               "PartialState().destroy_process_group()"),
+        exercises="`notebook_launcher(fn, num_processes=2)` from notebook cells in a real "
                   "Jupyter kernel: accelerate checks that CUDA was not initialized in the "
                   "kernel and forks two ranks on the two GPUs; each child's clean-fork check "
-                  "(`torch._C._cuda_isInBadFork`), static and c10d rendezvous, restarts after a "
-                  "failing rank (`max_restarts`), the monitor stopping a sleeping rank when the "
-                  "other fails",
+                  "(`torch._C._cuda_isInBadFork`), static and c10d rendezvous, the monitor "
+                  "stopping a sleeping rank when the other fails",
         compare_note="no CPU run: the script asserts what it tests itself; checked here: the "
                      "cell ends without an error and each rank's state names its own GPU",
         expect_stdout=(r"^Test basic notebook can be ran$", r"^Device: cuda:0$",
                        r"^Device: cuda:1$", r"^Test clean CUDA fork",
-                       r"^Test fault tolerant$", r"^Test monitoring$"),
+                       r"^Test static rendezvous backend$", r"^Test c10d rendezvous backend$",
+                       r"^Test monitoring$"),
         gpus_used=0,
-        timeout=300.0,  # includes torch's 30 s wait for a rank to end (see notes)
-        notes="The script's text runs as one notebook cell (its `__main__` block runs: a "
-              "cell's `__name__` is `__main__`), with the environment accelerate's own test "
-              "gives it (ACCELERATE_NUM_PROCESSES=2, OMP_NUM_THREADS=1). Its ranks create no "
-              "tensor, so no GPU memory is expected (gpus_used=0); each prints its "
+        timeout=240.0,
+        notes="The script is loaded in a Jupyter kernel with `%run -n` and its tests called "
+              "one per cell as its `main()` calls them, with the environment accelerate's own "
+              "test gives it (ACCELERATE_NUM_PROCESSES=2, OMP_NUM_THREADS=1). Its ranks create "
+              "no tensor, so no GPU memory is expected (gpus_used=0); each prints its "
               "`PartialState`, device included. notebook_launcher listens on port 29500 "
-              "(its default `use_port`). The fault-tolerance part waits 30 s for torch to give "
-              "up terminating a finished rank, on the CPU as here.",
+              "(its default `use_port`). Left out: `test_fault_tolerant`, which hangs now and "
+              "then on any machine: each rank takes a trial count from a shared "
+              "`multiprocessing.Queue`, and the one that takes it puts it back less one before "
+              "raising; a rank that calls `queue.empty()` before that put reaches the pipe "
+              "returns at once, and if the count put back is 0, the next round's rank that takes "
+              "it waits in `init_process_group` for a peer that has already returned (seen "
+              "here: one rank in `PartialState()`, the other finished; 2 of 3 runs under load).",
     ),
 )
 CORPUS += FRAMEWORKS

@@ -269,13 +269,17 @@ def _console_script(name: str) -> Any:
 def _run_in_kernel(program: corpus.Program, entry: Path, workdir: Path) -> list[dict[str, Any]]:
     """Run the program in a fresh Jupyter kernel (nbclient), its working directory `workdir`:
     a notebook's code cells but `program.skip_cells`, or a script's text as one cell, errors
-    recorded and execution going on. Per cell run: its code-cell index, stdout, text/plain
+    recorded and execution going on (a script with `program.cells`: loaded with `%run -n`, then
+    those cells). Per cell run: its code-cell index, stdout, text/plain
     result and error; stdout and stderr are copied here as they are shown."""
     import nbformat
     from nbclient import NotebookClient
 
     if program.is_notebook:
         code = [c for c in nbformat.read(entry, as_version=4).cells if c.cell_type == "code"]
+    elif program.cells:
+        code = [nbformat.v4.new_code_cell(f"%run -n {entry.name}"),
+                *(nbformat.v4.new_code_cell(text) for text in program.cells)]
     else:
         code = [nbformat.v4.new_code_cell(entry.read_text(encoding="utf-8"))]
     chosen = [(i, c) for i, c in enumerate(code) if i not in program.skip_cells]
