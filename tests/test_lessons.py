@@ -12,8 +12,8 @@ reads what a learner sees:
   modeled times, counts of copies and host syncs, values compared with the CPU.
 
 A notebook without claims here yet (a new lesson) gets the first two checks. Each translation in
-notebooks/<lang>/ (built by tools/i18n.py, with the English code) runs in the environments
-`TRANSLATION_ENVS` gives it (why those, there), and is read as its English notebook
+notebooks/<lang>/ (built by tools/i18n.py, with the English code) runs in every environment
+the English notebook runs in, and is read as its English notebook
 (`i18n.english_view`: the English cells' sources, the translation's own outputs), so every check
 and claim holds for it as written: its outputs are the English lesson's wherever they are not
 prose. Each run writes its error count and time to test-artifacts/lessons/
@@ -22,7 +22,6 @@ prose. Each run writes its error count and time to test-artifacts/lessons/
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -65,30 +64,14 @@ INTENDED = {
 
 # English, then each translation (notebooks/<lang>/<the same name>).
 LANGS = ["en", *i18n.LANGUAGES]
-EVERY_LANGUAGE_EVERYWHERE = "DEVLAB_LESSONS_EVERY_LANGUAGE"
-# Where a translation runs. Its code is the English code token for token, magic lines as text
-# (tools/i18n.py's check, tests/test_i18n.py); only comments and prose differ. So its outputs
-# can differ from the English ones only where a cell's text is handled as text (a cell magic
-# gets its body with the comments, a traceback quotes them), which depends on the Python,
-# IPython and locale handling it, not on how many GPUs there are. Those differ between the
-# local kernel (plain, sim2 and sim1 share it), binder (its own venv, binder/start, C.UTF-8) and
-# colab (Python 3.12, IPython 7.34): every translation runs in binder and colab, and in one of
-# the local environments, a different one per language, so each of those runs one script too.
-# The whole cross product is about three times the English matrix, more than CI's 30 minutes
-# allow; DEVLAB_LESSONS_EVERY_LANGUAGE=1 runs it.
-_LOCAL = [e.name for e in ENVS if e.name not in ("binder", "colab")]
-TRANSLATION_ENVS = {lang: {_LOCAL[i % len(_LOCAL)], "binder", "colab"}
-                    for i, lang in enumerate(i18n.LANGUAGES)}
+# Every translation runs in every environment the English notebook runs in: its code is the
+# English code token for token (tools/i18n.py's check, tests/test_i18n.py), but a cell magic gets
+# its body with the translated comments and a traceback quotes them, which the Python, IPython
+# and locale of each environment handle.
 
 
 def _param(path: Path, lang: str, env: Env) -> object:
     marks = [pytest.mark.binder] if env.name == "binder" else []
-    if lang != "en" and env.name not in TRANSLATION_ENVS[lang]:
-        marks.append(pytest.mark.skipif(
-            os.environ.get(EVERY_LANGUAGE_EVERYWHERE) != "1",
-            reason=f"translation in {env.name}: its code is the English code, run there in "
-                   f"English; it runs in {', '.join(sorted(TRANSLATION_ENVS[lang]))} "
-                   f"({EVERY_LANGUAGE_EVERYWHERE}=1 runs every language everywhere)"))
     if env.name == "colab":
         marks.append(pytest.mark.skipif(
             colab_python() is None, reason="the Colab-like environment (Python 3.12, a CUDA "
