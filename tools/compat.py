@@ -224,9 +224,11 @@ def build_and_test(spec: str, checkout: Path, venv: Path, work: Path,
 
 
 # What Colab's runtime has (2025): the packages devlab meets there, pinned as Colab pins them.
+# Colab ships accelerate with its Hugging Face packages; lesson 06 uses it (the `lab` extra gives
+# it to every other place the lessons run).
 COLAB = {"python": "3.12", "torch": "torch==2.11.0",
          "kernel": ["ipython==7.34.0", "ipykernel==6.17.1", "ipywidgets==7.7.1", "matplotlib",
-                    "numpy"]}
+                    "numpy", "accelerate>=1.0,<2"]}
 _FAKE_COLAB = """
 import sys, types
 sys.modules["google.colab"] = types.ModuleType("google.colab")  # what Colab's kernel has loaded
@@ -255,10 +257,12 @@ def colab(checkout: Path) -> int:
     venv = ROOT / venv_name("colab")
     python = venv / "bin" / "python"
     stamp = venv / "colab-packages.json"
-    # COMPAT_REUSE=1 keeps an environment built before with the same packages (torch's CUDA
-    # build takes minutes to install), taking only devlab out of it.
+    # COMPAT_REUSE=1 keeps an environment built before with the same Python and torch (torch's
+    # CUDA build takes minutes to install), taking devlab out of it; Colab's other packages are
+    # installed again (pip leaves those it has as they are).
     reuse = (os.environ.get("COMPAT_REUSE") == "1" and stamp.exists()
-             and json.loads(stamp.read_text()) == COLAB)
+             and {k: v for k, v in json.loads(stamp.read_text()).items() if k != "kernel"}
+             == {k: v for k, v in COLAB.items() if k != "kernel"})
     if not reuse:
         shutil.rmtree(venv, ignore_errors=True)
     os.environ["PIP_CONSTRAINT"] = os.devnull
@@ -270,16 +274,18 @@ def colab(checkout: Path) -> int:
         if reuse:
             run([str(python), "-m", "pip", "uninstall", "-q", "-y", "devlab"])
             print("  reusing the environment built before (COMPAT_REUSE=1)", flush=True)
+            held = run([str(python), "-c", "import torch; print(torch.__version__)"]).stdout
+            pin = f"torch=={held.strip().split('+')[0]}"
         else:
             subprocess.run([python_exe, "-m", "venv", str(venv)], check=True)
             torch = install_torch(python, COLAB["torch"])
             print(f"  torch {torch['version']} installed {torch['how']} in "
                   f"{torch['seconds']:.1f} s", flush=True)
-            kernel = pip(python, *COLAB["kernel"], "-c",
-                         _pin_file(venv, f"torch=={torch['dist_version']}"))
-            if kernel.returncode != 0:
-                raise SystemExit(f"compat --colab: Colab's packages failed:\n{kernel.stderr[-2000:]}")
-            stamp.write_text(json.dumps(COLAB))
+            pin = f"torch=={torch['dist_version']}"
+        kernel = pip(python, *COLAB["kernel"], "-c", _pin_file(venv, pin))
+        if kernel.returncode != 0:
+            raise SystemExit(f"compat --colab: Colab's packages failed:\n{kernel.stderr[-2000:]}")
+        stamp.write_text(json.dumps(COLAB))
         copy_checkout(checkout, work / "checkout")
         cell = work / "cell.py"
         # The checkout's own cell, as tools.links writes it once the repository is public.
