@@ -205,8 +205,12 @@ def _run_binder(path: Path, tmp: Path, env: BinderEnv) -> Ran:
 
 # -- Colab --------------------------------------------------------------------------------------
 
-# Colab's kernel has google.colab imported; the set-up cell looks for it.
-_COLAB_STARTUP = "import sys, types\nsys.modules.setdefault('google.colab', types.ModuleType('google.colab'))\n"
+# Colab's kernel has google.colab imported; the set-up cell looks for it. A module with a spec,
+# as an imported one has: accelerate asks importlib.util.find_spec("google.colab").
+_COLAB_STARTUP = ("import importlib.machinery, sys, types\n"
+                  "colab = types.ModuleType('google.colab')\n"
+                  "colab.__spec__ = importlib.machinery.ModuleSpec('google.colab', None)\n"
+                  "sys.modules.setdefault('google.colab', colab)\n")
 
 
 def colab_python() -> Path | None:

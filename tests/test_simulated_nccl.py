@@ -5,6 +5,8 @@ with gloo moving the bytes; and the CUDA build's probes answer as a CUDA build d
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -314,3 +316,51 @@ def test_the_cuda_build_probes_answer_while_simulating_and_go_with_it(no_simulat
              c10d._new_process_group_helper, c10d.default_pg_nccl_timeout,
              torch._C.Future.then, torch._C._get_accelerator)
     assert after == before
+
+
+# --- a program that ends while gloo's thread still works for it --------------------------------
+
+_ENDS_WITH_A_CALLBACK_RUNNING = """
+import threading, time, torch, torch.distributed as dist
+store = dist.HashStore()
+groups = {}
+def make(rank):  # two ranks in this one process, each its own group object
+    groups[rank] = getattr(dist, GROUP)(store, rank, 2)
+makers = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+for t in makers: t.start()
+for t in makers: t.join()
+def callback(f):
+    time.sleep(0.3)
+    where = "the main thread" if threading.current_thread() is threading.main_thread() else "gloo's thread"
+    print(f"callback ran to its end on {where}", flush=True)
+    return f.value()
+work = groups[0].allreduce([torch.ones(4, device=DEVICE)])
+work.get_future().then(callback)  # rank 1 has not joined: the future completes on gloo's thread
+groups[1].allreduce([torch.ones(4, device=DEVICE)])
+time.sleep(0.05)
+print("program ends", flush=True)
+"""
+
+
+def _end(group: str, device: str, simulate: bool) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DEVLAB_SIMULATE_GPUS"}
+    if simulate:
+        env["DEVLAB_SIMULATE_GPUS"] = "1"  # the start-up hook simulates, as under torchrun
+    code = f"GROUP, DEVICE = {group!r}, {device!r}\n" + _ENDS_WITH_A_CALLBACK_RUNNING
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_program_that_ends_during_a_collectives_callback_exits_cleanly() -> None:
+    # Plain gloo on the CPU: gloo's thread runs the callback, takes the GIL while Python
+    # finalizes, and the process aborts, though the program ended. This is the abort the corpus
+    # and the README's torchrun example met now and then at exit (when the thread freeing a
+    # finished collective's Python objects was late); a callback still sleeping makes it certain.
+    plain = _end("ProcessGroupGloo", "cpu", simulate=False)
+    assert plain.stdout.splitlines() == ["program ends"]
+    assert plain.returncode == -6 and "terminate called without an active exception" in plain.stderr
+    # NCCL on simulated GPUs exits as a CUDA program does: the callback finishes first.
+    simulated = _end("ProcessGroupNCCL", "cuda", simulate=True)
+    assert simulated.returncode == 0, simulated.stderr
+    assert simulated.stdout.splitlines() == ["program ends",
+                                             "callback ran to its end on gloo's thread"]

@@ -230,8 +230,10 @@ COLAB = {"python": "3.12", "torch": "torch==2.11.0",
          "kernel": ["ipython==7.34.0", "ipykernel==6.17.1", "ipywidgets==7.7.1", "matplotlib",
                     "numpy", "accelerate>=1.0,<2"]}
 _FAKE_COLAB = """
-import sys, types
-sys.modules["google.colab"] = types.ModuleType("google.colab")  # what Colab's kernel has loaded
+import importlib.machinery, sys, types
+colab = types.ModuleType("google.colab")  # what Colab's kernel has loaded, with its spec
+colab.__spec__ = importlib.machinery.ModuleSpec("google.colab", None)
+sys.modules["google.colab"] = colab
 exec(compile(open(sys.argv[1]).read(), "setup-cell", "exec"), {})
 import devlab
 print(devlab.__file__)

@@ -36,8 +36,10 @@ here:
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import threading
 import time
 import weakref
 from typing import Any
@@ -122,6 +124,59 @@ def settle(within: float = 5.0) -> None:
     deadline = time.monotonic() + within
     while _unreleased and time.monotonic() < deadline:
         time.sleep(0.001)
+
+
+def _running_threads() -> int:
+    """How many other threads of this process are running or runnable (Linux: their state in
+    /proc; elsewhere 0, nothing to read)."""
+    me = str(threading.get_native_id())
+    running = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        if tid == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if stat[stat.rfind(b")") + 2:][:1] == b"R":
+            running += 1
+    return running
+
+
+def quiet_at_exit(within: float = 1.0) -> None:
+    """At interpreter exit, before Python finalizes: let gloo's threads finish with Python.
+
+    A collective's future completes on a gloo thread, which then runs its callbacks and frees
+    what the collective held, some of it Python objects. A thread that takes the GIL once
+    Python has begun to finalize is made to exit on the spot (Python 3.11's runtime), the C++
+    frames it unwinds end in std::terminate, and the process aborts ("terminate called without
+    an active exception"), though the program had finished: plain gloo on the CPU does so too.
+    NCCL completes a future as its work is queued and runs callbacks on the caller's thread, so
+    a CUDA program never meets this. Wait, with the GIL released, for every callback that ran
+    to be let go (`settle`), then until no other thread has been running for a few checks in a
+    row (gloo's idle threads sleep). Bounded: a thread busy elsewhere only delays the exit."""
+    settle(within)
+    deadline = time.monotonic() + within
+    calm = 0
+    while calm < 3 and time.monotonic() < deadline:
+        time.sleep(0.002)
+        calm = calm + 1 if _running_threads() == 0 else 0
+
+
+_quiet_registered = threading.Event()
+
+
+def register_quiet_at_exit() -> None:
+    """Call `quiet_at_exit` at interpreter exit (once per process; a forked child registers
+    its own when it makes a group)."""
+    if not _quiet_registered.is_set():
+        _quiet_registered.set()
+        atexit.register(quiet_at_exit)
 
 
 def _routed_callbacks(original: Any) -> Any:

@@ -227,6 +227,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         inner._register_backend(torch.device("cpu"), _GLOO, gloo)
         self._adopt(inner, options)
         tell_once()
+        _distributed.register_quiet_at_exit()
 
     @classmethod
     def _around(cls, inner: dist.ProcessGroup, options: Any) -> ProcessGroupNCCL:
