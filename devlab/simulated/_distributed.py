@@ -22,6 +22,9 @@ here:
   it chained; a callback may hold a group's last reference (PowerSGD's holds its group), and a
   gloo thread that tears down its own group aborts the process. `settle()`, which the NCCL
   group's shutdown calls, waits until torch has let go of every callback that ran.
+- At exit, Python finalizes only after gloo's threads are done with Python (`quiet_at_exit`):
+  one that takes the GIL during finalization aborts the process, where NCCL, which runs
+  callbacks on the caller's thread, never does.
 - DDP's Reducer never holds its process group last. Torch releases a group held from Python
   with the GIL released (gloo's teardown joins its threads, which may need the GIL to finish
   the work they completed last: its thread-local state holds Python objects, as work issued
