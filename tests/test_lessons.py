@@ -257,7 +257,11 @@ def claims_03(nb: nbformat.NotebookNode, env: Env) -> None:
     rows = re.findall(r"<tr><td[^>]*>(\d+)</td>(.*?)</tr>", matmul)
     assert rows and rows[0][0] == "16" and rows[-1][0] == "1024", matmul[:2000]
     assert "launch-bound" in rows[0][1] and "compute-bound" in rows[-1][1]
-    assert re.findall(r"<td[^>]*>([^<]*)</td>", rows[-1][1])[-2] == "GPU:0", rows[-1][1]
+    # The CPU never wins there; under heavy load every CPU time can be noisy, and then the
+    # result may only say so (load cannot make the CPU faster, but gives no least CPU time).
+    winner = re.findall(r"<td[^>]*>([^<]*)</td>", rows[-1][1])[-2]
+    assert winner == "GPU:0" or (winner == "too noisy to call" and "(noisy)" in rows[-1][1]), \
+        rows[-1][1]
     assert re.search(r"wins from n=\d+ on|faster at every size tried|No crossover in this range|"
                      r"too noisy", matmul)
     compared = text(cell_with(nb, "%%compare_devices /CPU:0 /GPU:0"))
