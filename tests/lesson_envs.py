@@ -29,7 +29,7 @@ from pathlib import Path
 import nbformat
 from nbutil import ROOT, execute
 
-from tools.compat import folder_mib
+from tools.compat import GOOGLE_COLAB, folder_mib
 from tools.measure import run_measured
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -205,14 +205,6 @@ def _run_binder(path: Path, tmp: Path, env: BinderEnv) -> Ran:
 
 # -- Colab --------------------------------------------------------------------------------------
 
-# Colab's kernel has google.colab imported; the set-up cell looks for it. A module with a spec,
-# as an imported one has: accelerate asks importlib.util.find_spec("google.colab").
-_COLAB_STARTUP = ("import importlib.machinery, sys, types\n"
-                  "colab = types.ModuleType('google.colab')\n"
-                  "colab.__spec__ = importlib.machinery.ModuleSpec('google.colab', None)\n"
-                  "sys.modules.setdefault('google.colab', colab)\n")
-
-
 def colab_python() -> Path | None:
     value = os.environ.get(COLAB_PYTHON)
     return Path(value) if value else None
@@ -230,7 +222,7 @@ def _run_colab(path: Path, tmp: Path) -> Ran:
         "display_name": "Colab-like", "language": "python"}))
     startup = tmp / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
-    (startup / "00-colab.py").write_text(_COLAB_STARTUP)
+    (startup / "00-colab.py").write_text(GOOGLE_COLAB)  # the set-up cell looks for it
     nb = nbformat.read(path, as_version=4)
     env = {"JUPYTER_PATH": str(tmp / "jupyter"), "IPYTHONDIR": str(tmp / "ipython"),
            "PYTHONPATH": ""}  # devlab from the environment, never this checkout

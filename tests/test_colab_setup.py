@@ -23,6 +23,7 @@ import nbformat
 import pytest
 
 from tools import colab_cell, links
+from tools.compat import GOOGLE_COLAB
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -109,9 +110,7 @@ def test_off_colab_the_cell_does_nothing(tmp_path: Path) -> None:
         assert out.stderr == ""
 
 
-FAKE_COLAB = """
-import sys, types
-sys.modules["google.colab"] = types.ModuleType("google.colab")  # what Colab's kernel has loaded
+FAKE_COLAB = GOOGLE_COLAB + """
 exec(compile(open(sys.argv[1]).read(), "setup-cell", "exec"), {})
 import devlab, pynvml, cloudpickle  # devlab.launch and %%distributed pickle with cloudpickle
 print(devlab.__file__)

@@ -127,9 +127,12 @@ print(json.dumps({"version": d.version, "requires": reqs}))
 """
 
 
+PIN_FILE = "compat-pin.txt"
+
+
 def _pin_file(venv: Path, line: str) -> str:
     """A constraints file holding torch where it is (kept in the environment's folder)."""
-    path = venv / "compat-pin.txt"
+    path = venv / PIN_FILE
     path.write_text(line + "\n")
     return str(path)
 
@@ -229,11 +232,16 @@ def build_and_test(spec: str, checkout: Path, venv: Path, work: Path,
 COLAB = {"python": "3.12", "torch": "torch==2.11.0",
          "kernel": ["ipython==7.34.0", "ipykernel==6.17.1", "ipywidgets==7.7.1", "matplotlib",
                     "numpy", "accelerate>=1.0,<2"]}
-_FAKE_COLAB = """
+# What Colab's kernel has loaded, for the set-up cell here and the kernels of
+# tests/lesson_envs.py: google.colab, a module with a spec as an imported one has (accelerate
+# asks importlib.util.find_spec("google.colab")).
+GOOGLE_COLAB = """
 import importlib.machinery, sys, types
-colab = types.ModuleType("google.colab")  # what Colab's kernel has loaded, with its spec
+colab = types.ModuleType("google.colab")
 colab.__spec__ = importlib.machinery.ModuleSpec("google.colab", None)
-sys.modules["google.colab"] = colab
+sys.modules.setdefault("google.colab", colab)
+"""
+_FAKE_COLAB = GOOGLE_COLAB + """
 exec(compile(open(sys.argv[1]).read(), "setup-cell", "exec"), {})
 import devlab
 print(devlab.__file__)
@@ -262,9 +270,11 @@ def colab(checkout: Path) -> int:
     # COMPAT_REUSE=1 keeps an environment built before with the same Python and torch (torch's
     # CUDA build takes minutes to install), taking devlab out of it; Colab's other packages are
     # installed again (pip leaves those it has as they are).
+    def built_with(packages: dict) -> tuple[str, str]:
+        return packages["python"], packages["torch"]
+
     reuse = (os.environ.get("COMPAT_REUSE") == "1" and stamp.exists()
-             and {k: v for k, v in json.loads(stamp.read_text()).items() if k != "kernel"}
-             == {k: v for k, v in COLAB.items() if k != "kernel"})
+             and built_with(json.loads(stamp.read_text())) == built_with(COLAB))
     if not reuse:
         shutil.rmtree(venv, ignore_errors=True)
     os.environ["PIP_CONSTRAINT"] = os.devnull
@@ -276,15 +286,14 @@ def colab(checkout: Path) -> int:
         if reuse:
             run([str(python), "-m", "pip", "uninstall", "-q", "-y", "devlab"])
             print("  reusing the environment built before (COMPAT_REUSE=1)", flush=True)
-            held = run([str(python), "-c", "import torch; print(torch.__version__)"]).stdout
-            pin = f"torch=={held.strip().split('+')[0]}"
+            pins = str(venv / PIN_FILE)  # as its build left it, torch where it is
         else:
             subprocess.run([python_exe, "-m", "venv", str(venv)], check=True)
             torch = install_torch(python, COLAB["torch"])
             print(f"  torch {torch['version']} installed {torch['how']} in "
                   f"{torch['seconds']:.1f} s", flush=True)
-            pin = f"torch=={torch['dist_version']}"
-        kernel = pip(python, *COLAB["kernel"], "-c", _pin_file(venv, pin))
+            pins = _pin_file(venv, f"torch=={torch['dist_version']}")
+        kernel = pip(python, *COLAB["kernel"], "-c", pins)
         if kernel.returncode != 0:
             raise SystemExit(f"compat --colab: Colab's packages failed:\n{kernel.stderr[-2000:]}")
         stamp.write_text(json.dumps(COLAB))

@@ -182,6 +182,8 @@ class Program:
         return f"{self.repo}: " + ", ".join(f"{f.path}@{f.commit[:10]}" for f in self.files)
 
 
+# torchrun on one machine, two ranks, as the programs' own instructions start them.
+TORCHRUN_2 = ("torchrun", "--standalone", "--nproc-per-node", "2")
 TUTORIALS = "pytorch/tutorials"
 EXAMPLES = "pytorch/examples"
 # The DDP tutorial series' data helper, read by each of its programs.
@@ -420,7 +422,7 @@ CORPUS: tuple[Program, ...] = (
         licence=BSD3_EXAMPLES,
         entry="multigpu_torchrun.py",
         argv=("2", "1"),
-        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        launch=TORCHRUN_2,
         exercises="started by `torchrun --standalone --nproc-per-node 2` (torch's elastic agent, "
                   "c10d rendezvous, RANK/LOCAL_RANK/WORLD_SIZE in the environment): "
                   "`init_process_group(backend=\"nccl\")` from the environment, "
@@ -455,7 +457,7 @@ CORPUS: tuple[Program, ...] = (
         licence=BSD3_EXAMPLES,
         entry="multinode.py",
         argv=("2", "1"),
-        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        launch=TORCHRUN_2,
         exercises="the device-generic API: `torch.accelerator.is_available()`, "
                   "`current_accelerator()`, `device_index(rank)`, "
                   "`torch.distributed.get_default_backend_for_device(device)` (nccl for cuda) "
@@ -519,7 +521,7 @@ CORPUS: tuple[Program, ...] = (
                           7113, "381df839d5fedbef9dc21150267547ada8afd9d26b7a966c150578aa8ff5e892"),),
         licence=APACHE_LLMS,
         entry="DDP-script-torchrun.py",
-        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        launch=TORCHRUN_2,
         exercises="the torchrun version of DDP-script.py (`torchrun --nproc_per_node=2`, as its "
                   "error message says): WORLD_SIZE/LOCAL_RANK from torchrun, MASTER_ADDR/PORT "
                   "left to torchrun, `torch.manual_seed(123)` in every rank, "
@@ -912,7 +914,7 @@ NCCL_PROGRAMS: tuple[Program, ...] = (
                           "a261723f015d6bce1247450c5a8732a8702f3158a89a7a0032c6a120f7065c86"),),
         licence=BSD3_EXAMPLES,
         entry="example.py",
-        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        launch=TORCHRUN_2,
         exercises="`torch.accelerator.current_accelerator()`, "
                   "`get_default_backend_for_device` (nccl), `set_device_index`, "
                   "`init_process_group(backend)`, printing `dist.get_backend()`, "
@@ -937,7 +939,7 @@ NCCL_PROGRAMS: tuple[Program, ...] = (
                TP_LOG_UTILS),
         licence=BSD3_EXAMPLES,
         entry="tensor_parallel_example.py",
-        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        launch=TORCHRUN_2,
         exercises="`init_device_mesh(\"cuda\", (2,))`, `parallelize_module` with "
                   "`ColwiseParallel`/`RowwiseParallel` (DTensor parameters sharded over the "
                   "two GPUs, the row-wise layer's all-reduce), a backward through "
@@ -969,7 +971,7 @@ NCCL_PROGRAMS: tuple[Program, ...] = (
                TP_LOG_UTILS),
         licence=BSD3_EXAMPLES,
         entry="sequence_parallel_example.py",
-        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        launch=TORCHRUN_2,
         exercises="sequence parallelism: `ColwiseParallel(input_layouts=Shard(0))` and "
                   "`RowwiseParallel(output_layouts=Shard(0))` (all-gather in, reduce-scatter "
                   "out), different inputs per rank, foreach AdamW over DTensors",
@@ -1000,7 +1002,7 @@ NCCL_PROGRAMS: tuple[Program, ...] = (
         ),
         licence=BSD3_EXAMPLES,
         entry="example.py",
-        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        launch=TORCHRUN_2,
         exercises="FSDP2: `torch.accelerator.device_index`, `init_process_group(device_id=)`, "
                   "a Transformer built on the meta device, `fully_shard` per layer and whole, "
                   "`to_empty(device=cuda:r)` and `reset_parameters` on DTensor shards, "
@@ -1036,7 +1038,7 @@ CORPUS += (
                           10620, "7e1f40c658bbccedb67ca107e1311ed5e4539da6162d1bc7ae57a0a2244d11d3"),),
         licence=BSD3_TUTORIALS,
         entry="pipelining_tutorial.rst",
-        launch=("torchrun", "--standalone", "--nproc-per-node", "2"),
+        launch=TORCHRUN_2,
         exercises="`torch.distributed.pipelining` on two ranks: `init_process_group()` with "
                   "its default backend and `new_group()` for the pipeline, a Transformer (8 "
                   "`TransformerDecoderLayer`s) cut by hand into two `PipelineStage`s on "

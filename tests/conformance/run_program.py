@@ -270,8 +270,8 @@ def _run_in_kernel(program: corpus.Program, entry: Path, workdir: Path) -> list[
     """Run the program in a fresh Jupyter kernel (nbclient), its working directory `workdir`:
     a notebook's code cells but `program.skip_cells`, or a script's text as one cell, errors
     recorded and execution going on (a script with `program.cells`: loaded with `%run -n`, then
-    those cells). Per cell run: its code-cell index, stdout, text/plain
-    result and error; stdout and stderr are copied here as they are shown."""
+    those cells). Per cell run: its code-cell index, stdout, text/plain result and error;
+    stdout and stderr are copied here as they are shown."""
     import nbformat
     from nbclient import NotebookClient
 
