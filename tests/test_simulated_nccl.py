@@ -5,6 +5,7 @@ with gloo moving the bytes; and the CUDA build's probes answer as a CUDA build d
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -358,7 +359,10 @@ def test_a_program_that_ends_during_a_collectives_callback_exits_cleanly() -> No
     # finished collective's Python objects was late); a callback still sleeping makes it certain.
     plain = _end("ProcessGroupGloo", "cpu", simulate=False)
     assert plain.stdout.splitlines() == ["program ends"]
-    assert plain.returncode == -6 and "terminate called without an active exception" in plain.stderr
+    # std::terminate's abort (SIGABRT), or a segfault when the abort races the finalizing
+    # runtime (SIGSEGV, seen once in a full run): killed by a signal either way, after the message.
+    assert plain.returncode in (-signal.SIGABRT, -signal.SIGSEGV), plain
+    assert "terminate called without an active exception" in plain.stderr
     # NCCL on simulated GPUs exits as a CUDA program does: the callback finishes first.
     simulated = _end("ProcessGroupNCCL", "cuda", simulate=True)
     assert simulated.returncode == 0, simulated.stderr
