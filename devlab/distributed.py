@@ -66,6 +66,7 @@ import torch
 
 from devlab import placement_log, simulated
 from devlab.host import cpu_cores, memory_available
+from devlab.loopback import loopback_socket
 
 __all__ = ["Export", "RankError", "Ranks", "check_options", "default_start_method",
            "export_script", "launch", "run", "run_code"]
@@ -392,7 +393,7 @@ class _Launch:
         # locked (the server names each peer with getnameinfo) and hung for good in its own
         # getnameinfo, connecting to the store (3 ranks: 5 launches in 300 hung; none in 1300
         # this way). A rank that connects before the server starts waits in the backlog.
-        self.listener = _loopback_socket(self.spec["env"]["MASTER_ADDR"])
+        self.listener = loopback_socket(self.spec["env"]["MASTER_ADDR"])
         self.spec["env"]["MASTER_PORT"] = str(self.listener.getsockname()[1])
         if self.payload is not None:
             (self.run_dir / "job").write_bytes(self.payload)
@@ -631,20 +632,6 @@ def _group_alive(group: int) -> bool:
         except (OSError, psutil.Error):
             continue
     return False
-
-
-def _loopback_socket(addr: str) -> socket.socket:
-    """A listening socket on `addr` (loopback) only, for the store: torch's TCPStore binds
-    every interface when it makes its own."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.bind((addr, 0))
-        sock.listen(1024)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _store_on(sock: socket.socket) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import sys
 import threading
 
@@ -778,12 +779,12 @@ def test_patched_torch_cuda_errors_leave_without_the_simulations_frames() -> Non
 def _snapshot() -> dict[str, object]:
     mods = [torch.Tensor, torch.cuda, torch.accelerator, torch.utils._device.DeviceContext,
             torch.backends.cudnn]
-    mods += [sys.modules[n] for n in (
+    # imported here, so that one the simulation imports on start is in `before` too
+    mods += [importlib.import_module(n) for n in (
         "torch.cuda.memory", "torch.cuda.random", "torch.cuda.comm", "torch.accelerator.memory",
         "torch.nn.parallel", "torch.nn.parallel._functions", "torch.nn.parallel.comm",
         "torch.nn.parallel.data_parallel", "torch.nn.parallel.parallel_apply",
-        "torch.nn.parallel.scatter_gather", "torch.utils.data._utils.pin_memory")
-        if n in sys.modules]
+        "torch.nn.parallel.scatter_gather", "torch.utils.data._utils.pin_memory")]
     snap: dict[str, object] = {f"{m.__name__}.{k}": v for m in mods for k, v in vars(m).items()}
     snap["torch.Event"], snap["torch.Stream"] = torch.Event, torch.Stream
     snap["torch.device"], snap["torch.Generator"] = torch.device, torch.Generator
@@ -794,6 +795,9 @@ def _snapshot() -> dict[str, object]:
     snap["AutocastCPU kernels"] = tuple(
         torch._C._dispatch_has_kernel_for_dispatch_key(op, "AutocastCPU")
         for op in ("aten::softmax.int", "aten::einsum", "aten::exp", "aten::mm"))
+    import torch.distributed.rendezvous
+
+    snap["TCPStore"] = (torch.distributed.TCPStore, torch.distributed.rendezvous.TCPStore)
     snap["registry"] = list(torch.serialization._package_registry)
     return snap
 

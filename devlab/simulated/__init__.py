@@ -157,6 +157,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             _queries,
             _routing,
             _serialization,
+            _stores,
             _tensor,
             _threads,
             _wrappers,
@@ -170,7 +171,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         patcher = Patcher()
         try:
             for module in (_tensor, _wrappers, _cuda, _build, _queries, _factories, _amp,
-                           _threads, _parallel, _serialization, _distributed, _dtensor):
+                           _threads, _parallel, _serialization, _distributed, _stores, _dtensor):
                 module.install(patcher)
             _session.session = _session.Session(limits, spec=spec)
             _session.forget_thread_state()

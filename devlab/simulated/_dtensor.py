@@ -27,16 +27,14 @@ it (a finder on `sys.meta_path`), not when the simulation starts.
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 import warnings
 from collections.abc import Callable
-from importlib.abc import MetaPathFinder
-from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
 from . import _session
+from ._imports import when_imported
 from ._patcher import Patcher
 
 RANDOM = "torch.distributed.tensor._random"
@@ -91,37 +89,6 @@ def _attention_strategies(outputs: int) -> Callable[[Any], Any]:
     return strategy
 
 
-class _AfterImport(MetaPathFinder):
-    """Finds nothing itself: when module `name` is imported, `then(module)` runs as soon as
-    the module is complete."""
-
-    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, name: str, path: Any = None, target: ModuleType | None = None
-                  ) -> ModuleSpec | None:
-        if name != self.name:
-            return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if finder is not self and find else None
-            if spec is not None:
-                break
-        else:
-            return None
-        exec_module = getattr(spec.loader, "exec_module", None)
-        if exec_module is None:
-            return spec
-        then = self.then
-
-        def exec_then(module: ModuleType) -> None:
-            exec_module(module)
-            then(module)
-
-        spec.loader.exec_module = exec_then  # type: ignore[union-attr]  # this spec's loader
-        return spec
-
-
 def install(p: Patcher) -> None:
     def patch_rng(module: ModuleType) -> None:
         current = getattr(module, "is_rng_supported_mesh", None)
@@ -159,20 +126,10 @@ def install(p: Patcher) -> None:
     # _dispatch holds the name it imported from _random
     for name, patch in ((RANDOM, patch_rng), (DISPATCH, patch_rng), (OP_SCHEMA, patch_fakes),
                         (TENSOR, register_attention)):
-        if name in sys.modules:
-            patch(sys.modules[name])
-        else:
-            finder = _AfterImport(name, patch)
-            sys.meta_path.insert(0, finder)
-            p.on_restore(functools.partial(_remove, finder))
+        when_imported(p, name, patch)
 
 
 def _unregister(propagator: Any, op: Any) -> None:
     propagator.op_strategy_funcs.pop(op, None)
     propagator.op_to_schema_info.pop(op, None)
     propagator.propagate_op_sharding.cache_clear()
-
-
-def _remove(finder: MetaPathFinder) -> None:
-    if finder in sys.meta_path:
-        sys.meta_path.remove(finder)

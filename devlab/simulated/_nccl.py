@@ -21,6 +21,7 @@ outputs their proper shapes.
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -42,7 +43,8 @@ from torch._C._distributed_c10d import (
     _create_work_from_future,
 )
 
-from . import _distributed
+from . import _distributed, _stores
+from ._stores import LOOPBACK
 
 NOTICE = ("devlab: simulated GPUs have no NCCL (a CPU build of torch has none), so "
           "torch.distributed's \"nccl\" backend runs on gloo instead: NCCL's behaviour, "
@@ -202,6 +204,17 @@ class NCCLBackend:
         return getattr(self._gloo, name)
 
 
+def _gloo(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupGloo:
+    """The gloo group that carries ours: on loopback when its peers are all on this machine
+    (`_stores.loopback_store`) and GLOO_SOCKET_IFNAME names no interface."""
+    if os.environ.get("GLOO_SOCKET_IFNAME") or not _stores.loopback_store(store):
+        return ProcessGroupGloo(store, rank, size, timeout=timeout)
+    options = ProcessGroupGloo._Options()
+    options._devices = [ProcessGroupGloo.create_device(hostname=LOOPBACK)]
+    options._timeout = timeout
+    return ProcessGroupGloo(store, rank, size, options)
+
+
 class ProcessGroupNCCL(dist.ProcessGroup):
     """NCCL's process group on simulated GPUs (see the module docstring)."""
 
@@ -214,7 +227,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         options = options if options is not None else Options()
         timeout = getattr(options, "_timeout", None) or DEFAULT_TIMEOUT
         super().__init__(rank, size)  # a Python group takes no store; `_inner` holds it
-        gloo = ProcessGroupGloo(store, rank, size, timeout=timeout)
+        gloo = _gloo(store, rank, size, timeout)
         gloo.options.global_ranks_in_group = list(options.global_ranks_in_group)
         gloo.options.group_name = options.group_name
         inner = dist.ProcessGroup(store, rank, size)
