@@ -795,9 +795,8 @@ def _snapshot() -> dict[str, object]:
     snap["AutocastCPU kernels"] = tuple(
         torch._C._dispatch_has_kernel_for_dispatch_key(op, "AutocastCPU")
         for op in ("aten::softmax.int", "aten::einsum", "aten::exp", "aten::mm"))
-    import torch.distributed.rendezvous
-
-    snap["TCPStore"] = (torch.distributed.TCPStore, torch.distributed.rendezvous.TCPStore)
+    snap["TCPStore"] = (torch.distributed.TCPStore,
+                        importlib.import_module("torch.distributed.rendezvous").TCPStore)
     snap["registry"] = list(torch.serialization._package_registry)
     return snap
 
