@@ -947,3 +947,17 @@ def test_start_rejects_bad_arguments() -> None:
         with pytest.raises(ValueError):
             simulated.start(*args)
     assert not simulated.is_active()
+
+
+def test_memory_a_gpu_hands_out_reads_as_zeros(two) -> None:
+    """torch.empty and to_empty on a simulated GPU: zeros, as a GPU's fresh memory usually reads,
+    not what the host process freed there last (a model that forgets to initialize a layer
+    trained on NaNs)."""
+    for _ in range(20):
+        old = torch.full((64, 64), float("nan"), device="cuda:1")
+        del old
+        assert int(torch.empty(64, 64, device="cuda:1").count_nonzero()) == 0
+        with torch.device("meta"):
+            layer = nn.Linear(64, 64)
+        layer.to_empty(device="cuda:0")
+        assert int(layer.weight.count_nonzero()) == 0 and layer.weight.device.type == "cuda"

@@ -64,7 +64,56 @@ def test_dtensor_shards_live_on_each_ranks_gpu(two) -> None:
             "op": (gpu, gpu, (full * 2 + 1).tolist())}
 
 
-# --- tensor and sequence parallelism ----------------------------------------------------------
+# --- DTensor's random numbers: what CUDA's RNG tracker promises ---------------------------------
+
+def random_dtensors() -> dict:
+    import torch.distributed.tensor as dt
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    torch.cuda.set_device(_rank())
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cuda", (2,))
+    sharded = dt.randn(4, 4, device_mesh=mesh, placements=[Shard(0)])  # the tracker's region
+    replicated = dt.randn(2, 2, device_mesh=mesh, placements=[Replicate()])
+    ones = distribute_tensor(torch.ones(4, 6, device="cuda"), mesh, [Shard(1)])
+    dropped = nn.functional.dropout(ones, 0.5)  # an op on a CUDA shard: run_dtensor_rng_op
+    with torch.device("meta"):
+        linear = nn.Linear(4, 4)
+    fully_shard(linear)
+    linear.to_empty(device="cuda")
+    linear.reset_parameters()  # FSDP2's sharded initialization
+    after = torch.rand(3, device="cuda")  # a plain draw once all that is done
+    out = {"sharded": (str(sharded.to_local().device), _values(sharded.to_local())),
+           "replicated": _values(replicated.to_local()), "dropped": _values(dropped.to_local()),
+           "weight": _values(linear.weight.to_local()), "after": _values(after)}
+    dist.destroy_process_group()
+    return out
+
+
+def test_random_dtensors_keep_the_promises_of_cudas_rng_tracker(two) -> None:
+    """Replicas draw the same numbers, different shards different ones (each rank drawing its
+    shard from its own generator, both seeded 0, gave both halves the same numbers), every rank's
+    generator is in one state afterwards; the numbers are the ones devlab's rule gives."""
+    from devlab.simulated._dtensor_rng import shard_seed
+
+    got = devlab.launch(random_dtensors, nprocs=2, timeout=120)
+    for key in ("replicated", "after"):
+        assert got[0][key] == got[1][key]
+    for key in ("sharded", "dropped", "weight"):
+        assert got[0][key] != got[1][key]
+    torch.manual_seed(0)
+    number = int(torch.randint((1 << 63) - 1, (1,)))  # the op's one draw, the same on each rank
+    for rank in (0, 1):
+        assert got[rank]["sharded"][0] == f"cuda:{rank}"
+        # rank r holds rows 2r, 2r+1: its shard's offset is r * 8 elements
+        expected = torch.randn(2, 4, generator=torch.Generator().manual_seed(
+            shard_seed(number, rank * 8)))
+        assert got[rank]["sharded"][1] == expected.tolist()
+        kept = torch.tensor(got[rank]["dropped"])
+        assert set(kept.unique().tolist()) <= {0.0, 2.0} and 0 < int(kept.count_nonzero()) < 12
+
 
 class MLP(nn.Module):
     def __init__(self) -> None:

@@ -1,12 +1,7 @@
 """DTensor on simulated GPUs: its random numbers, and the shapes it propagates.
 
-DTensor's RNG tracker (`OffsetBasedRNGTracker`) draws each shard of a random DTensor from its
-place in one CUDA philox stream: it reads and rewrites the seed and offset that CUDA's generator
-state holds. A simulated GPU draws from the CPU's generator (mt19937, a state of another shape),
-so the tracker cannot run there. On a mesh of simulated GPUs DTensor's random ops take the path
-DTensor takes on a mesh without RNG support — each rank draws its shard from its own generator —
-and DTensor warns once, as it does there, saying why. A sharded random initialization (FSDP2's
-`reset_parameters`) is then not the slices of the unsharded one, as it is on CUDA.
+DTensor's random ops run through its RNG tracker, whose CUDA offsets a simulated GPU (drawing
+from the CPU's generator) keeps in its own way: `_dtensor_rng`.
 
 DTensor propagates shardings on fake tensors it makes for the mesh's device
 (`_op_schema._rebuild_tensor_from_dtensor_meta`), inside its own dispatch, where the
@@ -27,13 +22,11 @@ it (a finder on `sys.meta_path`), not when the simulation starts.
 from __future__ import annotations
 
 import functools
-import threading
-import warnings
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import _session
+from . import _dtensor_rng, _session
 from ._imports import when_imported
 from ._patcher import Patcher
 
@@ -41,23 +34,6 @@ RANDOM = "torch.distributed.tensor._random"
 DISPATCH = "torch.distributed.tensor._dispatch"
 OP_SCHEMA = "torch.distributed.tensor._op_schema"
 TENSOR = "torch.distributed.tensor"
-WARNING = ("DTensor random operators may not have complete support on cuda device mesh "
-           "(devlab: simulated GPUs draw from the CPU's generator; DTensor's CUDA RNG tracker "
-           "is not simulated, so each rank draws its shard from its own generator)")
-_warned = threading.Event()
-
-
-def _rng_support(original: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    @functools.wraps(original)
-    def is_rng_supported_mesh(device_mesh: Any) -> bool:
-        if _session.session is not None and device_mesh.device_type == "cuda":
-            if not _warned.is_set():
-                _warned.set()
-                warnings.warn(WARNING, stacklevel=2)
-            return False
-        return original(device_mesh)
-
-    return is_rng_supported_mesh
 
 
 def _fake_on_cpu(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -90,19 +66,6 @@ def _attention_strategies(outputs: int) -> Callable[[Any], Any]:
 
 
 def install(p: Patcher) -> None:
-    def patch_rng(module: ModuleType) -> None:
-        current = getattr(module, "is_rng_supported_mesh", None)
-        if current is None or _session.session is None:
-            return
-        if getattr(current, "__wrapped__", None) is not None and current.__name__ == \
-                "is_rng_supported_mesh" and current.__module__ == __name__:
-            # _dispatch imported ours from _random while the simulation ran: stop() gives it
-            # torch's own back.
-            p.on_restore(functools.partial(setattr, module, "is_rng_supported_mesh",
-                                           current.__wrapped__))
-            return
-        p.set(module, "is_rng_supported_mesh", _rng_support(current))
-
     def patch_fakes(module: ModuleType) -> None:
         current = getattr(module, "_rebuild_tensor_from_dtensor_meta", None)
         if current is not None and _session.session is not None:
@@ -123,9 +86,9 @@ def install(p: Patcher) -> None:
                                             RuntimeSchemaInfo(static, ["scale"]))
             p.on_restore(functools.partial(_unregister, propagator, op))
 
-    # _dispatch holds the name it imported from _random
-    for name, patch in ((RANDOM, patch_rng), (DISPATCH, patch_rng), (OP_SCHEMA, patch_fakes),
-                        (TENSOR, register_attention)):
+    for name, patch in ((RANDOM, functools.partial(_dtensor_rng.patch_random, p)),
+                        (DISPATCH, functools.partial(_dtensor_rng.patch_dispatch, p)),
+                        (OP_SCHEMA, patch_fakes), (TENSOR, register_attention)):
         when_imported(p, name, patch)
 
 

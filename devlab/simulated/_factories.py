@@ -16,6 +16,12 @@ CONSTRUCTORS = frozenset(_torch_device._device_constructors())
 _DisableTF = torch._C.DisableTorchFunction
 
 _SIZED = {torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn, torch.full}
+# Memory a simulated GPU hands out reads as zeros, as memory a GPU gives a new process usually
+# does (never another process's data), where the host's would hold whatever the process freed
+# there last: NaNs, in a program that trains on weights it forgot to initialize (pytorch/
+# examples' FSDP2 Transformer leaves its layers as `to_empty` made them). CUDA promises nothing
+# of it, and memory its caching allocator reuses within a program holds that program's values.
+_EMPTY = {torch.empty, torch.empty_like, torch.empty_strided, torch.empty_permuted}
 
 
 def _nbytes(func: Callable, args: tuple, kwargs: dict) -> int:
@@ -62,6 +68,8 @@ def place(func: Callable, args: tuple, kwargs: dict, device: Any) -> Any:
         out = _ops.call(target, func, args, dict(kwargs, device="cpu"))
         if isinstance(out, torch.Tensor) and _meta(out):
             return out  # under a FakeTensorMode (DTensor's sharding propagation): no memory
+        if func in _EMPTY and isinstance(out, torch.Tensor):
+            out.zero_()
     _ops.mark_outputs(out, target)
     charges = _session.session.charges  # type: ignore[union-attr]
     if charges is not None:

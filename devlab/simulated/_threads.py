@@ -94,6 +94,27 @@ def routing() -> Iterator[None]:
         pop_routing(mode)
 
 
+@contextlib.contextmanager
+def rerouted() -> Iterator[None]:
+    """Route the block even inside the simulation's own handling of a call (where torch has
+    taken its mode off the stack): torch's code that runs there, a tensor subclass's dispatch,
+    moves tensors to simulated GPUs."""
+    if any(isinstance(m, SimulationMode)
+           for m in torch.overrides._get_current_function_mode_stack()):
+        yield
+        return
+    before = _session.tls.__dict__.get("routed")
+    mode = push_routing()
+    try:
+        yield
+    finally:
+        remove_mode(mode)
+        if before is None:
+            _session.tls.__dict__.pop("routed", None)
+        else:
+            _session.tls.routed = before
+
+
 _orig_bootstrap_inner = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
 
 

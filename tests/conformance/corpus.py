@@ -1009,15 +1009,16 @@ NCCL_PROGRAMS: tuple[Program, ...] = (
                   "all-gather (unshard) and reshard per layer, gradient reduce-scatter, "
                   "`clip_grad_norm_` over DTensors, Adam, 10 steps, a full state-dict "
                   "checkpoint (`torch.distributed.checkpoint.state_dict`)",
-        compare_note="no CPU run: on the simulated GPUs DTensor's random ops draw each shard "
-                     "from its rank's generator (CUDA's RNG tracker is not simulated), so the "
-                     "initial weights and the data drawn after them have no CPU twin; "
-                     "checked: both ranks print their GPU, hold their shards on it, and start "
-                     "and end with the same (gathered) parameters",
+        compare_note="the CPU run is a replay (references.examples_fsdp2): the program's "
+                     "Transformer on the CPU from rank 0's initial parameters (gathered whole), "
+                     "10 steps of Adam with clip_grad_norm_ on the batches the ranks draw (both "
+                     "ranks draw the same: DTensor's random ops leave their generators in one "
+                     "state, as CUDA's tracker does); compared: the initial and final "
+                     "parameters; the ranks must also start and end equal",
         expect_stdout=(r"^Running on rank 0 on device cuda:0$",
                        r"^Running on rank 1 on device cuda:1$"),
         gpus_used=2,
-        ranks=Ranks(world=2),
+        ranks=Ranks(world=2, replay="examples_fsdp2", rtol=1e-4, atol=1e-5),
         timeout=360.0,
         notes="Its sizes are fixed in the program (10 layers, vocabulary 1024, batches of "
               "32x64 tokens); it has no flags to make it smaller. It writes its checkpoint "

@@ -124,8 +124,63 @@ def examples_tensor_parallel(folder: Path, records: list[dict[str, Any]]) -> dic
             "final": torch.nn.utils.parameters_to_vector(model.parameters()).tolist()}
 
 
+def examples_fsdp2(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """pytorch/examples FSDP2 example.py: its Transformer (the program's model.py, with the
+    arguments example.py gives it) from rank 0's initial parameters (the observer gathers each
+    DTensor parameter whole), 10 steps of Adam (lr 1e-2) on `model(x).sum()` with
+    `clip_grad_norm_(max_norm=1.0)`, as the program trains. Every rank draws the same `x` (the
+    ranks' generators stay in one state through DTensor's random ops) and FSDP2 averages
+    the ranks' gradients: one process on the same batches computes the same.
+
+    The batches: the program seeds 0, initializes its sharded parameters with DTensor random ops,
+    then draws each `x` with `torch.randint` on its GPU. On simulated GPUs each DTensor random
+    op draws one number below 2**63 - 1 from the generator and leaves it just after that draw
+    (devlab/simulated/_dtensor_rng.py, as CUDA's tracker leaves every rank's generator in one
+    state), so after seeding 0 the replay draws one such number per random op that
+    `reset_parameters` makes (counted on the CPU model), then the batches."""
+    namespace = runpy.run_path(str(folder / "model.py"), run_name="conformance_replay")
+    args = namespace["ModelArgs"](n_layers=10, n_heads=4, vocab_size=1024, max_seq_len=64,
+                                  dropout_p=0)
+    vocab_size, batch_size, seq_len = 1024, 32, 64
+    model = namespace["Transformer"](args)
+    random_ops = _random_ops(model.reset_parameters)
+    recorded, _ = _initial(records)
+    torch.nn.utils.vector_to_parameters(torch.tensor(recorded), model.parameters())
+    initial = torch.nn.utils.parameters_to_vector(model.parameters()).tolist()
+    torch.manual_seed(0)
+    for _ in range(random_ops):
+        torch.randint((1 << 63) - 1, (1,))
+    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(10):
+        x = torch.randint(0, vocab_size, (batch_size, seq_len))
+        model(x).sum().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        optim.step()
+        optim.zero_grad()
+    return {"initial": initial,
+            "final": torch.nn.utils.parameters_to_vector(model.parameters()).tolist()}
+
+
+def _random_ops(fn: Callable[[], Any]) -> int:
+    """How many random ATen ops `fn()` runs (ops tagged nondeterministic_seeded)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            if torch.Tag.nondeterministic_seeded in func.tags:
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
 REPLAYS: dict[str, Callable[[Path, list[dict[str, Any]]], dict[str, Any]]] = {
     "llms_from_scratch_ddp": llms_from_scratch_ddp,
     "llms_from_scratch_ddp_torchrun": llms_from_scratch_ddp_torchrun,
     "examples_tensor_parallel": examples_tensor_parallel,
+    "examples_fsdp2": examples_fsdp2,
 }
