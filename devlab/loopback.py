@@ -29,6 +29,9 @@ def loopback_socket(addr: str, port: int = 0) -> socket.socket:
     family, _, _, _, sockaddr = min(infos, key=lambda i: i[0] != socket.AF_INET)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
+        # as torch's own store does: a port whose last store's connections linger in
+        # TIME_WAIT (a framework that starts its ranks twice on one MASTER_PORT) binds again
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(sockaddr)
         sock.listen(1024)
     except BaseException:

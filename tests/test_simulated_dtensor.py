@@ -333,3 +333,26 @@ def test_pipelining_on_two_ranks_matches_one_cpu_process(two) -> None:
     for (_, _, grads), params in zip(results, owned, strict=True):
         for got, want in zip(grads, params, strict=True):
             torch.testing.assert_close(torch.tensor(got), want.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_dtensor_imported_before_the_simulation_starts_is_patched_and_restored(
+        no_simulation) -> None:
+    """A program (or an earlier cell) that imported torch.distributed.tensor before starting the
+    simulation gets the same DTensor (the patches ran before the session existed, and were
+    skipped, when they checked it)."""
+    import torch.distributed.tensor._dispatch as dispatch
+    import torch.distributed.tensor._op_schema as op_schema
+    import torch.distributed.tensor._random as random
+
+    before = (random.OffsetBasedRNGTracker, dispatch.run_dtensor_rng_op,
+              op_schema._rebuild_tensor_from_dtensor_meta)
+    devlab.simulated.start(2)
+    try:
+        assert issubclass(random.OffsetBasedRNGTracker, before[0])
+        assert random.OffsetBasedRNGTracker is not before[0]
+        assert dispatch.run_dtensor_rng_op.__wrapped__ is before[1]
+        assert op_schema._rebuild_tensor_from_dtensor_meta.__wrapped__ is before[2]
+    finally:
+        devlab.simulated.stop()
+    assert (random.OffsetBasedRNGTracker, dispatch.run_dtensor_rng_op,
+            op_schema._rebuild_tensor_from_dtensor_meta) == before

@@ -359,10 +359,12 @@ def test_a_program_that_ends_during_a_collectives_callback_exits_cleanly() -> No
     # finished collective's Python objects was late); a callback still sleeping makes it certain.
     plain = _end("ProcessGroupGloo", "cpu", simulate=False)
     assert plain.stdout.splitlines() == ["program ends"]
-    # std::terminate's abort (SIGABRT), or a segfault when the abort races the finalizing
-    # runtime (SIGSEGV, seen once in a full run): killed by a signal either way, after the message.
+    # Killed by a signal either way: std::terminate's abort (SIGABRT), a segfault when the abort
+    # races the finalizing runtime (SIGSEGV, seen once in a full run), or Python's own fatal
+    # error when the thread lets go of a thread state it no longer holds (seen once).
     assert plain.returncode in (-signal.SIGABRT, -signal.SIGSEGV), plain
-    assert "terminate called without an active exception" in plain.stderr
+    assert ("terminate called without an active exception" in plain.stderr
+            or "Fatal Python error" in plain.stderr and "finalizing" in plain.stderr), plain
     # NCCL on simulated GPUs exits as a CUDA program does: the callback finishes first.
     simulated = _end("ProcessGroupNCCL", "cuda", simulate=True)
     assert simulated.returncode == 0, simulated.stderr

@@ -67,8 +67,10 @@ def _attention_strategies(outputs: int) -> Callable[[Any], Any]:
 
 def install(p: Patcher) -> None:
     def patch_fakes(module: ModuleType) -> None:
+        # (also while the simulation starts, before its session exists: a module imported
+        # already is patched then)
         current = getattr(module, "_rebuild_tensor_from_dtensor_meta", None)
-        if current is not None and _session.session is not None:
+        if current is not None:
             p.set(module, "_rebuild_tensor_from_dtensor_meta", _fake_on_cpu(current))
 
     def register_attention(module: ModuleType) -> None:

@@ -98,9 +98,8 @@ def _rng_op(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def patch_random(p: Patcher, module: ModuleType) -> None:
-    """torch.distributed.tensor._random: its tracker class, and no tracker of ours left after."""
-    if _session.session is None:
-        return
+    """torch.distributed.tensor._random: its tracker class, and no tracker of ours left after.
+    (Called while the simulation starts, before its session exists, or once it runs.)"""
     ours = _tracker(module.OffsetBasedRNGTracker)
     p.set(module, "OffsetBasedRNGTracker", ours)
 
@@ -113,5 +112,4 @@ def patch_random(p: Patcher, module: ModuleType) -> None:
 
 def patch_dispatch(p: Patcher, module: ModuleType) -> None:
     """torch.distributed.tensor._dispatch: the op it runs a CUDA shard's random op through."""
-    if _session.session is not None:
-        p.set(module, "run_dtensor_rng_op", _rng_op(module.run_dtensor_rng_op))
+    p.set(module, "run_dtensor_rng_op", _rng_op(module.run_dtensor_rng_op))
