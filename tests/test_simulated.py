@@ -961,3 +961,24 @@ def test_memory_a_gpu_hands_out_reads_as_zeros(two) -> None:
             layer = nn.Linear(64, 64)
         layer.to_empty(device="cuda:0")
         assert int(layer.weight.count_nonzero()) == 0 and layer.weight.device.type == "cuda"
+
+
+def test_torch_compile_runs_uncompiled_with_right_values_and_says_so(two, capfd) -> None:
+    """Compiled code is CUDA code, and dynamo traced through the simulation's mode to wrong
+    values (x * 2 + 1 gave 2 for 1 with the eager and aot_eager backends): while simulating,
+    torch.compile runs the code as written, once saying so."""
+    from devlab.simulated import _compile
+
+    _compile._told.clear()
+    for backend in ("inductor", "eager", "aot_eager"):
+        f = torch.compile(lambda x: x * 2 + 1, backend=backend)
+        for device in ("cpu", "cuda:1"):
+            y = f(torch.ones(2, device=device))
+            assert y.tolist() == [3.0, 3.0] and str(y.device) == device
+    layer = torch.compile(nn.Linear(2, 2).to("cuda:0"))
+    assert layer(torch.ones(1, 2, device="cuda:0")).device.type == "cuda"
+    assert capfd.readouterr().err.count("torch.compile runs the code uncompiled") == 1
+    simulated.stop()
+    import torch._dynamo.config as dynamo_config
+
+    assert dynamo_config.disable is False

@@ -15,8 +15,8 @@ the CPU); speed says nothing about a real GPU. Every change to torch goes throug
 
 Limits: a thread started before the simulation is not routed (`thread_routing()` routes it;
 without it, making a GPU tensor there fails with one line saying so).
-CUDA graphs, `torch.compile` for CUDA, cuDNN, CUDA's own random streams (random ops on simulated
-GPUs draw from the CPU's generators) and sparse tensors are not simulated (sparse ones are
+CUDA graphs, compiled code (`torch.compile`d code runs uncompiled while simulating, `_compile`),
+cuDNN, CUDA's own random streams (random ops on simulated GPUs draw from the CPU's generators) and sparse tensors are not simulated (sparse ones are
 refused; a call that needs the CUDA runtime fails with an error naming itself). One stream per
 GPU. As on CUDA, a child forked after the simulated GPUs were initialized may not use them
 (`_fork`); at most `max_count()` GPUs (torch's device index is 8 bits).
@@ -149,6 +149,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         from . import (
             _amp,
             _build,
+            _compile,
             _cuda,
             _distributed,
             _dtensor,
@@ -171,7 +172,8 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         patcher = Patcher()
         try:
             for module in (_tensor, _wrappers, _cuda, _build, _queries, _factories, _amp,
-                           _threads, _parallel, _serialization, _distributed, _stores, _dtensor):
+                           _threads, _parallel, _serialization, _distributed, _stores, _dtensor,
+                           _compile):
                 module.install(patcher)
             _session.session = _session.Session(limits, spec=spec)
             _session.forget_thread_state()
