@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -75,8 +76,15 @@ def _tracker(base: type) -> type:
                 return super()._distribute_region(spec, generator)
             if not self.distribute_region_enabled:
                 return contextlib.nullcontext()
-            start, _ = self._compute_rng_offsets(spec)
-            return shard_stream(int(start), generator)
+            return shard_stream(self._start_offset(spec), generator)
+
+        def _start_offset(self, spec: Any) -> int:
+            """The offset torch gives this rank's shard (torch >= 2.13 computes it in
+            `_compute_rng_offsets`, earlier ones only inside `_set_pre_op_offset`, which both
+            call on a state whose `offset` they read and set)."""
+            state = types.SimpleNamespace(offset=torch.zeros(1, dtype=torch.int64, device="cpu"))
+            self._set_pre_op_offset(state, spec)
+            return int(state.offset)
 
     OffsetBasedRNGTracker.__module__ = base.__module__
     OffsetBasedRNGTracker.__qualname__ = base.__qualname__
@@ -112,4 +120,5 @@ def patch_random(p: Patcher, module: ModuleType) -> None:
 
 def patch_dispatch(p: Patcher, module: ModuleType) -> None:
     """torch.distributed.tensor._dispatch: the op it runs a CUDA shard's random op through."""
-    p.set(module, "run_dtensor_rng_op", _rng_op(module.run_dtensor_rng_op))
+    if hasattr(module, "run_dtensor_rng_op"):  # torch >= 2.13; earlier ones use the tracker's
+        p.set(module, "run_dtensor_rng_op", _rng_op(module.run_dtensor_rng_op))
