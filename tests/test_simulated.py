@@ -979,6 +979,34 @@ def test_torch_compile_runs_uncompiled_with_right_values_and_says_so(two, capfd)
     assert layer(torch.ones(1, 2, device="cuda:0")).device.type == "cuda"
     assert capfd.readouterr().err.count("torch.compile runs the code uncompiled") == 1
     simulated.stop()
-    import torch._dynamo.config as dynamo_config
+    import torch._dynamo.eval_frame as eval_frame
 
-    assert dynamo_config.disable is False
+    assert eval_frame._stance.stance == "default"
+
+
+def test_torch_compile_stays_uncompiled_in_other_threads_and_after_a_stop_from_one(
+        no_simulation) -> None:
+    """Uncompiled for the whole process: in another thread too; and a stop() from another
+    thread makes torch.compile compile again in this one (dynamo's config values are each
+    thread's: a setting made in one thread was not undone from another)."""
+    compiled: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        compiled.append(len(example_inputs))
+        return gm.forward
+
+    simulated.start(1)
+    seen: list = []
+    f = torch.compile(lambda x: x * 2 + 1, backend=backend)
+    t = threading.Thread(target=lambda: seen.append(f(torch.ones(2)).tolist()))
+    t.start()
+    t.join()
+    assert seen == [[3.0, 3.0]] and compiled == []
+    t = threading.Thread(target=simulated.stop)
+    t.start()
+    t.join()
+    assert not simulated.is_active()
+    g = torch.compile(lambda x: x * 3 + 1, backend=backend)
+    assert g(torch.ones(2)).tolist() == [4.0, 4.0] and compiled == [1]
+    simulated.start(1)  # removes the mode the other thread's stop() disarmed here
+    simulated.stop()

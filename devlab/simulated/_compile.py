@@ -4,10 +4,10 @@ Compiling for a GPU makes code for CUDA (inductor's Triton kernels), which a sim
 computing on the CPU, cannot run; and dynamo traces every call through the simulation's own
 function mode, where it computed wrong values (measured: `torch.compile(lambda x: x * 2 + 1,
 backend="eager")` gave 2 for 1, on the CPU and on a simulated GPU alike; `aot_eager` the
-same). So while GPUs are simulated dynamo is off (`torch._dynamo.config.disable`, what
-`TORCH_COMPILE_DISABLE=1` sets): a compiled function or module runs as written, op by op, with
-the right values; its speed says nothing of compiled code. Stopping the simulation puts the
-setting back.
+same). So while GPUs are simulated dynamo's stance is "force_eager"
+(`torch.compiler.set_stance`'s, for the whole process: dynamo's config values are each
+thread's): a compiled function or module runs as written, op by op, with the right values; its
+speed says nothing of compiled code. Stopping the simulation puts the prior stance back.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from ._imports import when_imported
 from ._patcher import Patcher
 
-CONFIG = "torch._dynamo.config"
+EVAL_FRAME = "torch._dynamo.eval_frame"
 NOTICE = ("devlab: torch.compile runs the code uncompiled while GPUs are simulated (compiled "
           "code is CUDA code a simulated GPU cannot run); the values are right, the speed is "
           "not a compiled one's.")
@@ -47,10 +47,11 @@ def _telling(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install(p: Patcher) -> None:
-    def patch(config: ModuleType) -> None:
-        before = config.disable
-        config.disable = True
-        p.on_restore(lambda: setattr(config, "disable", before))
+    def patch(eval_frame: ModuleType) -> None:
+        # the stance is the process's (dynamo's config values are each thread's, and each
+        # notebook cell's context's)
+        prior = eval_frame._set_stance(eval_frame.DynamoStance(stance="force_eager"))
+        p.on_restore(lambda: eval_frame._set_stance(prior))
 
-    when_imported(p, CONFIG, patch)
+    when_imported(p, EVAL_FRAME, patch)
     p.set(torch, "compile", _telling(torch.compile))
