@@ -969,7 +969,7 @@ def test_torch_compile_runs_uncompiled_with_right_values_and_says_so(two, capfd)
     torch.compile runs the code as written, once saying so."""
     from devlab.simulated import _compile
 
-    _compile._told.clear()
+    _compile._notice.told.clear()
     for backend in ("inductor", "eager", "aot_eager"):
         f = torch.compile(lambda x: x * 2 + 1, backend=backend)
         for device in ("cpu", "cuda:1"):

@@ -16,10 +16,11 @@ the CPU); speed says nothing about a real GPU. Every change to torch goes throug
 Limits: a thread started before the simulation is not routed (`thread_routing()` routes it;
 without it, making a GPU tensor there fails with one line saying so).
 CUDA graphs, compiled code (`torch.compile`d code runs uncompiled while simulating, `_compile`),
-cuDNN, CUDA's own random streams (random ops on simulated GPUs draw from the CPU's generators) and sparse tensors are not simulated (sparse ones are
-refused; a call that needs the CUDA runtime fails with an error naming itself). One stream per
-GPU. As on CUDA, a child forked after the simulated GPUs were initialized may not use them
-(`_fork`); at most `max_count()` GPUs (torch's device index is 8 bits).
+cuDNN, CUDA's own random streams (random ops on simulated GPUs draw from the CPU's generators)
+and sparse tensors are not simulated (sparse ones are refused; a call that needs the CUDA
+runtime fails with an error naming itself). One stream per GPU. As on CUDA, a child forked
+after the simulated GPUs were initialized may not use them (`_fork`); at most `max_count()`
+GPUs (torch's device index is 8 bits).
 """
 
 from __future__ import annotations

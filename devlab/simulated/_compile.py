@@ -13,8 +13,6 @@ speed says nothing of compiled code. Stopping the simulation puts the prior stan
 from __future__ import annotations
 
 import functools
-import sys
-import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -22,25 +20,20 @@ from typing import Any
 import torch
 
 from ._imports import when_imported
+from ._notice import Notice
 from ._patcher import Patcher
 
 EVAL_FRAME = "torch._dynamo.eval_frame"
 NOTICE = ("devlab: torch.compile runs the code uncompiled while GPUs are simulated (compiled "
           "code is CUDA code a simulated GPU cannot run); the values are right, the speed is "
           "not a compiled one's.")
-_told = threading.Event()
-
-
-def tell_once() -> None:
-    if not _told.is_set():
-        _told.set()
-        print(NOTICE, file=sys.stderr, flush=True)
+_notice = Notice(NOTICE)
 
 
 def _telling(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def compile(*args: Any, **kwargs: Any) -> Any:  # noqa: A001 - torch.compile's name
-        tell_once()
+        _notice.tell()
         return original(*args, **kwargs)
 
     return compile

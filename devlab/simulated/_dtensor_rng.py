@@ -11,9 +11,9 @@ state. (The shards are not the slices of the same op on one GPU: CUDA's kernels 
 thread its own philox subsequence, so the numbers depend on the launch.)
 
 A simulated GPU draws from the CPU's generator (mt19937), which has no offsets. The same
-promises, kept on it: a DTensor random op draws one number below 2**63 - 1 from the generator (as every
-rank's generator is in the same state, every rank draws the same), runs with the generator
-seeded from that number and the shard's offset, which torch's tracker computes
+promises, kept on it: a DTensor random op draws one number below 2**63 - 1 from the generator
+(as every rank's generator is in the same state, every rank draws the same), runs with the
+generator seeded from that number and the shard's offset, which torch's tracker computes
 (`shard_seed`), then leaves the generator as it was just after the draw. A user's generator
 (`generator=`) gives the number instead and is advanced by it, as DTensor advances it.
 """
@@ -67,7 +67,7 @@ def _tracker(base: type) -> type:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             # DTensor makes its tracker inside its own dispatch, where the simulation's mode
             # is off the stack: the state it broadcasts goes to a simulated GPU.
-            with _threads.rerouted():
+            with _threads.routing():
                 super().__init__(*args, **kwargs)
 
         def _distribute_region(self, spec: Any, generator: torch.Generator | None = None

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
-import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -44,6 +42,7 @@ from torch._C._distributed_c10d import (
 )
 
 from . import _distributed, _stores
+from ._notice import Notice
 from ._stores import LOOPBACK
 
 NOTICE = ("devlab: simulated GPUs have no NCCL (a CPU build of torch has none), so "
@@ -51,7 +50,7 @@ NOTICE = ("devlab: simulated GPUs have no NCCL (a CPU build of torch has none), 
           "gloo's transport, on the CPU.")
 # NCCL's default collective timeout (torch's _DEFAULT_PG_NCCL_TIMEOUT in a CUDA build).
 DEFAULT_TIMEOUT = timedelta(minutes=10)
-_told = threading.Event()
+_notice = Notice(NOTICE)
 _GLOO = dist.ProcessGroup.BackendType.GLOO
 _RED = ReduceOp.RedOpType
 _PREMUL_DTYPES = (torch.float16, torch.float32, torch.bfloat16, torch.float64)
@@ -59,12 +58,7 @@ _PREMUL_DTYPES = (torch.float16, torch.float32, torch.bfloat16, torch.float64)
 
 def tell_once() -> None:
     """Say once per process, on stderr, that NCCL runs on gloo here."""
-    if not _told.is_set():
-        _told.set()
-        # One write, line and newline together: ranks forked from a Jupyter kernel send each
-        # write as its own message, and two ranks' writes would otherwise share a line.
-        sys.stderr.write(NOTICE + "\n")
-        sys.stderr.flush()
+    _notice.tell()
 
 
 class NCCLConfig:

@@ -6,8 +6,8 @@ interface while it runs, the rendezvous store (whose state torch's keep-alive th
 and the workers' store. In a process with simulated GPUs, which `python -m devlab run` and
 `DEVLAB_SIMULATE_GPUS=N torchrun` both are:
 
-- a TCPStore server (torchrun's, `init_process_group`'s env:// store) whose host is loopback ("localhost", 127.0.0.1, ::1) listens on a socket
-  bound to that host only (`master_listen_fd`), as devlab's own launcher does; a store on
+- a TCPStore server (torchrun's, `init_process_group`'s env:// store) whose host is loopback
+  ("localhost", 127.0.0.1, ::1) listens on a socket bound to that host only (`master_listen_fd`), as devlab's own launcher does; a store on
   another host, a multi-node run's, is torch's as it was;
 - torchrun's agent, when its rendezvous endpoint is loopback (`--standalone`, or the static
   default 127.0.0.1) and `--local-addr` is not given, names its node by loopback rather than by

@@ -83,23 +83,11 @@ def suspended() -> Iterator[None]:
 
 @contextlib.contextmanager
 def routing() -> Iterator[None]:
-    """Route this thread's work while inside (nothing to do if it is routed already)."""
-    if _session.is_routed():
-        yield
-        return
-    mode = push_routing()
-    try:
-        yield
-    finally:
-        pop_routing(mode)
-
-
-@contextlib.contextmanager
-def rerouted() -> Iterator[None]:
-    """Route the block even inside the simulation's own handling of a call (where torch has
-    taken its mode off the stack): torch's code that runs there, a tensor subclass's dispatch,
-    moves tensors to simulated GPUs."""
-    if any(isinstance(m, SimulationMode)
+    """Route this thread's work while inside: nothing to do if the running simulation's mode is
+    on its stack; else its mode for the block. Also inside the simulation's own handling of a
+    call, where torch has taken the mode off the stack (torch's code that runs there, a tensor
+    subclass's dispatch making DTensor's RNG tracker, moves tensors to simulated GPUs)."""
+    if any(isinstance(m, SimulationMode) and not m.inert
            for m in torch.overrides._get_current_function_mode_stack()):
         yield
         return
