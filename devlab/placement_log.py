@@ -126,6 +126,10 @@ class PlacementLog(TorchDispatchMode):
     otherwise lines are only buffered, which is what keeps the log cheap.
     """
 
+    marks_simulated = True  # each op it sees gets its simulated GPU (a backward pass needs one)
+    # A higher-order operator (torch.cond, flex_attention) is one line, run whole below the log.
+    supports_higher_order_operators = True
+
     def __init__(self, stream: IO[str] | None = None) -> None:
         super().__init__()
         self._raw: list[tuple[Any, ...]] = []
@@ -427,8 +431,12 @@ def _event(raw: tuple[Any, ...]) -> Event:
 
 
 def _op_name(func: Any) -> str:
-    # aten.add.Tensor -> "aten::add": the overload says nothing about placement.
-    return func if isinstance(func, str) else func._schema.name
+    # aten.add.Tensor -> "aten::add": the overload says nothing about placement. A higher-order
+    # operator has no schema: "higher_order::cond".
+    if isinstance(func, str):
+        return func
+    schema = getattr(func, "_schema", None)
+    return schema.name if schema is not None else f"higher_order::{func.name()}"
 
 
 def _flat(value: Any) -> Iterator[Any]:

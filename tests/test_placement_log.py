@@ -177,3 +177,13 @@ def test_backward_on_a_gpu_is_logged_on_the_gpu(two_gpus) -> None:
     devices = {e.device for e in log.events if e.kind == "op"}
     assert devices == {torch.device("cuda", 1)}
     assert len(log) >= 4
+
+
+def test_a_higher_order_operator_is_one_line_on_its_device(two_gpus) -> None:
+    """torch.cond runs whole below the log, one line named for it, on the GPU of its operands
+    (a dispatch mode that did not take higher-order operators made them raise)."""
+    x = torch.arange(3.0, device="cuda:1")
+    with placement_log.capture() as log:
+        y = torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,))
+    assert f"Executing op higher_order::cond in device {GPU1}" in log.lines()
+    assert y.device == torch.device("cuda", 1) and torch.allclose(y.cpu(), torch.arange(3.0).sin())

@@ -332,6 +332,156 @@ def test_python_code_in_backward_is_routed_too(two) -> None:
     assert gz.device.index == 0 and gx.device.index == 1 and gx.tolist() == [0.0] * 3
 
 
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        _Square.seen.append(grad.device)
+        return 2 * x * grad  # the gradient, made by C++ (sin's backward), meets a GPU tensor
+
+
+def test_gradients_the_engine_hands_to_python_say_their_gpu(two) -> None:
+    """A gradient C++ made (here by sin's backward) reaches an autograd Function's backward and
+    a module's backward hooks on its GPU, as on CUDA, where it mixes with that GPU's tensors."""
+    _Square.seen = []
+    x = torch.randn(4, device="cuda:1", requires_grad=True)
+    _Square.apply(x).sin().sum().backward()
+    assert _Square.seen == [torch.device("cuda", 1)]
+    xc = x.detach().cpu().requires_grad_()
+    (xc * xc).sin().sum().backward()
+    assert x.grad.device.index == 1 and torch.allclose(x.grad.cpu(), xc.grad)
+
+    m = nn.Linear(4, 4).to("cuda:0")
+    w = torch.ones(4, device="cuda:0")
+    hooked = []
+    m.register_full_backward_pre_hook(lambda mod, go: hooked.append(("pre", go[0].device)))
+    m.register_full_backward_hook(
+        lambda mod, gi, go: hooked.append(("hook", go[0].device, (go[0] * w).sum().device)))
+    m(torch.randn(2, 4, device="cuda:0", requires_grad=True)).sin().sum().backward()
+    cuda0 = torch.device("cuda", 0)
+    assert hooked == [("pre", cuda0), ("hook", cuda0, cuda0)]
+
+
+def test_activation_checkpointing_around_flex_attention(two) -> None:
+    """flex_attention is a higher-order operator around an autograd Function: what it saves is
+    on the GPU while it saves it, so checkpointing (plain and selective) recomputes the same
+    metadata, and the gradients are those of the same attention on the CPU."""
+    import functools
+
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
+
+    def causal(b, h, q, kv):
+        return q >= kv
+
+    def policy(ctx, op, *args, **kwargs):
+        return (CheckpointPolicy.MUST_SAVE if op is torch.ops.higher_order.flex_attention
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    torch.manual_seed(0)
+    qh = torch.randn(1, 2, 128, 16)
+    ref = qh.clone().requires_grad_()  # flex_attention has no CPU backward: the same attention
+    nn.functional.scaled_dot_product_attention(ref, ref, ref, is_causal=True).sin().sum().backward()
+    bm = create_block_mask(causal, 1, 1, 128, 128, device="cuda:1")
+
+    def block(q):
+        return flex_attention(q, q, q, block_mask=bm).sin()
+
+    for kw in ({}, {"context_fn": functools.partial(create_selective_checkpoint_contexts, policy)}):
+        q = qh.to("cuda:1").requires_grad_()
+        checkpoint(block, q, use_reentrant=False, **kw).sum().backward()
+        assert q.grad.device == torch.device("cuda", 1)
+        assert torch.allclose(q.grad.cpu(), ref.grad, atol=1e-5)
+
+
+def test_checkpointing_reads_what_autograd_saves_inside_an_op_on_its_gpu(two) -> None:
+    """Inside one call, autograd saves intermediate results (the CPU attention kernel's output
+    and log-sum-exp) and checkpointing's hooks read their device then: the forward and the
+    recomputation must both say the GPU. Selective checkpointing keeps them through its own
+    dispatch mode."""
+    import functools
+
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
+
+    def policy(ctx, op, *args, **kwargs):
+        return (CheckpointPolicy.MUST_SAVE if op in (torch.ops.aten.mm.default,) else
+                CheckpointPolicy.PREFER_RECOMPUTE)
+
+    torch.manual_seed(0)
+    qh, wh = torch.randn(1, 8, 64, 16), torch.randn(16, 16)
+
+    def block(q, w):
+        t = q @ w
+        return nn.functional.scaled_dot_product_attention(t, t, t, is_causal=True, scale=0.25
+                                                          ).sin().sum()
+
+    ref = [t.bfloat16().requires_grad_() for t in (qh, wh)]
+    block(*ref).backward()
+    for kw in ({}, {"context_fn": functools.partial(create_selective_checkpoint_contexts, policy)}):
+        q, w = (t.to("cuda:1", torch.bfloat16).requires_grad_() for t in (qh, wh))
+        checkpoint(block, q, w, use_reentrant=False, **kw).backward()
+        assert q.grad.device == torch.device("cuda", 1)
+        assert torch.equal(q.grad.cpu(), ref[0].grad) and torch.equal(w.grad.cpu(), ref[1].grad)
+
+
+def test_torch_func_transforms_keep_the_gpu(two) -> None:
+    """vmap, grad, jacrev, jacfwd and hessian wrap their tensors (no storage of their own): what
+    they compute lives on, and reports, the GPU of their inputs, as on CUDA, with the CPU's
+    numbers; inside a transform the device rule holds."""
+    from torch.func import functional_call, grad, hessian, jacfwd, jacrev, stack_module_state, vmap
+
+    torch.manual_seed(0)
+    xh, wh = torch.randn(5, 4), torch.randn(4)
+    x, w = xh.to("cuda:1"), wh.to("cuda:1")
+    before = torch.cuda.memory_allocated(1)
+
+    def loss(w, r):
+        return (r @ w).sin() ** 2
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0))  # the per-sample-gradients pattern
+    results = {
+        "vmap": (vmap(lambda r: r.cos() * 2)(x), vmap(lambda r: r.cos() * 2)(xh)),
+        "per-sample grad": (per_sample(w, x), per_sample(wh, xh)),
+        "jacrev": (jacrev(torch.sin)(x[0]), jacrev(torch.sin)(xh[0])),
+        "jacfwd": (jacfwd(torch.sin)(x[0]), jacfwd(torch.sin)(xh[0])),
+        "hessian": (hessian(lambda t: t.sin().sum())(w), hessian(lambda t: t.sin().sum())(wh)),
+    }
+    for name, (got, ref) in results.items():
+        assert got.device == torch.device("cuda", 1), name
+        assert torch.allclose(got.cpu(), ref), name
+    assert torch.cuda.memory_allocated(1) > before  # the results count on their GPU
+    del results, got, ref
+    assert torch.cuda.memory_allocated(1) == before
+
+    models = [nn.Linear(4, 2).to("cuda:0") for _ in range(3)]  # the model-ensembling pattern
+    params, buffers = stack_module_state(models)
+    base = nn.Linear(4, 2).to("meta")
+    x0 = xh.to("cuda:0")
+    out = vmap(lambda p, b, d: functional_call(base, (p, b), (d,)), in_dims=(0, 0, None))(
+        params, buffers, x0)
+    assert out.device == torch.device("cuda", 0)
+    assert torch.allclose(out.cpu(), torch.stack([m(x0) for m in models]).cpu())
+
+    w0 = torch.randn(4, device="cuda:0")
+    with pytest.raises(RuntimeError, match="found at least two devices, cuda:1 and cuda:0"):
+        vmap(lambda r: r * w0)(x)
+    with pytest.raises(RuntimeError, match="found at least two devices, cuda:1 and cpu"):
+        vmap(lambda r: r * torch.ones(4))(x)
+
+
 def test_sparse_tensors_are_refused_not_silently_left_on_the_host(two) -> None:
     with pytest.raises(NotImplementedError, match="dense \\(strided\\) tensors only"):
         torch.ones(2, 2).to_sparse().cuda()

@@ -191,6 +191,40 @@ def test_tensor_parallel_training_matches_one_cpu_process(two, sequence) -> None
             torch.testing.assert_close(torch.tensor(got), want.detach(), rtol=1e-4, atol=1e-5)
 
 
+def loss_parallel_step() -> tuple[float, list, list[str]]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, loss_parallel, parallelize_module
+
+    rank = _rank()
+    torch.cuda.set_device(rank)
+    mesh = init_device_mesh("cuda", (2,))
+    torch.manual_seed(0)
+    head = parallelize_module(nn.Linear(8, 6).to("cuda"), mesh,
+                              ColwiseParallel(use_local_output=False))  # logits sharded by class
+    x, y = _inputs(0)[0].to("cuda"), torch.tensor([0, 5, 2, 3], device="cuda")
+    with loss_parallel():  # cross-entropy on the class shards; its backward too
+        loss = nn.functional.cross_entropy(head(x), y)
+        loss.backward()
+    devices = sorted({str(loss.to_local().device), str(head.weight.grad.to_local().device)})
+    out = loss.full_tensor().item(), _values(head.weight.grad.full_tensor()), devices
+    dist.destroy_process_group()
+    return out
+
+
+def test_loss_parallel_matches_one_cpu_process(two) -> None:
+    """Loss parallelism keeps what its forward computes inside DTensor's dispatch (the total
+    weight) for its backward, which moves it to the mesh's device: it must be on the GPU."""
+    torch.manual_seed(0)
+    head = nn.Linear(8, 6)
+    loss = nn.functional.cross_entropy(head(_inputs(0)[0]), torch.tensor([0, 5, 2, 3]))
+    loss.backward()
+    for rank, (got, grad, devices) in enumerate(devlab.launch(loss_parallel_step, nprocs=2,
+                                                               timeout=120)):
+        assert devices == [f"cuda:{rank}"]
+        assert got == pytest.approx(loss.item(), rel=1e-6)
+        torch.testing.assert_close(torch.tensor(grad), head.weight.grad, rtol=1e-5, atol=1e-6)
+
+
 # --- FSDP2 ------------------------------------------------------------------------------------
 
 def fsdp2(reference: dict) -> dict:

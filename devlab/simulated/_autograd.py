@@ -5,18 +5,20 @@ would run its Python code (autograd.Function.backward, hooks, checkpoint recompu
 unrouted: a `torch.zeros(..., device=grad.device)` there would ask a CPU build of torch for
 CUDA. So `backward` and `grad` do what torch.autograd.backward/grad do after their override
 check, with the simulation's mode pushed again. The C++ engine makes gradients unmarked; they
-are marked with their tensors' devices, where CUDA would have made them.
+are marked with their tensors' devices, where CUDA would have made them; when Python code
+sees them before the pass ends, as the engine makes them (`_dispatched.marking`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.overrides import _pop_mode, _push_mode
 
-from . import _errors, _ops, _session, _workers
+from . import _dispatched, _errors, _ops, _session, _workers
 from ._marks import index_of
 from ._session import tls
 
@@ -85,8 +87,9 @@ def _to_copy(g: Tensor) -> Tensor:
 
 
 def _engine(roots: tuple, grad_roots: Any, retain_graph: bool | None, create_graph: bool,
-            inputs: tuple, allow_unused: bool, accumulate_grad: bool) -> tuple:
-    """Run the autograd engine with a simulation mode on this thread's stack."""
+            inputs: tuple, allow_unused: bool, accumulate_grad: bool, watched: bool) -> tuple:
+    """Run the autograd engine with a simulation mode on this thread's stack (`watched`: and
+    the marking dispatch mode)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     from ._routing import SimulationMode  # the mode module dispatches to this one
 
@@ -96,9 +99,10 @@ def _engine(roots: tuple, grad_roots: Any, retain_graph: bool | None, create_gra
     try:
         grads = _ag._make_grads(roots, _ag._tensor_or_tensors_to_tuple(grad_roots, len(roots)),
                                 is_grads_batched=False)
-        return _ag.graph._engine_run_backward(
-            roots, grads, retain_graph, create_graph, inputs, allow_unused,
-            accumulate_grad=accumulate_grad)
+        with _dispatched.marking() if watched else contextlib.nullcontext():
+            return _ag.graph._engine_run_backward(
+                roots, grads, retain_graph, create_graph, inputs, allow_unused,
+                accumulate_grad=accumulate_grad)
     except Exception as e:  # torch's own (a non-scalar loss...)
         _errors.torch_error(e)
         raise
@@ -123,17 +127,10 @@ def backward(func: Callable, args: tuple, kwargs: dict) -> Any:
     _workers.wait_all()
     grad_roots = (kwargs.get("gradient") if func is Tensor.backward
                   else kwargs.get("grad_tensors", kwargs.get("grad_variables")))
-    prev = getattr(tls, "index", None)
-    # Unwatched, the engine's ops run as if on the first root's GPU; watched, each gets its
-    # own (_dispatched).
-    tls.index = None if torch._C._len_torch_dispatch_stack() else first
-    try:
-        _engine(roots, grad_roots, kwargs.get("retain_graph"),
-                bool(kwargs.get("create_graph", False)), inputs_tuple, allow_unused=True,
-                accumulate_grad=True)
-    finally:
-        tls.index = prev
     leaves, nodes = _graph(roots)
+    _engine(roots, grad_roots, kwargs.get("retain_graph"),
+            bool(kwargs.get("create_graph", False)), inputs_tuple, allow_unused=True,
+            accumulate_grad=True, watched=_python_inside(leaves, nodes))
     for leaf in leaves:
         index = index_of(leaf)
         if index is not None and leaf.grad is not None:
@@ -155,10 +152,12 @@ def grad(func: Callable, args: tuple, kwargs: dict) -> Any:
         materialize = bool(kwargs.get("materialize_grads", False))
         allow_unused = kwargs.get("allow_unused")
         create_graph = bool(kwargs.get("create_graph", False))
+        leaves, nodes = _graph(outputs)
         out = _engine(outputs, kwargs.get("grad_outputs"), kwargs.get("retain_graph"),
                       create_graph, inputs_tuple,
                       allow_unused=materialize if allow_unused is None else allow_unused,
-                      accumulate_grad=False)
+                      accumulate_grad=False, watched=_python_inside(leaves, nodes))
+        _charge(nodes)
         if materialize:
             out = tuple(torch.zeros_like(i, requires_grad=create_graph) if r is None else r
                         for r, i in zip(out, inputs_tuple, strict=True))
@@ -166,12 +165,11 @@ def grad(func: Callable, args: tuple, kwargs: dict) -> Any:
         i = index_of(inp)
         if isinstance(g, Tensor) and i is not None:
             _ops.mark_outputs(g, i)
-    if outputs is not None:
-        _charge(_graph(outputs)[1])
     return out
 
 
 _AccumulateGrad = torch._C._functions.AccumulateGrad  # a leaf's node
+_PythonNode = torch.autograd.function.BackwardCFunction  # an autograd Function's node
 
 
 def _graph(roots: tuple) -> tuple[list[Tensor], list[Any]]:
@@ -191,6 +189,16 @@ def _graph(roots: tuple) -> tuple[list[Tensor], list[Any]]:
             nodes.append(fn)
             stack.extend(nxt for nxt, _ in fn.next_functions)
     return leaves, nodes
+
+
+def _python_inside(leaves: list[Tensor], nodes: list[Any]) -> bool:
+    """Whether a backward pass over this graph hands gradients the C++ engine makes to Python
+    code before it ends: an autograd Function's backward (module backward hooks, DTensor, FSDP2
+    and flex_attention are such Functions) or a leaf's post-accumulate-grad hook. Such a pass
+    runs watched, each gradient marked as it is made (`_dispatched.marking`); the others, all
+    C++, have their leaves' gradients marked after, which costs far less."""
+    return (any(isinstance(n, _PythonNode) for n in nodes)
+            or any(leaf._post_accumulate_grad_hooks for leaf in leaves))
 
 
 def _charge(nodes: list[Any]) -> None:

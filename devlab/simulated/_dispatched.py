@@ -13,20 +13,25 @@ gives every such op the device it has on a real GPU:
   copy from that GPU into it, which C++ would have refused or made across devices on a real
   machine) is that GPU's: it is marked there.
 
-Ops inside a call the function mode placed keep the device it gave them.
+Ops inside a call the function mode placed keep the device it gave them. A backward pass
+always runs watched (`marking()`): its gradients reach Python code (an autograd Function's
+backward, tensor, node and module hooks) as the C++ engine makes them, and must say where they
+are the moment they do.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from devlab.aten_ops import COPY_OPS
 
 from . import _ops, _session
-from ._marks import live_mark, mark, storage_of
+from ._marks import PLAIN, live_mark, mark, mark_of, storage_of
 from ._session import tls
 
 Tensor = torch.Tensor
@@ -39,7 +44,9 @@ def _place(func: Any, args: tuple, kwargs: dict) -> tuple[int | None, list]:
     current = getattr(tls, "index", None)
     ts = _ops.tensors_of(args, kwargs)
     storages = [storage_of(t) for t in ts]
-    marks = [live_mark(s) for s in storages]
+    # A wrapper subclass (DTensor) is where its inner tensors are; its own storage is empty.
+    marks = [live_mark(s) if type(t) in PLAIN else mark_of(t)
+             for t, s in zip(ts, storages, strict=True)]
     first = next((m.index for m in marks if m is not None), None)
     host = [s for s, m in zip(storages, marks, strict=True) if m is None and s is not None]
     if func in COPY_OPS:
@@ -56,7 +63,8 @@ def _place(func: Any, args: tuple, kwargs: dict) -> tuple[int | None, list]:
         return current, host
     fresh = []
     for t, s, m in zip(ts, storages, marks, strict=True):
-        if m is None and s is not None and t.dim() != 0 and not any(s is f for f in fresh):
+        if (m is None and s is not None and type(t) in PLAIN and t.dim() != 0
+                and not any(s is f for f in fresh)):
             fresh.append(s)
     if fresh:
         mark(fresh, first)
@@ -80,3 +88,22 @@ def run(func: Callable, args: tuple, kwargs: dict) -> tuple[Any, int | None]:
         if index is not None and _session.session is not None:
             _ops.mark_outputs(out, index, host)
         return out, index
+
+
+class Marking(TorchDispatchMode):
+    """Runs each op it sees with `run`: its fresh outputs carry their GPU as they are made."""
+
+    marks_simulated = True  # what marking() looks for; the placement log says it too
+    supports_higher_order_operators = True  # flex_attention's backward: run and marked whole
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        return run(func, args, kwargs or {})[0]
+
+
+def marking() -> contextlib.AbstractContextManager:
+    """A `Marking` mode for the block, unless one that marks (the placement log) is already on
+    this thread's dispatch mode stack."""
+    if any(getattr(m, "marks_simulated", False) for m in _get_current_dispatch_mode_stack()):
+        return contextlib.nullcontext()
+    return Marking()

@@ -27,6 +27,8 @@ _tf_stack_len = torch._C._len_torch_function_stack
 # Tensor types whose untyped_storage() is torch's own (no __torch_function__ of their own).
 PLAIN = (torch.Tensor, torch.nn.Parameter)
 STORAGE_ERRORS = (RuntimeError, NotImplementedError, TypeError, ValueError)
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_functorch_unwrap = torch._C._functorch.get_unwrapped
 
 
 def _release(m: Mark) -> None:
@@ -80,6 +82,23 @@ def storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
         with _DisableTF():
             return t.untyped_storage()
     except STORAGE_ERRORS:
+        return transformed_storage(t)
+
+
+def transformed_storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    """The storage under a torch.func transform's wrapper (vmap's BatchedTensor, grad's and
+    jacrev's TensorWrapper), which has none of its own: the innermost wrapped tensor's. Its
+    mark is the wrapper's device, and an op inside the transform writes its result there, which
+    is what the transform hands back (vmap as a view, grad unwrapped). None for other tensors
+    without a storage."""
+    try:
+        if not _functorch_wrapped(t):
+            return None
+        while _functorch_wrapped(t):
+            t = _functorch_unwrap(t)
+        with _DisableTF():
+            return t.untyped_storage()
+    except STORAGE_ERRORS:
         return None
 
 
@@ -96,7 +115,9 @@ def mark_of(t: torch.Tensor) -> Mark | WrapperMark | None:
             with _DisableTF():
                 s = t.untyped_storage()
     except STORAGE_ERRORS:
-        return None if type(t) in PLAIN else wrapped_mark(t)
+        s = transformed_storage(t)
+        if s is None:
+            return None if type(t) in PLAIN else wrapped_mark(t)
     m = getattr(s, MARK, None)
     if m is not None and m.session is sess:
         return m

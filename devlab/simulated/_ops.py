@@ -24,6 +24,7 @@ from ._marks import (
     mark_one,
     recount,
     storage_of,
+    transformed_storage,
     wrapped_mark,
 )
 from ._session import tls
@@ -32,6 +33,7 @@ Tensor = torch.Tensor
 _OpOverload = torch._ops.OpOverload
 _DisableTF = torch._C.DisableTorchFunction
 _tf_stack_len = torch._C._len_torch_function_stack
+_saved_tensor_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 
 # Ops allowed to mix devices, as on real CUDA: copies and indexing with host indices. Queries
 # that only compare metadata (`_has_compatible_shallow_copy_type` in Module._apply) may look at
@@ -51,6 +53,15 @@ def tensors_of(args: tuple, kwargs: dict) -> list[Tensor]:
         elif isinstance(a, (list, tuple)):
             ts.extend(x for x in a if isinstance(x, Tensor))
     return ts
+
+
+def subclassed(args: tuple, kwargs: dict) -> bool:
+    """Whether an op takes a wrapper subclass (DTensor). Such a call runs watched, each aten op
+    it issues placed and its outputs marked as it returns (`_dispatched.marking`): its
+    intermediate results (loss parallelism's total weight) are saved for a backward pass,
+    which must find them on the GPU."""
+    return any(type(t) not in PLAIN and hasattr(type(t), "__tensor_flatten__")
+               for t in tensors_of(args, kwargs))
 
 
 def _nonscalar(t: Tensor) -> bool:
@@ -78,9 +89,13 @@ def common_device(func: Callable, args: tuple, kwargs: dict, plain_lookup: bool 
                 with _DisableTF():
                     s = t.untyped_storage()
         except STORAGE_ERRORS:
-            if type(t) in PLAIN:
+            s = transformed_storage(t)
+            if s is not None:
+                m = getattr(s, MARK, None)
+            elif type(t) in PLAIN:
                 continue
-            s, m = None, None
+            else:
+                m = None
         else:
             m = getattr(s, MARK, None)
         if (m is None or m.session is not sess) and type(t) not in PLAIN:
@@ -143,14 +158,18 @@ def _raise_mixed(ts: list[Tensor]) -> None:
             raise _errors.mixed_devices(common, f"cuda:{i}")
 
 
-def call(index: int | None, func: Callable, args: tuple, kwargs: dict) -> Any:
+def call(index: int | None, func: Callable, args: tuple, kwargs: dict,
+         watched: bool = False) -> Any:
     """func(*args, **kwargs) executing on simulated GPU `index` (None: the host), so
     `current_index()` names it; torch's own errors are marked to end at the user's line.
-    `tls.calls` counts these calls in progress: ops inside one were placed (`_dispatched`)."""
+    `tls.calls` counts these calls in progress: ops inside one were placed (`_dispatched`),
+    unless the call is `watched`, each op inside then placed by its own tensors."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     prev = getattr(tls, "index", None)
     tls.index = index
-    tls.calls = getattr(tls, "calls", 0) + 1
+    counted = not watched
+    if counted:
+        tls.calls = getattr(tls, "calls", 0) + 1
     try:
         return func(*args, **kwargs)
     except Exception as e:
@@ -158,7 +177,8 @@ def call(index: int | None, func: Callable, args: tuple, kwargs: dict) -> Any:
         raise
     finally:
         tls.index = prev
-        tls.calls -= 1
+        if counted:
+            tls.calls -= 1
 
 
 def run(func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -173,7 +193,18 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     if index is None:
         return call(None, func, args, kwargs)
     _workers.wait(index)  # the op may read a queued op's output
-    out = call(index, func, args, kwargs)
+    if (torch._C._len_torch_dispatch_stack() or _saved_tensor_hooks(False) is not None
+            or subclassed(args, kwargs)):
+        # Watched (a dispatch mode such as selective checkpointing's sees the ops inside and
+        # may keep their outputs; saved-tensor hooks, checkpointing's, read the device of what
+        # autograd saves inside the call; a subclass's own dispatch makes them): each inner
+        # op's outputs are marked as it returns, not only the call's when it does.
+        from ._dispatched import marking  # the dispatch module builds on this one
+
+        with marking():
+            out = call(index, func, args, kwargs, watched=True)
+    else:
+        out = call(index, func, args, kwargs)
     fresh = mark_outputs(out, index, host)
     charges = _session.session.charges  # type: ignore[union-attr]  # a GPU op: one runs
     if charges is not None:  # a modeled GPU: charge its clock

@@ -15,11 +15,13 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _amp, _autograd, _errors, _factories, _launch, _moves, _ops, _session
+from . import _amp, _autograd, _errors, _factories, _launch, _moves, _ops, _session, _workers
 from ._marks import mark_of
 
 Tensor = torch.Tensor
 _MethodWrapper = type(Tensor.grad.__get__)  # what torch passes for an attribute getter
+_HigherOrder = torch._ops.HigherOrderOperator
+_keyset = torch._ops._compute_keyset
 
 
 def _passthrough(func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -30,6 +32,27 @@ def _passthrough(func: Callable, args: tuple, kwargs: dict) -> Any:
     except Exception as e:
         _errors.torch_error(e)
         raise
+
+
+def _higher_order(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A higher-order operator (flex_attention, cond, scan...) is Python code around ops and
+    autograd Functions: it runs with the simulation's mode pushed again, as HigherOrderOperator
+    runs after its override check, so each op inside is placed and its outputs marked as it
+    returns. Marked only after the whole call, an autograd Function's saved outputs read `cpu`
+    while it saves them (activation checkpointing records that, and finds `cuda:N` when it
+    recomputes). The ops inside charge a modeled clock, so the call itself charges nothing."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    from ._threads import routing  # the thread module builds on this one
+
+    index, host = _ops.common_device(func, args, kwargs, not torch._C._len_torch_function_stack())
+    if index is not None:
+        _workers.wait(index)
+    key = _keyset(args, kwargs, func.non_fallthrough_keys).highestPriorityTypeId()
+    with routing():
+        out = _ops.call(index, func.dispatch, (key, *args), kwargs)
+    if index is not None:
+        _ops.mark_outputs(out, index, host)
+    return out
 
 
 HANDLERS: dict[Callable, Callable] = {
@@ -96,6 +119,8 @@ class SimulationMode(TorchFunctionMode):
                 d = _factories.default_device()
                 if d is not None:
                     return _factories.place(func, args, kwargs, d)
+            if isinstance(func, _HigherOrder):
+                return _higher_order(func, args, kwargs)
             return _ops.run(func, args, kwargs)
         except Exception as e:
             # The user's call entered the simulation here: an error raised in torch's name
