@@ -86,7 +86,12 @@ def routing() -> Iterator[None]:
     """Route this thread's work while inside: nothing to do if the running simulation's mode is
     on its stack; else its mode for the block. Also inside the simulation's own handling of a
     call, where torch has taken the mode off the stack (torch's code that runs there, a tensor
-    subclass's dispatch making DTensor's RNG tracker, moves tensors to simulated GPUs)."""
+    subclass's dispatch making DTensor's RNG tracker, moves tensors to simulated GPUs), and
+    where a dispatch mode running an op has switched torch functions off (`_dispatched.run`)."""
+    if torch._C._is_torch_function_all_disabled():
+        with torch._C._EnableTorchFunction(), routing():
+            yield
+        return
     if any(isinstance(m, SimulationMode) and not m.inert
            for m in torch.overrides._get_current_function_mode_stack()):
         yield
