@@ -13,10 +13,10 @@ gives every such op the device it has on a real GPU:
   copy from that GPU into it, which C++ would have refused or made across devices on a real
   machine) is that GPU's: it is marked there.
 
-Ops inside a call the function mode placed keep the device it gave them. A backward pass
-always runs watched (`marking()`): its gradients reach Python code (an autograd Function's
-backward, tensor, node and module hooks) as the C++ engine makes them, and must say where they
-are the moment they do.
+Ops inside a call the function mode placed keep the device it gave them, unless the call runs
+watched (`marking()`), each op then placed by its own tensors: a backward pass whose gradients
+reach Python code (an autograd Function's backward, module hooks) as the C++ engine makes them,
+and a call whose inner results Python reads before it returns (`_ops.run`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from ._session import tls
 
 Tensor = torch.Tensor
 _DisableTF = torch._C.DisableTorchFunction
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
+_dispatch_mode_at = torch._C._get_dispatch_stack_at  # user modes, bottom first
 
 
 def _place(func: Any, args: tuple, kwargs: dict) -> tuple[int | None, list]:
@@ -101,9 +103,22 @@ class Marking(TorchDispatchMode):
         return run(func, args, kwargs or {})[0]
 
 
+def _marks(mode: TorchDispatchMode) -> bool:
+    return getattr(mode, "marks_simulated", False)
+
+
 def marking() -> contextlib.AbstractContextManager:
     """A `Marking` mode for the block, unless one that marks (the placement log) is already on
     this thread's dispatch mode stack."""
-    if any(getattr(m, "marks_simulated", False) for m in _get_current_dispatch_mode_stack()):
+    if any(map(_marks, _get_current_dispatch_mode_stack())):
         return contextlib.nullcontext()
     return Marking()
+
+
+def unmarking_mode_on_stack() -> bool:
+    """Whether a dispatch mode that does not mark (selective checkpointing's, which keeps the
+    outputs of the ops it sees) is on this thread's stack; the placement log alone is not."""
+    for i in range(_dispatch_stack_len()):  # per op under the log: no generator, no list
+        if not getattr(_dispatch_mode_at(i), "marks_simulated", False):
+            return True
+    return False

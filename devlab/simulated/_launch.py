@@ -95,7 +95,7 @@ def launch(func: Callable, args: tuple, kwargs: dict) -> Any:
     if state is None or (state[0] and (a.requires_grad or b.requires_grad)):
         return _ops.run(func, args, kwargs)  # autograd records it here
     grad, inference = state
-    index, _ = _ops.common_device(func, args, kwargs)  # raises on mixed devices
+    index, _, _ = _ops.common_device(func, args, kwargs)  # raises on mixed devices
     if index is None or index_of(a) != index_of(b):
         return _ops.run(func, args, kwargs)
     impl = OPS[func]

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import _errors, _session, _workers
+from . import _dispatched, _errors, _session, _workers
 from ._marks import (
     MARK,
     PLAIN,
@@ -55,15 +55,6 @@ def tensors_of(args: tuple, kwargs: dict) -> list[Tensor]:
     return ts
 
 
-def subclassed(args: tuple, kwargs: dict) -> bool:
-    """Whether an op takes a wrapper subclass (DTensor). Such a call runs watched, each aten op
-    it issues placed and its outputs marked as it returns (`_dispatched.marking`): its
-    intermediate results (loss parallelism's total weight) are saved for a backward pass,
-    which must find them on the GPU."""
-    return any(type(t) not in PLAIN and hasattr(type(t), "__tensor_flatten__")
-               for t in tensors_of(args, kwargs))
-
-
 def _nonscalar(t: Tensor) -> bool:
     if type(t) in PLAIN:
         return t.dim() != 0
@@ -72,14 +63,16 @@ def _nonscalar(t: Tensor) -> bool:
 
 
 def common_device(func: Callable, args: tuple, kwargs: dict, plain_lookup: bool = True
-                  ) -> tuple[int | None, list | None]:
+                  ) -> tuple[int | None, list | None, bool]:
     """(the simulated GPU the op runs on, or None for the host; the storages of its host
-    inputs, which an output may alias). Raises PyTorch's mixed-device error. `plain_lookup`:
-    no torch function mode is on the stack, so plain tensors' storages are read directly."""
+    inputs, which an output may alias; whether a wrapper subclass, a DTensor, holds its device).
+    Raises PyTorch's mixed-device error. `plain_lookup`: no torch function mode is on the
+    stack, so plain tensors' storages are read directly."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     sess = _session.session
     common = None
     bad = False
+    wrapped = False
     host: list | None = None
     for t in tensors_of(args, kwargs):
         try:
@@ -102,6 +95,7 @@ def common_device(func: Callable, args: tuple, kwargs: dict, plain_lookup: bool 
             m = wrapped_mark(t)  # a DTensor: where its local shard lives
             if m is None and s is None:
                 continue
+            wrapped = wrapped or m is not None
         if m is not None and m.session is sess:
             if common is None:
                 common = m.index
@@ -115,11 +109,11 @@ def common_device(func: Callable, args: tuple, kwargs: dict, plain_lookup: bool 
             if not bad and _nonscalar(t):
                 bad = True
     if common is None:
-        return None, None
+        return None, None, False
     if bad and getattr(func, "__name__", "") not in _MIXED_OK_NAMES:
         if not (type(func) is _OpOverload and _adopt(tensors_of(args, kwargs), common)):
             _raise_mixed(tensors_of(args, kwargs))
-    return common, host
+    return common, host, wrapped
 
 
 def _adopt(ts: list[Tensor], common: int) -> bool:
@@ -181,27 +175,32 @@ def call(index: int | None, func: Callable, args: tuple, kwargs: dict,
             tls.calls -= 1
 
 
+def placement(func: Callable, args: tuple, kwargs: dict
+              ) -> tuple[int | None, list | None, bool]:
+    """`common_device`, read past a mode that lies below the simulation's (a DeviceContext),
+    which storage lookups and `dim()` would otherwise enter."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if _tf_stack_len():
+        with _DisableTF():
+            return common_device(func, args, kwargs, False)
+    return common_device(func, args, kwargs)
+
+
 def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     """Run an op where the device rule puts it, and mark its fresh outputs there."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    if _tf_stack_len():
-        # Another mode (a DeviceContext) lies below: storage lookups would enter it.
-        with _DisableTF():
-            index, host = common_device(func, args, kwargs, False)
-    else:
-        index, host = common_device(func, args, kwargs)
+    index, host, wrapped = placement(func, args, kwargs)
     if index is None:
         return call(None, func, args, kwargs)
     _workers.wait(index)  # the op may read a queued op's output
-    if (torch._C._len_torch_dispatch_stack() or _saved_tensor_hooks(False) is not None
-            or subclassed(args, kwargs)):
-        # Watched (a dispatch mode such as selective checkpointing's sees the ops inside and
-        # may keep their outputs; saved-tensor hooks, checkpointing's, read the device of what
-        # autograd saves inside the call; a subclass's own dispatch makes them): each inner
-        # op's outputs are marked as it returns, not only the call's when it does.
-        from ._dispatched import marking  # the dispatch module builds on this one
-
-        with marking():
+    if (wrapped or _saved_tensor_hooks(False) is not None
+            or (torch._C._len_torch_dispatch_stack() and _dispatched.unmarking_mode_on_stack())):
+        # Watched (a subclass's own dispatch, DTensor's, keeps intermediate results for the
+        # backward pass, loss parallelism's total weight; saved-tensor hooks, checkpointing's,
+        # read the device of what autograd saves inside the call; a dispatch mode such as
+        # selective checkpointing's sees the ops inside and may keep their outputs): each
+        # inner op's outputs are marked as it returns, not only the call's when it does.
+        with _dispatched.marking():
             out = call(index, func, args, kwargs, watched=True)
     else:
         out = call(index, func, args, kwargs)

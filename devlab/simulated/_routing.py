@@ -44,7 +44,7 @@ def _higher_order(func: Any, args: tuple, kwargs: dict) -> Any:
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     from ._threads import routing  # the thread module builds on this one
 
-    index, host = _ops.common_device(func, args, kwargs, not torch._C._len_torch_function_stack())
+    index, host, _ = _ops.placement(func, args, kwargs)
     if index is not None:
         _workers.wait(index)
     key = _keyset(args, kwargs, func.non_fallthrough_keys).highestPriorityTypeId()
