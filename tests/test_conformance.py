@@ -17,6 +17,8 @@ kernel. docs/conformance.md lists the programs.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import re
 import subprocess
@@ -39,12 +41,17 @@ _RUNS: dict[tuple[str, int], run_program.RunResult] = {}
 
 
 def _run(name: str, gpus: int) -> run_program.RunResult:
-    """Run each program once per mode for the whole module (with this checkout's devlab). The
-    CPU run of a program whose ranks are replayed replays its simulated run."""
+    """Run each program once per mode for the whole module (with this checkout's devlab): on
+    its machine's simulated GPUs (`GPUS`: 2 for most), or its reference run (0: on the CPU,
+    replaying its simulated run where its ranks are replayed, or on its reference GPUs)."""
+    program = corpus.get(name)
     key = (name, gpus)
     if key not in _RUNS:
-        replay_of = _run(name, GPUS) if gpus == 0 and corpus.get(name).replays else None
-        _RUNS[key] = run_program.run(name, gpus, root=ROOT, replay_of=replay_of)
+        if gpus:
+            _RUNS[key] = run_program.run(name, program.machine_gpus, root=ROOT)
+        else:
+            replay_of = _run(name, GPUS) if program.replays else None
+            _RUNS[key] = run_program.reference_run(name, root=ROOT, replay_of=replay_of)
     return _RUNS[key]
 
 
@@ -80,7 +87,18 @@ def test_program_files_are_the_stored_text(name: str) -> None:
         data = (program.folder / f.local).read_bytes()
         assert len(data.decode("utf-8")) == f.chars, f"{f.local}: not the stored text's length"
         assert hashlib.sha256(data).hexdigest() == f.sha256, f"{f.local} was modified"
-    assert (program.folder / program.entry).is_file()
+    if program.module:
+        # a program from an installed package: the version the test extra pins is installed
+        dist, version = (program.package or "").split("==")
+        assert importlib.metadata.version(dist) == version, f"{dist} is not {version}"
+        import tomllib  # Python 3.11+: the suite's own environment
+
+        extra = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+        assert program.package in extra["project"]["optional-dependencies"]["test"]
+        assert importlib.util.find_spec(program.module) is not None
+        assert not program.folder.exists()
+    else:
+        assert (program.folder / program.entry).is_file()
 
 
 @pytest.mark.parametrize("name", _runs_of(ALL))
@@ -98,7 +116,7 @@ def test_runs_on_simulated_gpus(name: str) -> None:
     else:
         assert sim.returncode == 0, sim.describe()
     peaks = rep["peak"]
-    assert len(peaks) == GPUS
+    assert len(peaks) == program.machine_gpus
     if not program.gpus_used:  # a launcher's test whose ranks make no tensor (see its notes)
         return
     assert rep["is_used"], f"{name} never created a tensor on a simulated GPU"
@@ -121,8 +139,10 @@ def test_numbers_match_the_cpu_run(name: str) -> None:
     program = corpus.get(name)
     assert program.compare is not None
     cpu = _run(name, 0)
-    assert cpu.returncode == 0, "the CPU baseline failed: " + cpu.describe()
-    assert cpu.report is not None and not cpu.report["simulated"] and cpu.report["peak"] == []
+    assert cpu.returncode == 0, f"the run on {program.reference} failed: " + cpu.describe()
+    assert cpu.report is not None
+    assert cpu.report["simulated"] == bool(program.reference_gpus)
+    assert len(cpu.report["peak"]) == program.reference_gpus
     sim = _run(name, GPUS)
     assert sim.returncode == (1 if program.expect_error else 0), sim.describe()
     on_cpu = run_program.numbers(cpu.stdout, program.compare)
@@ -303,3 +323,33 @@ def test_observer_records_a_forked_child_that_exits_without_atexit(tmp_path: Pat
     assert record["parent"] == int(record["parent"]) and record["parent"] != child
     assert record["steps"] == 2
     assert record["initial"] == [1.0, 1.0] and record["final"] == [0.0, 0.0]
+
+
+def test_observer_keeps_digests_of_parameters_beyond_its_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # torchtitan's 6.2 million parameters per rank: digests, which ranks that agree share and
+    # ranks that differ in one number do not; a replay cannot compare them.
+    import torch
+
+    spec = importlib.util.spec_from_file_location("observer_digests",
+                                                  run_program.OBSERVER / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    params = [torch.nn.Parameter(torch.arange(6.0)), torch.nn.Parameter(torch.ones(2))]
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    assert module._parameters(optimizer) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 1.0, 1.0]
+    monkeypatch.setattr(module, "LIMIT", 7)
+    first = module._parameters(optimizer)
+    assert len(first) == 2 and all(d.startswith("sha256:") for d in first)
+    assert module._parameters(optimizer) == first
+    with torch.no_grad():
+        params[0][5] += 1e-6
+    second = module._parameters(optimizer)
+    assert second[0] != first[0] and second[1] == first[1]
+    program = corpus.get("examples_tensor_parallel")  # one whose ranks are replayed
+    record = {"rank": 0, "pid": 1, "parent": None, "steps": 1, "initial": first,
+              "final": second, "errors": [], "is_used": True, "peak": [1, 1]}
+    report = {"processes": [record, {**record, "rank": 1, "pid": 2}]}
+    found = run_program.rank_problems(program, report, {"replay": {"initial": [0.0] * 8}})
+    assert found and "digests" in found[0], found

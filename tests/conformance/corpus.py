@@ -14,6 +14,13 @@ command line as its users type it before the script (`launch`: torchrun, Lightni
 run`, `accelerate launch`); environment settings the program or its framework reads are in
 `env`; one run as a notebook user runs it, in a real Jupyter kernel, says so (`kernel`).
 
+A program from an installed package (torchtitan) has no files of its own: it names its module
+(`module`, run with `-m`, as its users run it) and the package the `test` extra pins
+(`package`). One that needs more than the corpus's two simulated GPUs says how many its machine
+has (`machine_gpus`); one that refuses to run on a CPU is compared with another run of itself on
+`reference_gpus` simulated GPUs with its reference settings (`cpu_argv`, `cpu_launch`, ...),
+where a simulated GPU computes with the CPU's own kernels.
+
 `programs/<name>/` holds the files; `standins/` the torchvision stand-in (and
 `standins-torchmetrics/` the names torchmetrics imports from `torchvision.models`); `datagen.py`
 the data files a program reads; `observer/` what the runner watches in a program's rank
@@ -24,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+import datagen
 
 HERE = Path(__file__).resolve().parent
 PROGRAMS = HERE / "programs"
@@ -163,10 +172,20 @@ class Program:
     standins: tuple[str, ...] = ("standins",)
     own_network: bool = False
     ranks: Ranks | None = None
+    module: str | None = None
+    package: str | None = None
+    machine_gpus: int = 2
+    reference_gpus: int = 0
 
     @property
     def folder(self) -> Path:
         return PROGRAMS / self.name
+
+    @property
+    def reference(self) -> str:
+        """What the simulated run is compared with: 'the CPU' or the reference run's GPUs."""
+        return (f"{self.reference_gpus} simulated GPU{'s' * (self.reference_gpus > 1)}"
+                if self.reference_gpus else "the CPU")
 
     @property
     def is_notebook(self) -> bool:
@@ -178,7 +197,9 @@ class Program:
         return self.ranks is not None and self.ranks.replay is not None
 
     def source_line(self) -> str:
-        """'repo: path@commit, ...' for tables."""
+        """'repo: path@commit, ...' (or the installed package's module) for tables."""
+        if self.module:
+            return f"{self.repo}: `python -m {self.module}` from {self.package}"
         return f"{self.repo}: " + ", ".join(f"{f.path}@{f.commit[:10]}" for f in self.files)
 
 
@@ -1066,6 +1087,75 @@ CORPUS += (
               "--nproc_per_node 2 pipelining_tutorial.py` (here --standalone, as the other "
               "torchrun programs). Its sizes are fixed (32 x 500 tokens, 3.7 TFLOP for its "
               "one step); it has no flags.",
+    ),
+)
+
+# --- a 2-D mesh from PyTorch's own training platform: torchtitan (issue 19) --------------------
+TORCHTITAN = "torchtitan==0.2.2"
+# What both torchtitan runs share: the debug Llama 3 from one seed checkpoint, fp32, 3 steps of
+# 64 tokens, the loss printed at each.
+TITAN_RUN = (*datagen.TITAN_MODEL, "--training.steps", "3", "--training.seq_len",
+             str(datagen.TITAN_SEQ_LEN), "--metrics.log_freq", "1", "--checkpoint.enable",
+             "--checkpoint.initial_load_path", f"outputs/{datagen.TITAN_SEED}/step-0",
+             "--checkpoint.load_only")
+CORPUS += (
+    Program(
+        name="torchtitan_llama3_2d",
+        title="torchtitan: the debug Llama 3 on a 2-D mesh (FSDP2 x tensor parallelism, 4 GPUs)",
+        repo="pytorch/torchtitan",
+        files=(),
+        module="torchtitan.train",
+        package=TORCHTITAN,
+        entry="",
+        licence="BSD-3-Clause (pytorch/torchtitan LICENSE, (c) Meta Platforms, Inc. and "
+                "affiliates; from the package registry, nothing of it committed)",
+        launch=("torchrun", "--standalone", "--nproc-per-node", "4"),
+        argv=(*TITAN_RUN, "--parallelism.data_parallel_shard_degree", "2",
+              "--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "1"),
+        cpu_launch=("torchrun", "--standalone", "--nproc-per-node", "1"),
+        cpu_argv=(*TITAN_RUN, "--training.local_batch_size", "2"),
+        env=(("HF_HOME", "hf"),),  # the datasets library's cache, in the run's folder
+        data="torchtitan_assets",
+        machine_gpus=4,
+        reference_gpus=1,
+        exercises="PyTorch's own training platform, unmodified, with its defaults for a 2-D "
+                  "mesh: `init_device_mesh(\"cuda\", (2, 2))` (dp_shard x tp), the model "
+                  "built on the meta device, tensor parallelism (`parallelize_module`: "
+                  "column/row-wise attention and feed-forward, sequence-parallel norms, "
+                  "loss parallelism on the vocabulary-sharded output), FSDP2 `fully_shard` "
+                  "over the dp dimension, selective activation checkpointing, SDPA attention, "
+                  "a seed checkpoint loaded into DTensor shards "
+                  "(`torch.distributed.checkpoint`), `clip_grad_norm_` over 2-D DTensors, "
+                  "AdamW with warm-up, torchdata's stateful data loader split by dp rank",
+        compare=Compare(rf"loss:\s+({FLOAT})\s+\S*grad_norm:\s+({FLOAT})", rtol=1e-4,
+                        until=r"Training completed"),
+        compare_note="torchtitan refuses a CPU run (it sets a CUDA device), so the reference "
+                     "is the same program unparallelized on one simulated GPU (which computes "
+                     "with the CPU's kernels), torchtitan's own way to check a parallelism: "
+                     "both runs load one seed checkpoint (made by torchtitan on one GPU, "
+                     "`--checkpoint.create_seed_checkpoint`), the one process takes as a batch "
+                     "of 2 the two sequences the two dp ranks take one each (two documents of "
+                     "exactly 64 tokens, word-level tokenizer), fp32 parameters; compared: "
+                     "rank 0's loss and gradient norm at each of the 3 steps, rtol 1e-4 (the "
+                     "losses agree to all 5 printed decimals; the norms to the 4th, as the "
+                     "CPU's fp32 norm of a whole 2048x256 gradient loses 9e-5 where the "
+                     "sharded norms lose less: the gradients themselves agree to 1e-9); the 4 "
+                     "ranks must also start and end with the same (gathered) parameters",
+        expect_stdout=(r"Building device mesh with parallelism: pp=1, dp_replicate=1, "
+                       r"dp_shard=2, cp=1, tp=2,",
+                       r"Applied Tensor Parallelism to the model",
+                       r"Applied selective activation checkpointing to the model",
+                       r"Applied FSDP to the model",
+                       r"Training completed"),
+        gpus_used=4,
+        ranks=Ranks(world=4),
+        timeout=300.0,
+        notes="torchtitan's tokenizer and test text (tests/assets/, not in its wheel) are "
+              "generated into the run's folder (datagen.torchtitan_assets), with the seed "
+              "checkpoint. 0.2.2 is the newest release that runs on torch 2.13 (0.3.0 calls "
+              "`torch.distributed.set_timeout`); torchtitan imports Triton (its MoE kernels), "
+              "which the test extra installs (import only: nothing compiles). Its sizes come "
+              "from its own flags (3 steps, 64-token sequences, the debug model).",
     ),
 )
 

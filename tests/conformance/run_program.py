@@ -2,6 +2,7 @@
 
     python tests/conformance/run_program.py NAME [--simulate-gpus N]   # run it here, now
     python tests/conformance/run_program.py --report [NAME ...]         # CPU + 2 GPUs, judged
+    python tests/conformance/run_program.py NAME --simulate-gpus 1 --reference  # a reference run
 
 Run mode copies `programs/NAME/` into a temporary folder, writes the data files the program
 reads (`datagen`), makes that folder the working directory and the first import path, sets
@@ -12,7 +13,10 @@ one namespace, an error recorded and execution going on (as nbclient's --allow-e
 devlab is not imported at all. At the end, failure included, the last stdout line is
 `CONFORMANCE-RESULT {json}`: whether the simulation was used, each simulated GPU's peak bytes,
 the error and the program line that raised it, and a notebook's per-cell outputs. The exit
-status is the program's: 0, 1 for an uncaught exception, or its SystemExit code.
+status is the program's: 0, 1 for an uncaught exception, or its SystemExit code. A program from
+an installed package (`module`) has no folder to copy: its module runs with `-m`. A reference
+run (`--reference`, for a program that refuses the CPU) runs on simulated GPUs with the
+program's cpu_* settings.
 
 A program with a `launch` command runs under that launcher (torchrun, `fabric run`, `accelerate
 launch`), in this process as its console script runs it: the launcher starts the ranks with
@@ -335,24 +339,28 @@ def _observe_here(folder: Path) -> Any:
     return module.observe(str(folder))
 
 
-def run_here(name: str, simulate: int, replay: str | None = None) -> int:
+def run_here(name: str, simulate: int, replay: str | None = None,
+             reference: bool = False) -> int:
     """Run mode: run program `name` in this process (see the module docstring); with `replay`
-    (the simulated run's records, a JSON file), the CPU replay of references.py instead."""
+    (the simulated run's records, a JSON file), the CPU replay of references.py instead. The CPU
+    run, and a `reference` run on simulated GPUs, take the program's cpu_* settings."""
     program = corpus.get(name)
     if simulate:
         os.environ["DEVLAB_SIMULATE_GPUS"] = str(simulate)
     else:
         os.environ.pop("DEVLAB_SIMULATE_GPUS", None)
-    env = program.env if simulate or program.cpu_env is None else program.cpu_env
+    own = simulate and not reference  # the run with the program's own settings
+    env = program.env if own or program.cpu_env is None else program.cpu_env
     os.environ.update(dict(env))
-    launch = program.launch if simulate or program.cpu_launch is None else program.cpu_launch
+    launch = program.launch if own or program.cpu_launch is None else program.cpu_launch
     workdir = Path(tempfile.mkdtemp(prefix=f"conformance-{name}-")).resolve()
     observe = logs = here = None
     report: dict[str, Any] = {"program": name, "error": None, "error_at": None, "frames": []}
     code = 0
     start = time.perf_counter()
     try:
-        shutil.copytree(program.folder, workdir, dirs_exist_ok=True)
+        if program.files:
+            shutil.copytree(program.folder, workdir, dirs_exist_ok=True)
         if program.data:
             datagen.GENERATORS[program.data](workdir)
         if simulate:
@@ -370,8 +378,9 @@ def run_here(name: str, simulate: int, replay: str | None = None) -> int:
         entry = workdir / program.entry
         if entry.suffix == ".rst":
             entry = script_from_rst(entry)
-        argv = program.argv if simulate or program.cpu_argv is None else program.cpu_argv
-        sys.argv = [str(entry), *argv]
+        argv = program.argv if own or program.cpu_argv is None else program.cpu_argv
+        target = ("-m", program.module) if program.module else (str(entry),)
+        sys.argv = [target[-1], *argv]
         if program.ranks is not None and not replay:
             observe = Path(tempfile.mkdtemp(prefix=f"conformance-{name}-ranks-")).resolve()
             os.environ[OBSERVE_VARIABLE] = str(observe)
@@ -399,12 +408,15 @@ def run_here(name: str, simulate: int, replay: str | None = None) -> int:
             launcher, *launch_args = launch
             flags, variables = _rank_logs(launcher, logs)
             os.environ.update(variables)
-            sys.argv = [launcher, *launch_args, *flags, str(entry), *argv]
+            sys.argv = [launcher, *launch_args, *flags, *target, *argv]
             sys.exit(_console_script(launcher)())
         else:
             import runpy
 
-            runpy.run_path(str(entry), run_name="__main__")
+            if program.module:
+                runpy.run_module(program.module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(str(entry), run_name="__main__")
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             code = exc.code or 0
@@ -482,9 +494,11 @@ def devlab_root() -> Path:
 
 
 def run(name: str, simulate_gpus: int = 0, timeout: float | None = None,
-        root: Path | None = None, replay_of: RunResult | None = None) -> RunResult:
+        root: Path | None = None, replay_of: RunResult | None = None,
+        reference: bool = False) -> RunResult:
     """Run program `name` in a fresh subprocess (run mode) and collect what it did. The CPU run
-    of a program whose ranks are replayed needs the simulated run to replay (`replay_of`)."""
+    of a program whose ranks are replayed needs the simulated run to replay (`replay_of`);
+    `reference`: a run on simulated GPUs with the program's reference (cpu_*) settings."""
     program = corpus.get(name)
     env = dict(os.environ)
     env.pop("DEVLAB_SIMULATE_GPUS", None)
@@ -497,6 +511,8 @@ def run(name: str, simulate_gpus: int = 0, timeout: float | None = None,
     cmd = [sys.executable, str(Path(__file__).resolve()), name]
     if simulate_gpus:
         cmd += ["--simulate-gpus", str(simulate_gpus)]
+    if reference:
+        cmd += ["--reference"]
     records = None
     if not simulate_gpus and program.replays:
         if replay_of is None or replay_of.report is None:
@@ -534,6 +550,16 @@ def run(name: str, simulate_gpus: int = 0, timeout: float | None = None,
         out = "".join(lines[:-1])
     return RunResult(name, simulate_gpus, None if timed_out else proc.returncode, timed_out,
                      seconds, out, err, report, isolated, cpu_seconds)
+
+
+def reference_run(name: str, root: Path | None = None,
+                  replay_of: RunResult | None = None) -> RunResult:
+    """The run a simulated run of `name` is compared with: on the CPU, or for a program that
+    refuses the CPU, on its `reference_gpus` simulated GPUs with its reference settings."""
+    program = corpus.get(name)
+    if program.reference_gpus:
+        return run(name, program.reference_gpus, root=root, reference=True)
+    return run(name, 0, root=root, replay_of=replay_of)
 
 
 def _kill_tree(pid: int) -> None:
@@ -682,7 +708,10 @@ def rank_problems(program: corpus.Program, report: dict[str, Any],
                        f"{report.get('report_error') or 'no such file'}")
         elif saved != rank0["final"]:
             out.append(f"{ranks.checkpoint} does not hold rank 0's final parameters")
-    if ranks.replay:
+    if ranks.replay and any(isinstance(v, str) for v in rank0["initial"]):
+        out.append("the ranks recorded digests, not numbers (more parameters than the "
+                   "observer's LIMIT): a replay cannot be compared")
+    elif ranks.replay:
         replayed = (replay or {}).get("replay") or {}
         if replayed.get("final") is None:
             out.append("the CPU replay gave no final parameters")
@@ -746,14 +775,14 @@ def problems(program: corpus.Program, sim: RunResult, cpu: RunResult | None) -> 
 
 # --------------------------------------------------------------------------- CLI
 
-def _report(names: list[str], gpus: int, json_path: str | None) -> int:
+def _report(names: list[str], gpus: int | None, json_path: str | None) -> int:
     rows = []
     total = cpu_time = 0.0
     for name in names or [p.name for p in corpus.CORPUS]:
         program = corpus.get(name)
-        sim = run(name, gpus)
-        cpu = (run(name, 0, replay_of=sim) if program.replays
-               else run(name, 0) if program.compare is not None else None)
+        sim = run(name, gpus or program.machine_gpus)
+        cpu = (reference_run(name, replay_of=sim)
+               if program.replays or program.compare is not None else None)
         total += sim.seconds + (cpu.seconds if cpu else 0.0)
         cpu_time += sim.cpu_seconds + (cpu.cpu_seconds if cpu else 0.0)
         found = problems(program, sim, cpu)
@@ -785,19 +814,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="program name(s) from corpus.py")
     parser.add_argument("--simulate-gpus", type=int, default=0, metavar="N")
     parser.add_argument("--report", action="store_true",
-                        help="run each program on the CPU and on N (default 2) simulated GPUs")
+                        help="run each program on the CPU (or its reference GPUs) and on N "
+                             "(default: its machine's, 2 for most) simulated GPUs")
     parser.add_argument("--json", help="with --report: write the results here")
     parser.add_argument("--replay", metavar="FILE",
                         help="the CPU run of a program whose ranks are replayed: the simulated "
                              "run's observed processes (JSON)")
+    parser.add_argument("--reference", action="store_true",
+                        help="with --simulate-gpus: the reference run of a program that refuses "
+                             "the CPU (its cpu_* settings)")
     args = parser.parse_args(argv)
     if args.report:
-        return _report(args.names, args.simulate_gpus or 2, args.json)
+        return _report(args.names, args.simulate_gpus or None, args.json)
     if len(args.names) != 1:
         parser.error("give one program name (or --report)")
     if args.replay and args.simulate_gpus:
         parser.error("--replay is a CPU run: without --simulate-gpus")
-    return run_here(args.names[0], args.simulate_gpus, args.replay)
+    if args.reference and not args.simulate_gpus:
+        parser.error("--reference runs on simulated GPUs: give --simulate-gpus")
+    return run_here(args.names[0], args.simulate_gpus, args.replay, args.reference)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ optimizer last stepped, whose parameters are read at exit: the weights training 
 (DTensor parameters are gathered after each step instead, while the group lives). At exit the
 process writes `<pid>.json` in the folder: rank, whether devlab's simulated GPUs were used, each
 GPU's peak bytes (`memory_stats(i)["peak"]`), the initial and final parameters (flattened, in
-the optimizer's order), the RANK its launcher gave it, the observed process it was forked from
-(if any), and any error of the observer itself.
+the optimizer's order; beyond `LIMIT` numbers, each parameter's digest), the RANK its launcher
+gave it, the observed process it was forked from (if any), and any error of the observer itself.
 
 A process forked from an observed one (the ranks of Lightning's `ddp_notebook` and accelerate's
 `notebook_launcher`, forked from a kernel) is a process of its own: it starts a new record, and
@@ -38,9 +38,23 @@ from typing import Any
 _FOLDER = os.environ.get("CONFORMANCE_OBSERVE")
 
 
-def _parameters(optimizer: Any) -> list[float]:
-    return [v for group in optimizer.param_groups for p in group["params"]
-            for v in _whole(p).detach().reshape(-1).tolist()]
+# Beyond this many numbers (torchtitan's debug Llama 3 has 6.2 million) a record keeps each
+# parameter's SHA-256 instead: the ranks are checked for exact equality, which digests show as
+# well, and a record of all the numbers of every rank took a minute to write and read. A CPU
+# replay needs the numbers; the programs replayed have far fewer.
+LIMIT = 4_000_000
+
+
+def _parameters(optimizer: Any) -> list[float] | list[str]:
+    whole = [_whole(p).detach() for group in optimizer.param_groups for p in group["params"]]
+    if sum(p.numel() for p in whole) <= LIMIT:
+        return [v for p in whole for v in p.reshape(-1).tolist()]
+    import hashlib
+
+    import torch
+
+    return ["sha256:" + hashlib.sha256(p.cpu().contiguous().reshape(-1).view(torch.uint8)
+                                       .numpy().tobytes()).hexdigest() for p in whole]
 
 
 def _whole(p: Any) -> Any:
