@@ -206,3 +206,22 @@ def test_pyproject_declares_the_ranges_that_are_tested() -> None:
             assert declared[name].contains(version), f"{name} {version} is tested, not declared"
     assert colab["ipython"].startswith("7.34") and colab["ipykernel"].startswith("6.17")
     assert set(colab_cell.small_dependencies()) == {"pynvml", "psutil", "cloudpickle"}
+
+
+def test_the_compatibility_job_installs_the_test_tools_its_tests_import() -> None:
+    """Every requirement of the `test` extra is in the compatibility job's TEST_TOOLS or in its
+    LEFT_OUT, with the tests that need it excluded by the job's markers."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    from tools import compat
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["test"]
+    wanted = {Requirement(r).name for r in extra}
+    installed = {Requirement(r).name for r in compat.TEST_TOOLS}
+    assert wanted - installed == set(compat.LEFT_OUT), (
+        f"in the test extra, not in TEST_TOOLS: {sorted(wanted - installed - set(compat.LEFT_OUT))}; "
+        f"LEFT_OUT but not in the extra: {sorted(set(compat.LEFT_OUT) - wanted)}")
+    for marker in ("browser", "binder", "conformance"):
+        assert f"not {marker}" in compat.UNIT_MARKERS

@@ -41,7 +41,7 @@ from torch._C._distributed_c10d import (
     _create_work_from_future,
 )
 
-from . import _distributed, _stores
+from . import _distributed, _errors, _stores
 from ._notice import Notice
 from ._stores import LOOPBACK
 
@@ -141,6 +141,11 @@ def _reduction(op: Any, dtype: torch.dtype) -> tuple[_RED, Any]:
     if kind == _RED.PREMUL_SUM:
         if dtype not in _PREMUL_DTYPES:
             raise TypeError("PreMulSum Data type must be half, float, bfloat16 or double")
+        if not hasattr(op, "factor"):  # torch < 2.13 keeps it in C++ alone
+            raise _errors.user_error(NotImplementedError(
+                f"ReduceOp.PREMUL_SUM on simulated GPUs needs torch 2.13 or later: torch "
+                f"{torch.__version__} does not show the op's factor to Python. Use "
+                "ReduceOp.AVG, or multiply the tensor by the factor before a SUM."))
         return _RED.SUM, op.factor
     return kind, None
 
@@ -371,8 +376,9 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         if input.numel() * self.size() != output.numel():
             raise ValueError("output tensor size must be equal to world_size times input "
                              "tensor size")
-        return self._inner.all_gather_single(_flat(output), _flat(input),
-                                             _options(AllgatherOptions, opts))
+        # torch's older name, which every version binds (all_gather_single: 2.13 on)
+        return self._inner._allgather_base(_flat(output), _flat(input),
+                                           _options(AllgatherOptions, opts))
 
     _allgather_base = all_gather_single
 
@@ -393,7 +399,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
             raise ValueError("input tensor must be the same size as output size times world "
                              "size")
         kind, factor = _reduction(opts.reduceOp, input.dtype)
-        return self._inner.reduce_scatter_single(
+        return self._inner._reduce_scatter_base(  # every version's name
             _flat(output), _flat(_scaled(input, factor)),
             _options(ReduceScatterOptions, opts, kind))
 
@@ -427,9 +433,9 @@ class ProcessGroupNCCL(dist.ProcessGroup):
                           output_split_sizes: Any, input_split_sizes: Any,
                           opts: Any = None) -> Any:
         _check([input, output])
-        return self._inner.all_to_all_single(output, input, list(output_split_sizes or []),
-                                             list(input_split_sizes or []),
-                                             *(() if opts is None else (opts,)))
+        return self._inner.alltoall_base(output, input, list(output_split_sizes or []),
+                                        list(input_split_sizes or []),
+                                        *(() if opts is None else (opts,)))
 
     alltoall_base = all_to_all_single
 

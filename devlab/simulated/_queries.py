@@ -145,7 +145,7 @@ def install(p: Patcher) -> None:
     p.set(torch._C, "_group_tensors_by_device_and_dtype", group_tensors_by_device_and_dtype)
     p.set(torch.backends.cudnn, "is_acceptable", _cudnn_is_acceptable)
     p.set(torch, "Generator", stand_in(GENERATOR_TYPE, entry(_make_generator)))
-    try:
-        DEVICE_TYPE(0)
-    except RuntimeError:  # no accelerator in this build: `torch.device(0)` needs the stand-in
-        p.set(torch, "device", stand_in(DEVICE_TYPE, entry(_make_device)))
+    # On every build: a CPU build's `torch.device(0)` needs it, and on a CUDA build too torch
+    # wraps an index it cannot hold round (`torch.device("cuda", 255)` is `cuda`, the current
+    # device), which the stand-in refuses.
+    p.set(torch, "device", stand_in(DEVICE_TYPE, entry(_make_device)))
