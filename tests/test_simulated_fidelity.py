@@ -195,18 +195,22 @@ def test_generators_on_simulated_gpus(two) -> None:
 
 
 def test_stop_restores_torch_device_and_generator() -> None:
+    # The stand-in is there on every build: a CPU build cannot read a bare int, and a CUDA build
+    # wraps an index it cannot hold round (torch.device("cuda", 255) is `cuda`).
     device, generator = torch.device, torch.Generator
     try:
         torch.device(0)
-        needs_stand_in = False  # a CUDA build of torch reads a bare int itself
+        cpu_build = False  # a CUDA build of torch reads a bare int itself
     except RuntimeError:
-        needs_stand_in = True
+        cpu_build = True
     simulated.start(1)
-    assert torch.Generator is not generator
-    assert (torch.device is not device) == needs_stand_in
+    assert torch.Generator is not generator and torch.device is not device
+    assert torch.device(0) == device("cuda", 0)
+    with pytest.raises(torch.AcceleratorError, match="invalid device ordinal"):
+        torch.device("cuda", 255)
     simulated.stop()
     assert torch.device is device and torch.Generator is generator
-    if needs_stand_in:
+    if cpu_build:
         with pytest.raises(RuntimeError, match="Cannot access accelerator"):
             torch.device(0)
 
