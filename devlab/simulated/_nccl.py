@@ -376,7 +376,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         if input.numel() * self.size() != output.numel():
             raise ValueError("output tensor size must be equal to world_size times input "
                              "tensor size")
-        # torch's older name, which every version binds (all_gather_single: 2.13 on)
+        # torch's older name, which every version binds (2.11 lacks all_gather_single)
         return self._inner._allgather_base(_flat(output), _flat(input),
                                            _options(AllgatherOptions, opts))
 

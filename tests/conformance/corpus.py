@@ -1096,7 +1096,7 @@ TORCHTITAN = "torchtitan==0.2.2"
 # 64 tokens, the loss printed at each.
 TITAN_RUN = (*datagen.TITAN_MODEL, "--training.steps", "3", "--training.seq_len",
              str(datagen.TITAN_SEQ_LEN), "--metrics.log_freq", "1", "--checkpoint.enable",
-             "--checkpoint.initial_load_path", f"outputs/{datagen.TITAN_SEED}/step-0",
+             "--checkpoint.initial_load_path", datagen.TITAN_SEED_STEP,
              "--checkpoint.load_only")
 CORPUS += (
     Program(

@@ -55,7 +55,9 @@ TITAN_ASSETS = Path("tests") / "assets"
 TITAN_BOS, TITAN_EOS = "<|begin_of_text|>", "<|end_of_text|>"
 TITAN_WORDS = 2000  # the vocabulary with BOS and EOS: 2002 (the debug model's embedding: 2048)
 TITAN_SEQ_LEN = 64  # --training.seq_len of the corpus's runs
-TITAN_SEED = "seed"  # the seed checkpoint's folder; the runs load TITAN_SEED/step-0
+TITAN_SEED = "seed"  # the seed checkpoint's --checkpoint.folder
+# where torchtitan writes it (under its dump folder, ./outputs) and the runs load it from
+TITAN_SEED_STEP = f"outputs/{TITAN_SEED}/step-0"
 
 
 def torchtitan_assets(folder: Path) -> None:

@@ -708,7 +708,8 @@ def rank_problems(program: corpus.Program, report: dict[str, Any],
                        f"{report.get('report_error') or 'no such file'}")
         elif saved != rank0["final"]:
             out.append(f"{ranks.checkpoint} does not hold rank 0's final parameters")
-    if ranks.replay and any(isinstance(v, str) for v in rank0["initial"]):
+    # a record holds numbers or, past the observer's LIMIT, digests: its first value says which
+    if ranks.replay and rank0["initial"] and isinstance(rank0["initial"][0], str):
         out.append("the ranks recorded digests, not numbers (more parameters than the "
                    "observer's LIMIT): a replay cannot be compared")
     elif ranks.replay:
