@@ -32,7 +32,6 @@ SETUP = """
 import gc, json, psutil, torch, devlab
 devlab.config.simulate_gpus(1)
 get_ipython().run_line_magic("load_ext", "devlab")
-a = torch.rand(64, 64)
 
 def _devlab_probe():
     import ipywidgets
@@ -49,7 +48,10 @@ def _devlab_probe():
 """
 
 MEMWATCH = "%%memwatch\nx = torch.ones(256, 1024, device='cuda')  # 1 MiB\ndel x"
-COMPARE = ("%%compare_devices /CPU:0 /GPU:0 --warmup 1 --repeats 1 --min-time 0.01\n"
+# The operand is made by --setup on each device: one made before the cell would stay on the CPU,
+# which %%compare_devices refuses to call a GPU's time.
+COMPARE = ('%%compare_devices /CPU:0 /GPU:0 --setup "a = torch.rand(64, 64)" --warmup 1 '
+           "--repeats 1 --min-time 0.01\n"
            "b = a @ a")
 
 

@@ -243,6 +243,11 @@ def _check_characters(spec: str) -> None:
     if _PRINTABLE_ASCII.fullmatch(spec):
         return
     stripped = spec.strip()
+    if not stripped:
+        raise ValueError(
+            f"The device name {echo(spec)} is only whitespace; use a name such as '/GPU:0', "
+            "'/CPU:0' or 'cuda:0'."
+        )
     if stripped != spec and _PRINTABLE_ASCII.fullmatch(stripped):
         raise ValueError(
             f"The device name {echo(spec)} has whitespace around it; write it without: {echo(stripped)}."

@@ -251,10 +251,13 @@ class PlacementLog(TorchDispatchMode):
         log._raw = list(records)
         return log
 
-    def save(self, path: str | Path, append: bool = False) -> Path:
-        """Write every line and the summary to a text file (after what it holds, if `append`)."""
+    def save(self, path: str | Path, append: bool = False, title: str | None = None) -> Path:
+        """Write every line and the summary to a text file (after what it holds, if `append`),
+        under `# title` if given (which cell the lines are from)."""
         path = Path(path)
         with path.open("a" if append else "w") as f:
+            if title is not None:
+                f.write(f"# {title}\n")
             for raw in self._raw:
                 f.write(_event(raw).text() + "\n")
             f.write(self.summary().text() + "\n")

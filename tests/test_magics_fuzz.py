@@ -266,3 +266,20 @@ def test_issue_16_reload_ext_keeps_the_simulation(ip: InteractiveShell) -> None:
     assert str(ip.user_ns["_t"].device) == "cpu" and not torch.cuda.is_available()
     with contextlib.redirect_stdout(io.StringIO()):
         load_ipython_extension(ip)  # the module's shell, as it was
+
+
+def test_loading_again_after_unloading_brings_back_the_environments_gpus(
+        ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On Binder DEVLAB_SIMULATE_GPUS=2 is set for every kernel: `%unload_ext devlab` returns
+    # torch to normal, and `%load_ext devlab` again gives what a new kernel has.
+    monkeypatch.setenv("DEVLAB_SIMULATE_GPUS", "2")
+    fresh(ip)
+    unload_ipython_extension(ip)
+    assert not simulated.is_active()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        load_ipython_extension(ip)
+    assert simulated.device_count() == 2
+    assert "devlab loaded: devices /CPU:0, /GPU:0, /GPU:1." in out.getvalue(), out.getvalue()
+    monkeypatch.delenv("DEVLAB_SIMULATE_GPUS")
+    fresh(ip)

@@ -129,6 +129,11 @@ def test_line_switch_logs_every_cell_collapsed_and_to_file(cells) -> None:
     assert "Executing op" not in text(cells["not_logged"])
     saved = cells["logfile"].read_text()
     assert saved.count("Executing op aten::add") == 20
+    # One block per cell that ran ops, under the cell's number: the two logged cells, not the
+    # cell that turned the log off (it ran none, and once added a summary of 0 ops).
+    titles = [ln for ln in saved.splitlines() if ln.startswith("# In [")]
+    assert len(titles) == 2 and titles[0] != titles[1], saved
+    assert saved.count("Placement summary") == 2 and "0 ops" not in saved, saved
 
 
 def test_a_cell_that_logs_itself_shows_one_log_while_the_switch_is_on(cells) -> None:

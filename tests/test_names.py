@@ -264,5 +264,8 @@ def test_any_text_is_a_name_or_one_valueerror(text: str) -> None:
        st.sampled_from([" ", "\n", "\t", "\r\n", "\u00a0"]), st.booleans())
 def test_surrounding_whitespace_is_refused_one_way(name: str, space: str, before: bool) -> None:
     text = space + name if before else name + space
-    with pytest.raises(ValueError, match="whitespace"):
+    with pytest.raises(ValueError, match="whitespace") as refused:
         DeviceSpec.from_string(text)
+    # What the error suggests instead is itself a name (never the empty one, which names no
+    # device).
+    assert "write it without: ''" not in str(refused.value)

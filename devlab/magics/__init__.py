@@ -28,6 +28,10 @@ def load_ipython_extension(ip: Any) -> None:
     kept = _state.pop("kept", None)
     if kept is not None:  # %reload_ext: the log's --limit and --file carry over
         placement.limit, placement.file = kept.limit, kept.file
+    else:
+        # Loaded again after %unload_ext (which stopped the simulation): the environment's
+        # simulated GPUs (Binder's DEVLAB_SIMULATE_GPUS) come back, as in a new kernel.
+        config.simulate_from_environment()
     magics: list[Any] = [placement, MonitoringMagics(ip), DistributedMagics(ip)]
     for m in magics:
         ip.register_magics(m)

@@ -184,7 +184,7 @@ class PlacementMagics(Magics):
             finally:
                 self._pending.append(log)
                 if file is not None:
-                    _save(log, file)
+                    _save(log, file, f"In [{self.shell.execution_count}] {header}".rstrip())
                 self._cell_limit = limit
 
     # -- cell hooks (registered by the extension) ----------------------------------------------
@@ -198,8 +198,10 @@ class PlacementMagics(Magics):
         debugging.finish_log()
         logs = debugging.take_finished()
         if self.file is not None:
+            count = getattr(result, "execution_count", None)
             for log in logs:
-                if not _save(log, self.file):
+                # A cell that ran no op (the one that turns the log off) adds nothing.
+                if len(log) and not _save(log, self.file, f"In [{count}]"):
                     self.file = None  # said once; every later cell stays quiet
                     break
         # A cell that logged itself (%%placement_log, %%device --log) shows that log only, not
@@ -235,11 +237,11 @@ def _log_file(path: str | None) -> Path | None:
         return placement_log.check_log_file(path)
 
 
-def _save(log: PlacementLog, file: Path) -> bool:
+def _save(log: PlacementLog, file: Path, title: str) -> bool:
     """Append `log` to `file`; if that fails (the disk filled, the folder went), say so in one
     line instead of raising from a cell hook, and return False."""
     try:
-        log.save(file, append=True)
+        log.save(file, append=True, title=title)
     except OSError as e:
         print(f"devlab: could not append the placement log to {file} ({e.strerror or e}); "
               "%placement_log --file PATH writes to another file.", file=sys.stderr)

@@ -1,0 +1,28 @@
+"""The benchmark scripts run as their docstrings say: a script that stopped running would print
+no figure at all, and nothing else would notice (the widget-memory script once broke so)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str, timeout: float = 300) -> str:
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_widget_memory_runs_both_magics_and_leaves_no_widget() -> None:
+    out = _run("benchmarks/widget_memory.py", "--cells", "4", "--warmup", "1")
+    for magic in ("%%memwatch", "%%compare_devices"):
+        line = next((ln for ln in out.splitlines() if ln.startswith(f"after 4 {magic}")), None)
+        assert line is not None, out
+        # A finished cell leaves no widget model behind in the kernel.
+        assert re.search(r"widgets \+0,", line), line
+        assert re.search(r"growth +[-+]\d+\.\d MB", line), line
