@@ -232,6 +232,39 @@ def test_backward_and_optimizer_kernels_are_charged_on_their_gpus(t4) -> None:
     assert any("GPU:0→GPU:1" in op.op for op in ops) and any("GPU:1→GPU:0" in op.op for op in ops)
 
 
+def test_the_clock_costs_each_call_by_what_it_is_called_on() -> None:
+    # The clock keeps a call's cost by its tensors' shapes, dtypes and gradients (a training
+    # step's ops come back every step): a repeated call costs what it cost, and a call on other
+    # shapes, another dtype, with gradients, or with torch's TF32 switch turned, costs anew.
+    devlab.config.simulate_gpus(1, model="A100")
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    try:
+        a, b = torch.randn(512, 512, device="cuda"), torch.randn(512, 2048, device="cuda")
+        w = torch.randn(512, 512, device="cuda", requires_grad=True)
+
+        def kernels(fn) -> list:
+            return [op.kernel for op in simulated.explain(fn).ops]
+
+        matmul.allow_tf32 = False
+        first, again = kernels(lambda: a @ a), kernels(lambda: a @ a)
+        assert first == again and first[0].flops == 2 * 512**3
+        assert kernels(lambda: a @ b)[0].flops == 4 * first[0].flops
+        assert kernels(lambda: a.double() @ a.double())[-1] != first[0]
+        matmul.allow_tf32 = True
+        tf32 = kernels(lambda: a @ a)[0]  # on TF32 tensor cores
+        assert tf32.achieved_tflops > 4 * first[0].achieved_tflops and tf32.seconds < first[0].seconds
+        matmul.allow_tf32 = False
+        # With a weight that needs a gradient, the backward pass charges its product too.
+        back = [op.op for op in simulated.explain(lambda: (a @ w).sum().backward()).ops]
+        assert back.count("aten::matmul (backward)") == 1
+        assert "aten::matmul (backward)" not in [
+            op.op for op in simulated.explain(lambda: (a @ a).sum()).ops]
+    finally:
+        matmul.allow_tf32 = before
+        devlab.config.stop_simulation()
+
+
 def test_attribute_reads_and_writes_launch_no_kernel(t4) -> None:
     p = nn.Parameter(torch.randn(256, 256, device="cuda:0"))
     p.grad = torch.ones_like(p)

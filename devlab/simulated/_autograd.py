@@ -177,9 +177,9 @@ def _graph(roots: tuple) -> tuple[list[Tensor], list[Any]]:
     graph's other nodes."""
     leaves, nodes = [], []
     seen = set()
-    stack = [t.grad_fn for t in roots]
+    stack = [(t.grad_fn, 0) for t in roots]  # as next_functions holds them: (node, input)
     while stack:
-        fn = stack.pop()
+        fn = stack.pop()[0]
         if fn is None or fn in seen:
             continue
         seen.add(fn)
@@ -187,7 +187,7 @@ def _graph(roots: tuple) -> tuple[list[Tensor], list[Any]]:
             leaves.append(fn.variable)
         else:
             nodes.append(fn)
-            stack.extend(nxt for nxt, _ in fn.next_functions)
+            stack.extend(fn.next_functions)
     return leaves, nodes
 
 

@@ -30,7 +30,7 @@ from devlab.gpu_model.kernels import COPY, QUEUED
 
 from . import _session
 from ._gpu_specs import GpuSpec
-from ._roofline import OpTime, backward_costs, call_cost, call_name, memory_cost, traffic
+from ._roofline import OpTime, backward_costs, call_cost, call_name, memory_cost, signature, traffic
 
 Tensor = torch.Tensor
 TIMING = QUEUED  # what the clock's times are: ops queued back to back
@@ -64,20 +64,25 @@ class Clock:
             self.free = [0.0] * (max(queue) + 1)
             self.busy = [0.0] * (max(queue) + 1)
 
-    def kernel(self, t: OpTime, times: int = 1) -> None:
-        """`times` kernels of cost `t`, launched one after the other."""
-        compute, memory = t.compute, t.memory
-        device = self.queue[t.device]
-        launch, work = t.launch, t.floor + (compute if compute > memory else memory)
-        free = self.free
+    def kernel(self, t: OpTime) -> None:
+        """A kernel of cost `t`, launched after the host's earlier work."""
+        self.kernels((t,))
+
+    def kernels(self, ts: tuple[OpTime, ...] | list[OpTime]) -> None:
+        """Kernels launched one after the other."""
         with self.lock:
-            for _ in range(times):
-                self.host += launch
-                host = self.host
+            free, busy, queue, recording = self.free, self.busy, self.queue, self.recording
+            host = self.host
+            for t in ts:
+                device = queue[t.device]
+                compute, memory = t.compute, t.memory
+                work = t.floor + (compute if compute > memory else memory)
+                host += t.launch
                 free[device] = (free[device] if free[device] > host else host) + work
-                self.busy[device] += work
-                if self.recording is not None:
-                    self.recording.append(t)
+                busy[device] += work
+                if recording is not None:
+                    recording.append(t)
+            self.host = host
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
              op: str = "copy") -> None:
@@ -141,6 +146,21 @@ _READS = frozenset({Tensor.item, Tensor.__bool__, Tensor.__float__, Tensor.__int
 # Calls whose output size depends on the values: the kernel, then the host learns the size.
 _SIZED_BY_VALUES = frozenset({torch.nonzero, Tensor.nonzero, torch.masked_select,
                               Tensor.masked_select, torch.equal, Tensor.equal})
+# What the clock makes of a call, by the callable (looked up once per op, so kept by it).
+_READ, _WRITES, _PURE, _SIZED = range(4)
+_kinds: dict[Any, int] = {}
+
+
+def _kind_of(func: Callable) -> int:
+    if func in _READS:
+        return _READ
+    if func in _SIZED_BY_VALUES:
+        return _SIZED
+    if func is _SETITEM or getattr(func, "__name__", "")[-1:] == "_":  # in place
+        return _WRITES
+    return _PURE
+
+
 _BACKWARD = "devlab_clock"  # a graph node's metadata: the modeled kernels of its backward
 _SETITEM = Tensor.__setitem__
 
@@ -152,31 +172,52 @@ class Charges:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.spec = clock.spec
+        self._tf32 = bool(clock.spec.tf32_tflops)  # torch's TF32 switch changes its products
+        self._costed: dict[tuple, tuple[OpTime, tuple[OpTime, ...]]] = {}
 
     def call(self, func: Callable, args: tuple, kwargs: dict, out: Any, index: int,
              fresh: bool) -> None:
         """A torch call that ran on GPU `index`; `fresh`: it made new memory."""
-        clock = self.clock
-        if func in _READS:
+        kind = _kinds.get(func)
+        if kind is None:
+            kind = _kinds[func] = _kind_of(func)
+        if kind == _READ:
             target = args[0] if args and isinstance(args[0], Tensor) else None
             nbytes = target.nbytes if target is not None and func is not Tensor.item else 4
-            clock.copy(index, None, nbytes, True, call_name(func))
+            self.clock.copy(index, None, nbytes, True, call_name(func))
             return
         # A kernel ran if the call made memory or wrote in place; views and metadata reads
         # run none.
-        if not fresh and getattr(func, "__name__", "")[-1:] != "_" and func is not _SETITEM:
+        if not fresh and kind != _WRITES:
             return
-        nbytes, dtype, grads = traffic(args, kwargs, out)
-        cost, back = call_cost(self.spec, index, func, args, kwargs, out, nbytes, dtype, grads)
-        clock.kernel(cost)
-        if func in _SIZED_BY_VALUES:
-            clock.sync(index)
-        if back is not None:
+        key = (func, index, signature(args, kwargs, out),
+               self._tf32 and torch.backends.cuda.matmul.allow_tf32)
+        costed = self._costed.get(key)
+        if costed is None:
+            costed = self._cost(key, func, args, kwargs, out, index)
+        cost, back = costed
+        self.clock.kernels((cost,))
+        if kind == _SIZED:
+            self.clock.sync(index)
+        if back:
             node = out.grad_fn if isinstance(out, Tensor) else None
             if node is not None:
                 # Its backward: a kernel for each input that needs a gradient (a product's
                 # gradient is a product; a memory-bound op's moves about as many bytes).
-                node.metadata.setdefault(_BACKWARD, []).append(back)
+                metadata = node.metadata
+                earlier = metadata.get(_BACKWARD)
+                metadata[_BACKWARD] = back if earlier is None else earlier + back
+
+    def _cost(self, key: tuple, func: Callable, args: tuple, kwargs: dict, out: Any,
+              index: int) -> tuple[OpTime, tuple[OpTime, ...]]:
+        """A call's kernel and its backward kernels, kept for the calls of its signature."""
+        nbytes, dtype, grads = traffic(args, kwargs, out)
+        cost, back = call_cost(self.spec, index, func, args, kwargs, out, nbytes, dtype, grads)
+        costed = cost, tuple(backward_costs(self.spec, back)) if back is not None else ()
+        if len(self._costed) > 65536:
+            self._costed.clear()
+        self._costed[key] = costed
+        return costed
 
     def factory(self, func: Callable, args: tuple, out: Any, index: int) -> None:
         """A factory that made `out` on GPU `index`: data from the host crosses PCIe; other
@@ -190,11 +231,11 @@ class Charges:
 
     def backward(self, nodes: list[Any]) -> None:
         """The kernels the backward pass through these graph nodes ran."""
-        clock, spec = self.clock, self.spec
+        kernels = self.clock.kernels
         for node in nodes:
-            for back in node.metadata.get(_BACKWARD, ()):
-                for cost in backward_costs(spec, back):
-                    clock.kernel(cost)
+            costs = node.metadata.get(_BACKWARD)
+            if costs:
+                kernels(costs)
 
 
 _EMPTY = frozenset({torch.empty, torch.empty_like, torch.empty_strided, torch.empty_permuted})

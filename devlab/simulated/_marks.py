@@ -49,17 +49,20 @@ class Mark(weakref.ref):
 
     __slots__ = ("index", "nbytes", "session")
 
-    def __new__(cls, storage: torch.UntypedStorage, index: int, session: Session,
-                nbytes: int) -> Mark:
-        self = super().__new__(cls, storage, _release)
-        self.index = index
-        self.session = session
-        self.nbytes = nbytes
-        return self
+    index: int
+    nbytes: int
+    session: Session
 
-    def __init__(self, storage: torch.UntypedStorage, index: int, session: Session,
-                 nbytes: int) -> None:
-        super().__init__(storage, _release)
+
+def new_mark(storage: torch.UntypedStorage, index: int, session: Session) -> Mark:
+    """A mark of `storage` on simulated GPU `index` that counts no bytes yet (an interrupt before
+    it is charged leaks nothing). Made by weakref's own constructor, then filled in: every op's
+    output gets one, and a Python `__new__` and `__init__` would cost more than the rest."""
+    m = Mark(storage, _release)
+    m.index = index
+    m.session = session
+    m.nbytes = 0
+    return m
 
 
 def live_mark(storage: torch.UntypedStorage | None) -> Mark | None:
@@ -252,7 +255,7 @@ def mark(storages: list[torch.UntypedStorage], index: int) -> None:
     marks = []
     try:
         for s in storages:
-            m = Mark(s, index, sess, 0)
+            m = new_mark(s, index, sess)
             setattr(s, MARK, m)
             marks.append(m)
             with _session.lock:
@@ -278,8 +281,8 @@ def mark_one(s: torch.UntypedStorage, index: int) -> None:
     if not sess.used:
         _first_use(sess)
     dev = sess.devices[index]
-    nb = rounded(s.nbytes())
-    m = Mark(s, index, sess, 0)  # counts nothing until charged, so an interrupt leaks nothing
+    nb = (s.nbytes() + BLOCK - 1) & -BLOCK  # rounded(), inline on the path of every op
+    m = new_mark(s, index, sess)
     setattr(s, MARK, m)
     with _session.lock:
         fits = _charge(dev, m, nb)

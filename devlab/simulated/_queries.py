@@ -55,14 +55,14 @@ def group_tensors_by_device_and_dtype(
         grouped = _orig_group(tensorlistlist, with_indices)
         if places[0] is None:
             return grouped
-        device = torch.device("cuda", places[0])
+        device = DEVICE_TYPE("cuda", places[0])  # an index of a simulated GPU: no check
         return {(device, dtype): group for (_, dtype), group in grouped.items()}
     # Several devices: group each device's indices in C++, then put them back in order.
     result: dict[tuple[torch.device, torch.dtype], tuple[list[list[Any]], list[int]]] = {}
     for place in dict.fromkeys(places):
         picked = [i for i, p in enumerate(places) if p == place]
         sub = [[tl[i] for i in picked] if len(tl) else [] for tl in tensorlistlist]
-        device = torch.device("cpu") if place is None else torch.device("cuda", place)
+        device = DEVICE_TYPE("cpu") if place is None else DEVICE_TYPE("cuda", place)
         for (_, dtype), (lists, indices) in _orig_group(sub, True).items():
             result[(device, dtype)] = (lists, [picked[i] for i in indices] if with_indices
                                        else [])

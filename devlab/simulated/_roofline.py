@@ -15,6 +15,7 @@ one aten op (benchmarks/gpu_model.py sets the model beside published measurement
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain
 from typing import Any, NamedTuple
 
 import torch
@@ -26,7 +27,7 @@ from devlab.gpu_model.ops import BACKWARD_BYTES, family, gemm_backward, gemm_dim
 from ._gpu_specs import GpuSpec
 
 __all__ = ["COMPUTE", "LAUNCH", "MEMORY", "OpTime", "call_cost", "call_name", "launches_kernel",
-           "op_time", "traffic"]
+           "op_time", "signature", "traffic"]
 
 Tensor = torch.Tensor
 F = torch.nn.functional
@@ -131,6 +132,25 @@ def _tensors(values: Any) -> tuple[int, torch.dtype | None, int]:
                         dtype = t.dtype
                     grads += t.requires_grad
     return total, dtype, grads
+
+
+def signature(args: tuple, kwargs: dict, out: Any) -> tuple:
+    """What an op's cost can depend on among its arguments and outputs: each tensor's type,
+    shape, dtype and whether it needs a gradient, in order; of a list or tuple of tensors (a
+    foreach op's, `cat`'s), what `traffic` reads of it: its length, bytes, first dtype and how
+    many need gradients; and the strings among them (keywords' names). Equal signatures of one
+    op on one GPU cost the same, so a training step's ops, which come back every step, are
+    costed once."""
+    key: list = []
+    add = key.append
+    for v in (*args, out, *chain.from_iterable(kwargs.items())) if kwargs else (*args, out):
+        if isinstance(v, Tensor):
+            add((type(v), v.shape, v.dtype, v.requires_grad))
+        elif isinstance(v, (list, tuple)):
+            add((len(v), *_tensors(v)))
+        else:
+            add(v if type(v) is str else None)
+    return tuple(key)
 
 
 def traffic(args: tuple, kwargs: dict, out: Any) -> tuple[int, torch.dtype, int]:
