@@ -10,18 +10,20 @@ several interleaved repeats, so background load on a shared machine inflates it 
 A simulated GPU is the CPU: these numbers say nothing about a real GPU.
 
 When the machine is too busy for wall-clock figures, count instructions instead:
-`--steps MODE N` runs only the MLP step (MODE: cpu, simulated, or a GPU model such as T4), 20
-warm-up steps then N, on one thread; run it under callgrind for two N and divide the
-difference:
+`--steps MODE N` runs only the MLP step (MODE: cpu, simulated, or a GPU model such as T4), 30
+warm-up steps then N, on one thread, the N inside `operator.call`, so that callgrind can count
+those alone (start-up, torch's import among it, varies by tens of millions of instructions
+between runs):
 
-    valgrind --tool=callgrind .venv/bin/python benchmarks/simulated.py --steps T4 20
-    valgrind --tool=callgrind .venv/bin/python benchmarks/simulated.py --steps T4 120
-    # instructions per step = (second "Collected" - first) / 100
+    valgrind --tool=callgrind --collect-atstart=no --toggle-collect=_operator_call \
+        .venv/bin/python benchmarks/simulated.py --steps T4 50
+    # instructions per step = "Collected" / 50
 """
 
 from __future__ import annotations
 
 import argparse
+import operator
 import os
 import statistics
 import sys
@@ -162,14 +164,22 @@ def two_gpus(n: int, reps: int, trials: int) -> dict[str, float]:
 
 
 def steps_only(mode: str, n: int) -> None:
-    """20 warm-up steps, then `n` steps of the MLP in `mode`, on one thread (for callgrind)."""
+    """30 warm-up steps, then `n` steps of the MLP in `mode` inside `operator.call`, on one
+    thread (for callgrind's --toggle-collect=_operator_call)."""
     torch.set_num_threads(1)
     if mode != "cpu":
         simulated.start(1, model=None if mode == "simulated" else mode)
     try:
         step = _mlp_step("cpu" if mode == "cpu" else "cuda")
-        for _ in range(20 + n):
+        for _ in range(30):
             step()
+
+        def steps() -> None:
+            for _ in range(n):
+                step()
+
+        # operator.call is Python 3.11's; on 3.10 the steps run as they are, uncounted alone.
+        getattr(operator, "call", lambda f: f())(steps)
     finally:
         if mode != "cpu":
             simulated.stop()
