@@ -30,7 +30,16 @@ from devlab.gpu_model.kernels import COPY, QUEUED
 
 from . import _session
 from ._gpu_specs import GpuSpec
-from ._roofline import OpTime, backward_costs, call_cost, call_name, memory_cost, signature, traffic
+from ._roofline import (
+    OpTime,
+    backward_costs,
+    call_cost,
+    call_name,
+    memory_cost,
+    signature,
+    store,
+    traffic,
+)
 
 Tensor = torch.Tensor
 TIMING = QUEUED  # what the clock's times are: ops queued back to back
@@ -214,10 +223,7 @@ class Charges:
         nbytes, dtype, grads = traffic(args, kwargs, out)
         cost, back = call_cost(self.spec, index, func, args, kwargs, out, nbytes, dtype, grads)
         costed = cost, tuple(backward_costs(self.spec, back)) if back is not None else ()
-        if len(self._costed) > 65536:
-            self._costed.clear()
-        self._costed[key] = costed
-        return costed
+        return store(key, costed, self._costed)
 
     def factory(self, func: Callable, args: tuple, out: Any, index: int) -> None:
         """A factory that made `out` on GPU `index`: data from the host crosses PCIe; other

@@ -281,7 +281,7 @@ def mark_one(s: torch.UntypedStorage, index: int) -> None:
     if not sess.used:
         _first_use(sess)
     dev = sess.devices[index]
-    nb = (s.nbytes() + BLOCK - 1) & -BLOCK  # rounded(), inline on the path of every op
+    nb = rounded(s.nbytes())
     m = new_mark(s, index, sess)
     setattr(s, MARK, m)
     with _session.lock:

@@ -27,7 +27,7 @@ from devlab.gpu_model.ops import BACKWARD_BYTES, family, gemm_backward, gemm_dim
 from ._gpu_specs import GpuSpec
 
 __all__ = ["COMPUTE", "LAUNCH", "MEMORY", "OpTime", "call_cost", "call_name", "launches_kernel",
-           "op_time", "signature", "traffic"]
+           "op_time", "signature", "store", "traffic"]
 
 Tensor = torch.Tensor
 F = torch.nn.functional
@@ -99,10 +99,12 @@ def _op(spec: GpuSpec, index: int, name: str, k: Kernel) -> OpTime:
 _costs: dict[tuple, Any] = {}
 
 
-def _store(key: tuple, value: Any) -> Any:
-    if len(_costs) > 65536:
-        _costs.clear()
-    _costs[key] = value
+def store(key: tuple, value: Any, cache: dict = _costs) -> Any:
+    """`cache[key] = value`, in a cache kept to a bounded size (cleared when full); returns
+    `value`."""
+    if len(cache) > 65536:
+        cache.clear()
+    cache[key] = value
     return value
 
 
@@ -110,7 +112,7 @@ def _memory(spec: GpuSpec, index: int, name: str, kind: str, nbytes: int) -> OpT
     key = (spec.name, index, name, kind, nbytes)
     cost = _costs.get(key)
     if cost is None:
-        cost = _store(key, _op(spec, index, name, memory_bound(spec, kind, nbytes)))
+        cost = store(key, _op(spec, index, name, memory_bound(spec, kind, nbytes)))
     return cost
 
 
@@ -190,7 +192,7 @@ def call_cost(spec: GpuSpec, index: int, func: Callable, args: tuple, kwargs: di
         key = (spec.name, index, name, shapes, tuple(out.shape), mdtype, itemsize)
         found = _costs.get(key)
         if found is None:
-            found = _store(key, _product(spec, index, name, shapes, out, mdtype, itemsize))
+            found = store(key, _product(spec, index, name, shapes, out, mdtype, itemsize))
         dims, cost = found
         if dims is not None:
             back = None
@@ -229,7 +231,7 @@ def backward_costs(spec: GpuSpec, back: Backward) -> list[OpTime]:
     key = (spec.name, back)
     costs = _costs.get(key)
     if costs is None:
-        costs = _store(key, _backward_costs(spec, back))
+        costs = store(key, _backward_costs(spec, back))
     return costs
 
 
