@@ -353,3 +353,21 @@ def test_observer_keeps_digests_of_parameters_beyond_its_limit(
     report = {"processes": [record, {**record, "rank": 1, "pid": 2}]}
     found = run_program.rank_problems(program, report, {"replay": {"initial": [0.0] * 8}})
     assert found and "digests" in found[0], found
+
+
+def test_data_parallel_expectations_hold_when_the_replicas_prints_interleave() -> None:
+    # Printed by CI's run: two replica threads' print() pieces interleaved, as they may on GPUs.
+    interleaved = ("Let's use 2 GPUs!\n"
+                   "\tIn Model: input size torch.Size([15, 5]) output size torch.Size([15, 2])\n"
+                   "\tIn Model: input size\tIn Model: input size  torch.Size([5, 5])"
+                   "torch.Size([5, 5]) output size torch.Size([5, 2])\n"
+                   " output size torch.Size([5, 2])\n")
+    in_order = ("Let's use 2 GPUs!\n"
+                "\tIn Model: input size torch.Size([15, 5]) output size torch.Size([15, 2])\n"
+                "\tIn Model: input size torch.Size([5, 5]) output size torch.Size([5, 2])\n")
+    patterns = corpus.get("data_parallel_tutorial").expect_stdout
+    for out in (interleaved, in_order):
+        assert all(re.search(p, out, re.M) for p in patterns), out
+    # and a replica line that lost a piece does not pass
+    broken = in_order.replace("output size torch.Size([5, 2])", "output size")
+    assert not all(re.search(p, broken, re.M) for p in patterns)
