@@ -847,6 +847,9 @@ def test_device_generic_events_and_streams_wait_for_simulated_work(two) -> None:
     assert end.query() and start.elapsed_time(end) >= 150
     stream = torch.Stream("cuda:1")
     assert stream.device_index == 1 and stream == torch.cuda.current_stream(1)
+    # what a GPU's default stream says of itself, as FSDP2 (torch 2.15) passes it to its ops
+    cuda_type = int(torch._C._autograd.DeviceType.CUDA)
+    assert (stream.stream_id, stream.device_type, stream.cuda_stream) == (0, cuda_type, 0)
     gate.clear()
     _workers.submit(1, lambda: gate.wait(10))
     assert not stream.query()

@@ -5,6 +5,7 @@ with gloo moving the bytes; and the CUDA build's probes answer as a CUDA build d
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,14 +65,16 @@ def bound_group() -> dict:
 
 def test_a_group_made_for_nccl_is_nccl(two) -> None:
     for rank, got in enumerate(devlab.launch(bound_group, nprocs=2, timeout=120)):
+        # NCCL has no monitored barrier: torch says so for any group but gloo's (torch 2.15
+        # words it anew)
+        assert re.fullmatch(r"ValueError: monitored_barrier (is only implemented for GLOO "
+                            r"backend|requires a group with a CPU-capable backend \(e\.g\. "
+                            r"GLOO\))\.", got.pop("monitored"))
         assert got == {"backend": "nccl", "name": "nccl", "sub": "nccl", "available": True,
                        "bound": f"cuda:{rank}", "config": "cuda:nccl", "sub_sum": [2.0],
                        "split": ("nccl", "nccl", [1.0], f"cuda:{rank}"),
                        "subgroups": ("nccl", 1),
-                       "device": f"cuda:{rank}",
-                       # NCCL has no monitored barrier: torch says so for any group but gloo's
-                       "monitored": "ValueError: monitored_barrier is only implemented for "
-                                    "GLOO backend."}
+                       "device": f"cuda:{rank}"}
 
 
 SPLITS = 16
@@ -316,11 +319,27 @@ def test_the_cuda_build_probes_answer_while_simulating_and_go_with_it(no_simulat
     import torch.cuda.nccl
     import torch.distributed.distributed_c10d as c10d
 
-    before = (dist.is_nccl_available(), torch.version.cuda, torch.cuda.nccl.version,
-              hasattr(torch._C, "_cuda_isInBadFork"), hasattr(dist, "ProcessGroupNCCL"),
-              c10d._new_process_group_helper, c10d.default_pg_nccl_timeout,
-              torch._C.Future.then, torch._C._get_accelerator)
+    # torch 2.15 and later make "nccl" through a backend plugin, registered on first use
+    plugins = getattr(c10d.Backend, "_plugins", {})
+    register = getattr(c10d.Backend, "_ensure_backend_registered", None)
+    if register is not None:
+        for name in ("nccl", "nccl2", "nccl-lazy"):
+            register(name)  # as a first init_process_group("nccl") before simulating does
+    registered = dict(plugins)
+
+    def state() -> tuple:
+        return (dist.is_nccl_available(), torch.version.cuda, torch.cuda.nccl.version,
+                hasattr(torch._C, "_cuda_isInBadFork"), hasattr(dist, "ProcessGroupNCCL"),
+                c10d._new_process_group_helper, c10d.default_pg_nccl_timeout,
+                torch._C.Future.then, torch._C._get_accelerator,
+                getattr(c10d, "_get_split_source", None),
+                getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", None))
+
+    before = state()
     devlab.simulated.start(2)
+    if register is not None:  # every NCCL name makes the simulation's group
+        assert {plugins[n].creator_fn for n in ("NCCL", "NCCL2", "NCCL-LAZY")} == {
+            c10d._create_nccl_process_group}
     assert torch._C._get_accelerator() == torch.device("cuda")
     assert dist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
     assert torch.cuda.nccl.version()[-1] == "simulated"
@@ -328,11 +347,8 @@ def test_the_cuda_build_probes_answer_while_simulating_and_go_with_it(no_simulat
     assert torch._C._cuda_isInBadFork() is False
     assert dist.ProcessGroupNCCL.Options().is_high_priority_stream is False
     devlab.simulated.stop()
-    after = (dist.is_nccl_available(), torch.version.cuda, torch.cuda.nccl.version,
-             hasattr(torch._C, "_cuda_isInBadFork"), hasattr(dist, "ProcessGroupNCCL"),
-             c10d._new_process_group_helper, c10d.default_pg_nccl_timeout,
-             torch._C.Future.then, torch._C._get_accelerator)
-    assert after == before
+    assert state() == before
+    assert plugins == registered
 
 
 # --- a program that ends while gloo's thread still works for it --------------------------------
@@ -375,12 +391,14 @@ def test_a_program_that_ends_during_a_collectives_callback_exits_cleanly() -> No
     # finished collective's Python objects was late); a callback still sleeping makes it certain.
     plain = _end("ProcessGroupGloo", "cpu", simulate=False)
     assert plain.stdout.splitlines() == ["program ends"]
-    # Killed by a signal either way: std::terminate's abort (SIGABRT), a segfault when the abort
-    # races the finalizing runtime (SIGSEGV, seen once in a full run), or Python's own fatal
-    # error when the thread lets go of a thread state it no longer holds (seen once).
+    # Killed by a signal either way: std::terminate's abort (SIGABRT), or Python's own fatal
+    # error when the thread lets go of a thread state it no longer holds (an abort too), or a
+    # segfault when the thread races the finalizing runtime (SIGSEGV: then often before anything
+    # reaches stderr, 1 run in 75 under load with torch 2.11).
     assert plain.returncode in (-signal.SIGABRT, -signal.SIGSEGV), plain
-    assert ("terminate called without an active exception" in plain.stderr
-            or "Fatal Python error" in plain.stderr and "finalizing" in plain.stderr), plain
+    if plain.returncode == -signal.SIGABRT:
+        assert ("terminate called without an active exception" in plain.stderr
+                or "Fatal Python error" in plain.stderr and "finalizing" in plain.stderr), plain
     # NCCL on simulated GPUs exits as a CUDA program does: the callback finishes first.
     simulated = _end("ProcessGroupNCCL", "cuda", simulate=True)
     assert simulated.returncode == 0, simulated.stderr

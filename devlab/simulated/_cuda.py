@@ -336,6 +336,13 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
 class Stream:
     """A simulated GPU's one stream: its worker's queue (no capture, no priorities)."""
 
+    # What torch.cuda.Stream says of a GPU's default stream (c10's DeviceType 1 is CUDA), which
+    # code passes on to ops (FSDP2's record_grad_output_stream, torch 2.15).
+    stream_id = 0
+    device_type = 1
+    cuda_stream = 0
+    native_handle = 0
+
     @entry
     @initializes
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:

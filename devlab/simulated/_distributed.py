@@ -6,7 +6,10 @@ here:
 
 - NCCL: torch builds an NCCL group (`init_process_group("nccl")`, `"cuda:nccl,cpu:gloo"`,
   `new_group(backend="nccl")`, DeviceMesh's groups) as `ProcessGroupNCCL(...)` when
-  `is_nccl_available()`. Both are installed where torch looks for them: the group is `_nccl`'s,
+  `is_nccl_available()` (torch 2.15 and later, through the backend plugin registered for
+  "nccl", whose creator a CUDA build points at torchcomms' `ProcessGroupNCCL2`; here every NCCL
+  name's plugin makes `ProcessGroupNCCL`, as `TORCH_DIST_USE_NCCL2=0` does). Both are installed
+  where torch looks for them: the group is `_nccl`'s,
   with NCCL's semantics on gloo (`get_backend()` says "nccl"), and the process says once, on
   stderr, that gloo carries it. A group made with `device_id=` is bound to that device, as
   torch binds an NCCL group (torch binds the group it makes before it knows a Python group
@@ -255,6 +258,52 @@ def _bucketing(original: Any) -> Any:
     return compute_bucket_assignment_by_size
 
 
+# The names under which torch 2.15 and later register NCCL's creators as backend plugins.
+_NCCL_PLUGINS = ("NCCL", "NCCL2", "NCCL-LAZY")
+
+
+def _nccl_plugins(p: Patcher, c10d: Any) -> None:
+    """Torch 2.15 and later build "nccl" through a backend plugin registered from torch's own
+    entry points on first use; in a CUDA build its creator makes `ProcessGroupNCCL2` (the
+    torchcomms engine), which would take our options for NCCL's. On simulated GPUs "nccl",
+    "nccl2" and "nccl-lazy" make `ProcessGroupNCCL`, as `_create_nccl_process_group` (and
+    torch before 2.15, and `TORCH_DIST_USE_NCCL2=0`) does, and that creator records for
+    itself, as torch says of it for the flight recorder. stop() puts back torch's plugins."""
+    backend = c10d.Backend
+    create = getattr(c10d, "_create_nccl_process_group", None)
+    plugins = getattr(backend, "_plugins", None)
+    ensure = getattr(backend, "_ensure_backend_registered", None)
+    if create is None or plugins is None or ensure is None:
+        return  # torch before 2.15: the NCCL group is made in _new_process_group_helper
+    for name in _NCCL_PLUGINS:
+        ensure(name.lower())  # what torch's first init_process_group("nccl") would register
+        plugin = plugins.get(name)
+        if plugin is not None and plugin.creator_fn is not create:
+            plugins[name] = plugin._replace(creator_fn=create)
+            p.on_restore(functools.partial(plugins.__setitem__, name, plugin))
+    recording = getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if recording is not None:
+        p.set(c10d, "_FR_SELF_RECORDING_BACKENDS", recording | {c10d.Backend.NCCL})
+    split_source = getattr(c10d, "_get_split_source", None)
+    if split_source is not None:
+        p.set(c10d, "_get_split_source", _no_split_source(split_source))
+
+
+def _no_split_source(original: Any) -> Any:
+    """`_get_split_source` without our NCCL backend: a plugin's creator gets the source in a C++
+    struct, which cannot hold a Python backend, and our groups are made afresh anyway (the
+    split a rank outside the new group takes part in does nothing here)."""
+
+    @functools.wraps(original)
+    def _get_split_source(*args: Any, **kwargs: Any) -> Any:
+        from ._nccl import NCCLBackend
+
+        source = original(*args, **kwargs)
+        return None if isinstance(source, NCCLBackend) else source
+
+    return _get_split_source
+
+
 def install(p: Patcher) -> None:
     if not torch.distributed.is_available():
         return
@@ -266,6 +315,7 @@ def install(p: Patcher) -> None:
     p.set(c10d, "_NCCL_AVAILABLE", True)
     for module in (c10d, dist):
         p.set(module, "ProcessGroupNCCL", ProcessGroupNCCL)
+    _nccl_plugins(p, c10d)
     p.set(c10d, "default_pg_nccl_timeout", DEFAULT_TIMEOUT)
     p.set(c10d, "_new_process_group_helper", _binding(c10d._new_process_group_helper))
     p.set(dist, "_register_comm_hook", _hook_registration(dist._register_comm_hook))

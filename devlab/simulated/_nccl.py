@@ -45,7 +45,7 @@ from . import _distributed, _errors, _stores
 from ._notice import Notice
 from ._stores import LOOPBACK
 
-NOTICE = ("devlab: simulated GPUs have no NCCL (a CPU build of torch has none), so "
+NOTICE = ("devlab: simulated GPUs have no NCCL (it needs real GPUs), so "
           "torch.distributed's \"nccl\" backend runs on gloo instead: NCCL's behaviour, "
           "gloo's transport, on the CPU.")
 # NCCL's default collective timeout (torch's _DEFAULT_PG_NCCL_TIMEOUT in a CUDA build).
