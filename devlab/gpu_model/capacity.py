@@ -1,0 +1,52 @@
+"""How much of each GPU's memory torch can use: the capacity torch reports, and the CUDA
+context a process holds before its first tensor.
+
+A datasheet's "16 GB" is not what a program sees: the driver keeps some of the board's memory
+(nvidia-smi shows a T4's 15360 MiB, torch 15102 MiB), and the CUDA context of each process
+takes a few hundred MiB more before any tensor exists. Every figure is published from a real
+GPU; the sources, with the quoted text, are in docs/gpu-memory-sources.md and
+docs/gpu-models.md ("Memory capacity").
+"""
+
+from __future__ import annotations
+
+from .specs import GpuSpec
+
+# `torch.cuda.get_device_properties(i).total_memory` (the same bytes as cudaMemGetInfo's
+# total, and CUDA's deviceQuery's "Total amount of global memory"), by the model's key. The
+# figure moves by a few MiB with the driver; these are the drivers named in the sources.
+TOTAL_MEMORY: dict[str, int] = {
+    "T4": 15_835_660_288,  # 15102 MiB, "14.75 GiB" in Colab's out-of-memory errors (driver 12.2)
+    "P4": 7_981_694_976,  # 7612 MiB (deviceQuery, driver 10.2)
+    "P100": 17_071_734_784,  # 16281 MiB (deviceQuery, driver 11.4); Kaggle's P100
+    "V100": 34_089_730_048,  # 32510 MiB, V100 PCIe 32 GB (deviceQuery, driver 10.2)
+    "L4": 23_612_293_120,  # 22518 MiB (deviceQuery, driver 12.0)
+    "A100-40GB": 42_298_834_944,  # 40339 MiB, "39.39 GiB" (bottlerocket-os/bottlerocket#3873)
+    "A100-PCIe-40GB": 42_298_834_944,  # 40339 MiB (deviceQuery, driver 12.2)
+    "A100-80GB": 84_987_740_160,  # 81051 MiB, "79.15 GiB" (deviceQuery, driver 12.2)
+    "A100-PCIe-80GB": 84_974_239_744,  # 81038 MiB (deviceQuery, driver 12.4)
+    "H100": 85_017_755_648,  # 81079 MiB, "79.18 GiB" in out-of-memory errors (driver 13.0)
+}
+
+# The CUDA context with lazy module loading (torch's default since CUDA 11.7): pytorch/pytorch
+# PR #86509 measured total - free = 287,047,680 bytes after one 6.4 MB tensor, which the
+# caching allocator serves from a 20 MiB segment; the context is the rest. Published figures
+# for other GPUs run from 256 MiB (an RTX 3090) to "around 400MB" (pytorch/pytorch#109888), and
+# the context grows with the number of SMs; no per-GPU figure for the GPUs modeled here is
+# published, so one figure serves them all.
+CONTEXT_BYTES = 287_047_680 - 20 * 1024 * 1024
+
+
+def total_memory(spec: GpuSpec) -> int:
+    """The bytes torch reports as the GPU's total memory."""
+    try:
+        return TOTAL_MEMORY[spec.name]
+    except KeyError:
+        raise KeyError(f"no published capacity for {spec.name!r}: add it to "
+                       "devlab/gpu_model/capacity.py with its source") from None
+
+
+def context_bytes(spec: GpuSpec) -> int:
+    """The device memory the CUDA context holds in a process, before its first tensor."""
+    del spec  # one published figure for every GPU (above)
+    return CONTEXT_BYTES
