@@ -26,3 +26,8 @@ def test_widget_memory_runs_both_magics_and_leaves_no_widget() -> None:
         # A finished cell leaves no widget model behind in the kernel.
         assert re.search(r"widgets \+0,", line), line
         assert re.search(r"growth +[-+]\d+\.\d MB", line), line
+
+
+def test_allocator_benchmark_prints_its_figure() -> None:
+    out = _run("benchmarks/allocator.py", "--events", "2000", "--trials", "1")
+    assert re.search(r"\d+\.\d\d us per allocation \(malloc \+ free\)", out), out

@@ -406,6 +406,7 @@ class CachingAllocator:
         self.context = context
         self.allowed = allowed
         self.config = config or AllocatorConfig()
+        self._plain_rounding = not any(self.config.roundup_power2_divisions)
         self.small = _Pool(small=True)
         self.large = _Pool(small=False)
         self.reserved_total = 0  # total_allocated_memory: every live segment's bytes
@@ -416,6 +417,15 @@ class CachingAllocator:
         # For each pool (small: True), each statistic's ("all", that pool) pair.
         self._pairs = {small: {name: (arr[0], arr[1 if small else 2])
                                for name, arr in self.stats.items()} for small in (True, False)}
+        # The statistics one hand-out, free request and completed free change, per pool:
+        # (counts..., bytes..., requested bytes...) for "all" and the pool alike.
+        self._handed = {small: _group(p, ("allocation", "active"),
+                                      ("allocated_bytes", "active_bytes"), "requested_bytes")
+                        for small, p in self._pairs.items()}
+        self._freed = {small: _group(p, ("allocation",), ("allocated_bytes",), None)
+                       for small, p in self._pairs.items()}
+        self._returned = {small: _group(p, ("active",), ("active_bytes",), "requested_bytes")
+                          for small, p in self._pairs.items()}
         self.oversize_allocations = _stat()
         self.oversize_segments = _stat()
         self.counters = {"num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": 0,
@@ -488,7 +498,10 @@ class CachingAllocator:
         if self.deferred:
             self._process_deferred()
         frames = self._frames("state")
-        rounded = round_size(size, self.config)
+        if self._plain_rounding:
+            rounded = KMIN_BLOCK if size < KMIN_BLOCK else (size + KMIN_BLOCK - 1) & -KMIN_BLOCK
+        else:
+            rounded = round_size(size, self.config)
         small = rounded <= SMALL_SIZE
         pool = self.small if small else self.large
         alloc_size = segment_size(rounded)
@@ -517,9 +530,7 @@ class CachingAllocator:
         if not block.allocated:
             raise ValueError(f"{block!r} is not allocated")
         block.allocated = False
-        pairs = self._pairs[block.small]
-        _dec(pairs["allocation"], 1)
-        _dec(pairs["allocated_bytes"], block.size)
+        _count_out(self._freed[block.small], block.size, None)
         if block.size >= self.config.max_split_size:
             _dec1(self.oversize_allocations, 1)
         if self.history.enabled == "all":
@@ -702,11 +713,7 @@ class CachingAllocator:
         self.active.add(block)
         if self.history.enabled == "all":
             self._trace("alloc", block.address, requested, stream, frames)
-        _inc(pairs["allocation"], 1)
-        _inc(pairs["allocated_bytes"], block.size)
-        _inc(pairs["active"], 1)
-        _inc(pairs["active_bytes"], block.size)
-        _inc(pairs["requested_bytes"], requested)
+        _count_in(self._handed[pool.small], block.size, requested)
         if block.size >= self.config.max_split_size:
             _inc1(self.oversize_allocations, 1)
         return block
@@ -736,9 +743,7 @@ class CachingAllocator:
             _move(pairs["inactive_split"], split_blocks)
         if split_bytes:
             _move(pairs["inactive_split_bytes"], split_bytes)
-        _dec(pairs["active"], 1)
-        _dec(pairs["active_bytes"], size)
-        _dec(pairs["requested_bytes"], requested)
+        _count_out(self._returned[block.small], size, requested)
 
     def _merge(self, dst: Block, src: Block | None, pool: _Pool) -> int:
         """`try_merge_blocks`: fold a free neighbour into `dst`; the bytes it held, or 0."""
@@ -856,6 +861,51 @@ def _move(pair: tuple[list[int], list[int]], n: int) -> None:
         _inc(pair, n)
     elif n < 0:
         _dec(pair, -n)
+
+
+_Group = tuple[tuple[list[int], ...], tuple[list[int], ...], tuple[list[int], ...]]
+
+
+def _group(pairs: dict[str, tuple[list[int], list[int]]], counts: tuple[str, ...],
+           sizes: tuple[str, ...], requested: str | None) -> _Group:
+    def flat(names: tuple[str, ...]) -> tuple[list[int], ...]:
+        return tuple(s for n in names for s in pairs[n])
+    return flat(counts), flat(sizes), flat((requested,) if requested else ())
+
+
+def _count_in(group: _Group, size: int, requested: int) -> None:
+    """One block handed out: +1 in the counts, +size and +requested in the byte statistics."""
+    counts, sizes, req = group
+    for s in counts:
+        s[0] += 1
+        s[2] += 1
+        if s[0] > s[1]:
+            s[1] = s[0]
+    for s in sizes:
+        s[0] += size
+        s[2] += size
+        if s[0] > s[1]:
+            s[1] = s[0]
+    for s in req:
+        s[0] += requested
+        s[2] += requested
+        if s[0] > s[1]:
+            s[1] = s[0]
+
+
+def _count_out(group: _Group, size: int, requested: int | None) -> None:
+    """The reverse of `_count_in` (the freed totals grow)."""
+    counts, sizes, req = group
+    for s in counts:
+        s[0] -= 1
+        s[3] += 1
+    for s in sizes:
+        s[0] -= size
+        s[3] += size
+    if requested is not None:
+        for s in req:
+            s[0] -= requested
+            s[3] += requested
 
 
 def _inc1(s: list[int], n: int) -> None:
