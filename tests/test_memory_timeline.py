@@ -437,3 +437,82 @@ def test_a_snapshot_from_devlabs_allocator_model():
     for b in held:
         assert still[b.address].block_size == b.size
     memory_viz.segsum(snap)
+
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a real CUDA GPU")
+def test_a_trace_recorded_by_torch_on_a_real_gpu(tmp_path: Path):
+    import inspect
+
+    device = torch.cuda.current_device()
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        line = inspect.currentframe().f_lineno + 1
+        keep = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+        tmp = [torch.empty((k + 1) * MiB, dtype=torch.uint8, device="cuda") for k in range(4)]
+        del tmp
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    tl = timeline(snap, device)
+    assert tl.allocated[-1] == torch.cuda.memory_stats(device)["requested_bytes.all.current"]
+    assert tl.peak.bytes >= tl.allocated[0] + 13 * MiB
+    mine = [a for a in tl.data if a.address == keep.data_ptr()]
+    assert mine[-1].free_index is None
+    assert mine[-1].line.endswith(
+        f"test_memory_timeline.py:{line} (test_a_trace_recorded_by_torch_on_a_real_gpu)")
+    assert "<svg" in tl._repr_html_()
+    tl.save_snapshot(tmp_path / "real.pickle")
+    memory_viz.segsum(pickle.loads((tmp_path / "real.pickle").read_bytes()))
+    del keep
+
+
+# -- in a browser --------------------------------------------------------------------------------
+
+
+@pytest.mark.browser
+def test_the_timeline_in_an_nbconvert_export_in_chromium(tmp_path: Path):
+    """A notebook holding the timeline as a cell's output, exported to HTML by nbconvert (as
+    the rendered site and "Download as HTML" do) and opened offline in headless Chromium."""
+    import nbformat
+    from browser_support import ARTIFACTS, CHROMIUM, chromium_missing_message, launch_chromium
+    from nbconvert import HTMLExporter
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(chromium_missing_message(), pytrace=False)
+    tl = _sample()
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("%%memwatch --trace\n...")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={
+        "text/html": tl._repr_html_(), "text/plain": repr(tl)})]
+    nb.cells = [cell]
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    page_file = tmp_path / "timeline.html"
+    page_file.write_text(body, encoding="utf-8")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1000, "height": 700})
+            requests: list[str] = []
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(page_file.as_uri())
+            svg = page.locator(".devlab-allocation-timeline svg")
+            box = svg.bounding_box()
+            assert box and box["width"] > 600 and box["height"] > 200
+            svg.screenshot(path=str(ARTIFACTS / "allocation-timeline.png"))
+            bands = svg.locator("path:has(title)")
+            assert bands.count() == 5  # the grey total and 4 bands
+            tip = bands.nth(2).locator("title").text_content()
+            assert "MiB" in tip and "(<module>)" in tip
+            rows = page.locator(".devlab-top-lines tbody tr")
+            assert rows.count() == 4
+            assert format_bytes(128 * MiB) in rows.nth(0).inner_text()
+            # Nothing comes from the network but what nbconvert's own template loads.
+            template = set(re.findall(r'src="(https?://[^"]+)"', body))
+            assert {u for u in requests if not u.startswith("file:")} <= template
+        finally:
+            browser.close()

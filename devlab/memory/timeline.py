@@ -397,7 +397,7 @@ class AllocationTimeline:
                 f"{self._table()}</div>")
 
     def _svg(self, width: int, height: int) -> str:
-        ml, mr, mt, mb = 64, 12, 14, 34
+        ml, mr, mt, mb = 64, 12, 24, 34
         pw, ph = width - ml - mr, height - mt - mb
         n = len(self._trace)
         steps = n + 1  # x runs over [0, steps)
@@ -440,6 +440,9 @@ class AllocationTimeline:
                      "stroke='#666'/>")
         # The peak.
         px = f"{ml + self._peak_step * pw / steps:.1f}"
+        # The label stays inside the picture when the peak is near an edge.
+        anchor = ("start" if self._peak_step < steps * 0.1
+                  else "end" if self._peak_step > steps * 0.9 else "middle")
         peak_tip = html.escape(f"{self._peak_text()}"
                                + (f" ({self.peak.bytes:,} B)" if self.peak.bytes else ""))
         parts.append(f"<g><title>{peak_tip}</title><line x1='{px}' x2='{px}' y1='{mt}' "
@@ -447,7 +450,7 @@ class AllocationTimeline:
                      f"stroke-width='1.5'/><line x1='{ml}' x2='{ml + pw}' "
                      f"y1='{Y(self.peak.bytes)}' y2='{Y(self.peak.bytes)}' stroke='{_PEAK}' "
                      "stroke-dasharray='2 3' stroke-width='0.8'/>"
-                     f"<text x='{px}' y='{mt - 3}' text-anchor='middle' fill='{_PEAK}'>peak "
+                     f"<text x='{px}' y='{mt - 5}' text-anchor='{anchor}' fill='{_PEAK}'>peak "
                      f"{html.escape(format_bytes(self.peak.bytes))}</text></g>")
         for index, size, free in self.ooms:
             x = ml + (index + 1) * pw / steps
