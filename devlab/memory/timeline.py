@@ -193,7 +193,8 @@ class LineUsage(NamedTuple):
 
 
 # Bands drawn one by one: blocks of at least this fraction of the peak, at most this many
-# (the largest). The rest, and bands under a pixel wide, show only in the total's grey area.
+# (those held at the peak first, then those covering the most bytes x entries). The rest, and
+# bands under a pixel wide, show only in the total's grey area.
 MIN_BAND_FRACTION = 0.005
 MAX_BANDS = 200
 # The SVG's step paths hold at most about this many corners; past it the x axis is drawn in
@@ -239,8 +240,9 @@ class AllocationTimeline:
     - `.ooms`: the out-of-memory entries, `(index, size asked, bytes CUDA still had free)`.
     - `_repr_html_()`: the timeline as inline SVG (hover a band for its size and line) and a
       table of the lines holding the most at the peak. Each allocation of at least
-      `MIN_BAND_FRACTION` (0.5 %) of the peak, up to the `MAX_BANDS` largest, is a band of its
-      own, colored by its line; all other bytes show in the grey area of the total behind the
+      `MIN_BAND_FRACTION` (0.5 %) of the peak is a band of its own, colored by its line, up to
+      `MAX_BANDS` (200) of them: those held at the peak first, then those covering the most
+      area (bytes x entries); all other bytes show in the grey area of the total behind the
       bands (drawn per pixel column at the column's highest, so a short spike still shows).
       Above about 16,000 path corners the columns are made wider, which bounds the HTML to a
       few hundred KB whatever the trace's length.
@@ -326,10 +328,15 @@ class AllocationTimeline:
         """The allocations drawn as bands, each with its corners [(step, offset), ...] and its
         end step, stacked among themselves as the module docstring says."""
         threshold = self.peak.bytes * MIN_BAND_FRACTION
-        big = sorted((i for i, a in enumerate(self.data) if a.size > 0 and a.size >= threshold),
-                     key=lambda i: (-self.data[i].size, i))[:MAX_BANDS]
-        drawn = set(big)
         n = len(self._trace)
+
+        def rank(i: int) -> tuple:
+            a = self.data[i]
+            area = a.size * (min(a.end_step, n + 1) - a.start_step)
+            return (not a.alive_at(self._peak_step), -area, i)
+
+        drawn = set(sorted((i for i, a in enumerate(self.data)
+                            if a.size > 0 and a.size >= threshold), key=rank)[:MAX_BANDS])
         # (step, 0 = end / 1 = start, order) events of the drawn blocks.
         starts: dict[int, list[int]] = {}
         ends: dict[int, list[int]] = {}
@@ -397,7 +404,7 @@ class AllocationTimeline:
                 f"{self._table()}</div>")
 
     def _svg(self, width: int, height: int) -> str:
-        ml, mr, mt, mb = 64, 12, 24, 34
+        ml, mr, mt, mb = 64, 22, 24, 34
         pw, ph = width - ml - mr, height - mt - mb
         n = len(self._trace)
         steps = n + 1  # x runs over [0, steps)
@@ -510,7 +517,7 @@ class AllocationTimeline:
         d.append(f"H{ml + pw}V{Y(0)}Z")
         threshold = format_bytes(self.peak.bytes * MIN_BAND_FRACTION)
         tip = ("all allocated bytes; grey where no band is drawn: blocks under "
-               f"{threshold} (0.5 % of the peak), past the {MAX_BANDS} largest, or under a "
+               f"{threshold} (0.5 % of the peak), past the {MAX_BANDS} drawn, or under a "
                "pixel wide")
         return f"<path d='{''.join(d)}' fill='{_GREY}'><title>{html.escape(tip)}</title></path>"
 
