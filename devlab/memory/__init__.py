@@ -9,6 +9,9 @@
   `devlab.sizes.format_bytes` (also importable from here).
 - `devlab.memory.chart`: `MemoryChart`, the matplotlib chart `Sampler.plot` and the
   `MemoryMonitor` widget draw.
+- `devlab.memory.timeline`: `timeline(snapshot)`, an `AllocationTimeline` of every allocation
+  and free a trace in `torch.cuda.memory._snapshot()`'s format recorded, with the user's line
+  behind each (self-contained SVG, plot, top lines at the peak, export for PyTorch's viewer).
 
 Every public name is importable from `devlab.memory` itself.
 """
@@ -30,6 +33,14 @@ from devlab.memory.readers import (
 )
 from devlab.memory.sampler import MAX_INTERVAL, MIN_INTERVAL, Sampler, check_interval
 from devlab.memory.summary import DeviceSummary, MemorySummary, format_bytes
+from devlab.memory.timeline import (
+    Allocation,
+    AllocationTimeline,
+    LineUsage,
+    Peak,
+    is_user_file,
+    timeline,
+)
 
 __all__ = [
     "MemoryReading",
@@ -51,4 +62,10 @@ __all__ = [
     "MemoryChart",
     "figure_png",
     "ensure_figure_formatter",
+    "timeline",
+    "AllocationTimeline",
+    "Allocation",
+    "LineUsage",
+    "Peak",
+    "is_user_file",
 ]
