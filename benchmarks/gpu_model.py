@@ -35,8 +35,8 @@ import gpu_measurements as gm  # noqa: E402
 
 from devlab.gpu_model import SPECS, GpuSpec, Kernel, predict  # noqa: E402
 from devlab.gpu_model.calibration import CALIBRATION, Calibration  # noqa: E402
-from devlab.simulated._clock import Clock  # noqa: E402
-from devlab.simulated._roofline import OpTime  # noqa: E402
+from devlab.simulated.clock.clock import Clock  # noqa: E402
+from devlab.simulated.clock.roofline import OpTime  # noqa: E402
 
 aten = torch.ops.aten
 

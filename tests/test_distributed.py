@@ -254,7 +254,7 @@ def test_nccl_runs_on_gloo_and_says_so_once(two, capfd, state_kept) -> None:
 
     assert devlab.launch(init_twice) == ["cuda:nccl,cpu:gloo nccl"] * 2
     err = [line for line in capfd.readouterr().err.splitlines() if "NCCL" in line]
-    assert sorted(err) == [f"[rank{r}] {devlab.simulated._nccl.NOTICE}" for r in (0, 1)]
+    assert sorted(err) == [f"[rank{r}] {devlab.simulated.distributed.nccl.NOTICE}" for r in (0, 1)]
 
 
 # --- any function, any sequence (issue 16) -----------------------------------------------------

@@ -18,7 +18,7 @@ import devlab
 from devlab import exercises, gpu_model, simulated, timing
 from devlab.gpu_model import CALIBRATION, SPECS
 from devlab.gpu_model.kernels import COMPUTE, ELEMENTWISE, GEMM, LAYER_NORM, SOFTMAX
-from devlab.simulated import _roofline
+from devlab.simulated.clock import roofline as _roofline
 
 pytestmark = pytest.mark.usefixtures("no_simulation")
 

@@ -426,7 +426,7 @@ def test_issue_16_peak_of_a_cell_after_an_earlier_higher_one():
     assert not d.peak_at_least and "peak 50.0 MiB" in str(s.summary())
     # The user's own reading of torch's peak was never changed: not inside, not after.
     assert seen_inside == torch.cuda.max_memory_allocated(0) == 100 * MiB
-    assert not simulated._session.session.devices[0].watches  # the watch ended with the sampler
+    assert not simulated.core.session.session.devices[0].watches  # the watch ended with the sampler
 
 
 def test_nested_watches_keep_their_own_peaks():

@@ -17,7 +17,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import devlab
 from devlab import runtime, simulated
-from devlab.simulated import _launch, _workers
+from devlab.simulated.core import workers as _workers
+from devlab.simulated.mode import launch as _launch
 
 MIB = 1024 * 1024
 
@@ -1061,7 +1062,7 @@ def test_stop_after_errors_and_a_failed_start(monkeypatch) -> None:
     def broken(p) -> None:
         raise RuntimeError("injected")
 
-    from devlab.simulated import _factories
+    from devlab.simulated.mode import factories as _factories
 
     monkeypatch.setattr(_factories, "install", broken)
     with pytest.raises(RuntimeError, match="injected"):
@@ -1122,7 +1123,7 @@ def test_torch_compile_runs_uncompiled_with_right_values_and_says_so(two, capfd)
     """Compiled code is CUDA code, and dynamo traced through the simulation's mode to wrong
     values (x * 2 + 1 gave 2 for 1 with the eager and aot_eager backends): while simulating,
     torch.compile runs the code as written, once saying so."""
-    from devlab.simulated import _compile
+    from devlab.simulated.mode import compile as _compile
 
     _compile._notice.told.clear()
     for backend in ("inductor", "eager", "aot_eager"):

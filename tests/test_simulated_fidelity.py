@@ -18,7 +18,9 @@ import torch
 from torch import nn
 
 from devlab import simulated
-from devlab.simulated import _queries, _requirements, _workers
+from devlab.simulated.core import requirements as _requirements
+from devlab.simulated.core import workers as _workers
+from devlab.simulated.mode import queries as _queries
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""NCCL on simulated GPUs (devlab/simulated/_nccl.py): a group made for "nccl" is NCCL to the
+"""NCCL on simulated GPUs (devlab/simulated/distributed/nccl.py): a group made for "nccl" is NCCL to the
 program — its name, the tensors its collectives accept, its errors, DDP's communication hooks —
 with gloo moving the bytes; and the CUDA build's probes answer as a CUDA build does."""
 

@@ -18,8 +18,10 @@ import torch
 
 import devlab
 from devlab import simulated
-from devlab.simulated import _launch, _ops, _workers
-from devlab.simulated._marks import rounded
+from devlab.simulated.core import workers as _workers
+from devlab.simulated.core.marks import rounded
+from devlab.simulated.mode import launch as _launch
+from devlab.simulated.mode import ops as _ops
 
 MIB = 1024 * 1024
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -134,7 +136,7 @@ def test_queued_work_is_finished_before_any_fork() -> None:
     # finished values, never the zeros of an output allocated at launch.
     done = _python(
         "import os, threading, torch, devlab\n"
-        "from devlab.simulated import _workers\n"
+        "from devlab.simulated.core import workers as _workers\n"
         "devlab.config.simulate_gpus(1)\n"
         "w = torch.randn(1024, 1024, device='cuda')\n"
         "gate = threading.Event(); _workers.submit(0, lambda: gate.wait(30))\n"

@@ -284,7 +284,7 @@ def synced(monkeypatch):
 
 
 def _idle(index: int) -> bool:
-    from devlab.simulated import _workers
+    from devlab.simulated.core import workers as _workers
 
     return _workers.idle(index)
 

@@ -15,8 +15,6 @@ from pathlib import Path
 import nbformat
 import tomllib
 
-from tools.links import ROOT, Home
-
 CELL_ID = "colab-setup"
 FIRST_LINE = "# Colab set-up: installs devlab if this runtime lacks it. Anywhere else it does nothing."
 # devlab's requirements that Colab ships; the cell leaves them as they are. Every other
@@ -24,6 +22,7 @@ FIRST_LINE = "# Colab set-up: installs devlab if this runtime lacks it. Anywhere
 COLAB_SHIPS = {"torch", "ipython", "ipywidgets", "matplotlib", "numpy"}
 # Where a distribution's import name is not its own name.
 IMPORT_NAMES = {"nvidia-ml-py": "pynvml"}
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def small_dependencies(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]:
@@ -65,10 +64,11 @@ def cell(install_source: str | None) -> nbformat.NotebookNode:
     return made
 
 
-def write(path: Path, home: Home | None) -> bool:
-    """Make the notebook's first code cell the set-up cell for `home`; True if it changed."""
+def write(path: Path, install_source: str | None) -> bool:
+    """Make the notebook's first code cell the set-up cell installing `install_source` (see
+    `source`); True if it changed."""
     nb = nbformat.read(path, as_version=4)
-    wanted = cell(home.install_source if home else None)
+    wanted = cell(install_source)
     cells = nb.cells
     at = next((i for i, c in enumerate(cells) if c.get("id") == CELL_ID), None)
     if at is not None:

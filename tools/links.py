@@ -112,7 +112,7 @@ def main(argv: list[str]) -> int:
         readme = ROOT / "README.md"
         readme.write_text(readme_with_block(readme.read_text(), home))
         for nb in notebooks():
-            colab_cell.write(NOTEBOOKS / nb, home)
+            colab_cell.write(NOTEBOOKS / nb, home.install_source if home else None)
         print(f"wrote README.md's links block and the set-up cells of {len(notebooks())} notebooks")
         # The translations carry the same set-up cell (its comments translated): build them again.
         from tools import i18n

@@ -1,26 +1,27 @@
 """Simulated GPUs: ordinary PyTorch code behaves as on a machine with N GPUs, on the CPU.
 
 A simulated GPU's tensor is a CPU tensor whose storage is marked with the GPU's index
-(`_marks`); while the simulation runs, `Tensor.device`/`is_cuda`/`get_device` report the mark
-(`_tensor`), `torch.cuda` and `torch.accelerator` answer for the simulated GPUs (`_cuda`), and a
-TorchFunctionMode on every routed thread (`_routing`, `_threads`) places each op where its
-tensors are (`_ops`), moves tensors (`_moves`), runs backward passes routed (`_autograd`) and
-launches heavy products asynchronously on one worker per GPU (`_launch`, `_workers`). Where
-torch asks C++ about devices, the simulation answers (`_queries`); autocast for "cuda" casts as
-on a GPU (`_amp`); torch.save/load keep devices (`_serialization`); DataParallel works
-(`_parallel`); torch.distributed runs on gloo where a program asks for NCCL, and DDP buckets
-by simulated GPU (`_distributed`). Each GPU counts its bytes, with an optional limit. Values are real (computed on
-the CPU); speed says nothing about a real GPU. Every change to torch goes through one undo log
-(`_patcher`), and stop() puts torch back exactly.
+(`core.marks`); while the simulation runs, `Tensor.device`/`is_cuda`/`get_device` report the
+mark (`mode.tensor`), `torch.cuda` and `torch.accelerator` answer for the simulated GPUs
+(`cuda.api`), and a TorchFunctionMode on every routed thread (`mode.routing`, `mode.threads`)
+places each op where its tensors are (`mode.ops`), moves tensors (`mode.moves`), runs backward
+passes routed (`mode.autograd`) and launches heavy products asynchronously on one worker per GPU
+(`mode.launch`, `core.workers`). Where torch asks C++ about devices, the simulation answers
+(`mode.queries`); autocast for "cuda" casts as on a GPU (`cuda.amp`); torch.save/load keep
+devices (`mode.serialization`); DataParallel works (`distributed.parallel`); torch.distributed
+runs on gloo where a program asks for NCCL, and DDP buckets by simulated GPU (`distributed`).
+Each GPU counts its bytes, with an optional limit. Values are real (computed on the CPU); speed
+says nothing about a real GPU. Every change to torch goes through one undo log (`core.patcher`),
+and stop() puts torch back exactly.
 
 Limits: a thread started before the simulation is not routed (`thread_routing()` routes it;
 without it, making a GPU tensor there fails with one line saying so).
-CUDA graphs, compiled code (`torch.compile`d code runs uncompiled while simulating, `_compile`),
-cuDNN, CUDA's own random streams (random ops on simulated GPUs draw from the CPU's generators)
-and sparse tensors are not simulated (sparse ones are refused; a call that needs the CUDA
-runtime fails with an error naming itself). One stream per GPU. As on CUDA, a child forked
-after the simulated GPUs were initialized may not use them (`_fork`); at most `max_count()`
-GPUs (torch's device index is 8 bits).
+CUDA graphs, compiled code (`torch.compile`d code runs uncompiled while simulating,
+`mode.compile`), cuDNN, CUDA's own random streams (random ops on simulated GPUs draw from the
+CPU's generators) and sparse tensors are not simulated (sparse ones are refused; a call that
+needs the CUDA runtime fails with an error naming itself). One stream per GPU. As on CUDA, a
+child forked after the simulated GPUs were initialized may not use them (`core.fork`); at most
+`max_count()` GPUs (torch's device index is 8 bits).
 """
 
 from __future__ import annotations
@@ -35,10 +36,15 @@ import torch
 
 from devlab.sizes import check_memory_limit
 
-from . import _errors, _fork, _launch, _requirements, _session, _workers
-from ._dispatched import run as run_dispatched
-from ._marks import index_of
-from ._session import current_index
+from .core import errors as _errors
+from .core import fork as _fork
+from .core import requirements as _requirements
+from .core import session as _session
+from .core import workers as _workers
+from .core.marks import index_of
+from .core.session import current_index
+from .mode import launch as _launch
+from .mode.dispatched import run as run_dispatched
 
 __all__ = [
     "check_count",
@@ -147,38 +153,47 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                                "on a machine that has them")
         _requirements.check()
         # Only now: these modules reach into torch internals the check has vouched for.
-        from . import (
-            _amp,
-            _build,
-            _compile,
-            _cuda,
-            _distributed,
-            _dtensor,
-            _factories,
-            _parallel,
-            _queries,
-            _routing,
-            _serialization,
-            _stores,
-            _tensor,
-            _threads,
-            _wrappers,
-        )
-        from ._patcher import Patcher
+        from .core.patcher import Patcher
+        from .cuda import amp as _amp
+        from .cuda import api as _cuda
+        from .cuda import build as _build
+        from .distributed import c10d as _c10d
+        from .distributed import dtensor as _dtensor
+        from .distributed import parallel as _parallel
+        from .distributed import stores as _stores
+        from .mode import autograd as _autograd
+        from .mode import compile as _compile
+        from .mode import factories as _factories
+        from .mode import moves as _moves
+        from .mode import queries as _queries
+        from .mode import routing as _routing
+        from .mode import serialization as _serialization
+        from .mode import tensor as _tensor
+        from .mode import threads as _threads
+        from .mode import wrappers as _wrappers
 
+        # The mode's handlers build on the mode's module, so the table is filled from here.
+        _routing.fill_handlers(_moves.HANDLERS, _autograd.HANDLERS, _amp.HANDLERS,
+                               dict.fromkeys(_launch.OPS, _launch.launch))
         # A stop() from another thread could only disarm this thread's old modes.
         for old in torch.overrides._get_current_function_mode_stack():
             if isinstance(old, _routing.SimulationMode) and old.inert:
-                _threads.remove_mode(old)
+                _routing.remove_mode(old)
         patcher = Patcher()
         try:
             for module in (_tensor, _wrappers, _cuda, _build, _queries, _factories, _amp,
-                           _threads, _parallel, _serialization, _distributed, _stores, _dtensor,
+                           _threads, _parallel, _serialization, _c10d, _stores, _dtensor,
                            _compile):
                 module.install(patcher)
-            _session.session = _session.Session(limits, spec=spec)
+            clock = charges = None
+            if spec is not None:
+                from .clock.clock import Charges, Clock  # only a modeled simulation loads it
+
+                clock = Clock(spec, count)
+                charges = Charges(clock)
+            _session.session = _session.Session(limits, spec=spec, clock=clock, charges=charges)
             _session.forget_thread_state()
-            routing = _threads.push_routing()
+            routing = _routing.push_routing()
         except BaseException:
             _session.session = None
             patcher.restore()
@@ -243,9 +258,9 @@ def stop() -> None:
             errors.append(e)
         routing = _start_routing
         if routing is not None and threading.get_ident() == _start_thread:
-            from . import _threads
+            from .mode import routing as _routing
 
-            _threads.pop_routing(routing)
+            _routing.pop_routing(routing)
         _start_routing = _start_thread = None
         # A default device naming a simulated GPU would make every factory fail afterwards.
         cur = torch.utils._device.CURRENT_DEVICE
@@ -273,9 +288,9 @@ def thread_routing() -> Iterator[None]:
     (every thread started while it runs is routed already)."""
     if _session.session is None:
         raise RuntimeError("GPU simulation is not running: call start() first")
-    from . import _threads
+    from .mode import routing as _routing
 
-    with _threads.routing():
+    with _routing.routing():
         yield
 
 
@@ -289,7 +304,7 @@ def reset_after_fork_for_rank() -> None:
 
 def models() -> list[str]:
     """The real GPUs a simulation can model (`start(..., model=name)`; devlab.gpu_model)."""
-    from ._gpu_specs import SPECS
+    from .clock.gpu_specs import SPECS
 
     return list(SPECS)
 
@@ -297,7 +312,7 @@ def models() -> list[str]:
 def gpu_spec(name: str) -> Any:
     """The public specifications of the real GPU `name` models (a `GpuSpec`; case does not
     matter, and "A100" is "A100-80GB")."""
-    from ._gpu_specs import gpu
+    from .clock.gpu_specs import gpu
 
     return gpu(name)
 
@@ -326,9 +341,9 @@ def host_only() -> Iterator[None]:
     if _session.session is None:
         yield
         return
-    from . import _threads
+    from .mode import routing as _routing
 
-    with _threads.suspended():
+    with _routing.suspended():
         yield
 
 
@@ -394,6 +409,6 @@ def explain(fn: Any) -> Any:
     """Run `fn()` on the modeled GPUs and break down each kernel and copy it made into launch,
     compute and memory time (an `Explanation`; modeled from the GPU's specifications, not
     measured). `explain(lambda: x @ x)` explains one product."""
-    from ._explain import explain as _explain
+    from .clock.explain import explain as _explain
 
     return _explain(fn)

@@ -1,0 +1,193 @@
+"""The running simulation: its GPUs with their byte counts, and each thread's device state."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+
+class DeviceState:
+    """Byte accounting of one simulated GPU (bytes; limit None = unlimited).
+
+    `reserve_up_front` is memory growth off: the GPU holds its whole limit from the start, as
+    TensorFlow maps a GPU's memory by default, so its reserved bytes are the limit. Without a
+    limit there is no capacity of its own to hold (its memory is the host's), and reserved
+    stays what is allocated.
+
+    `counted` is what the storages' marks hold (`_marks`). `queued` lists, for each op queued
+    on this GPU's worker (`_workers`), the marks of the storages it holds its own tensors on,
+    one per tensor: a storage the user has let go of is free for CUDA's stream-ordered
+    allocator at once, though its kernel still runs, so `settle` takes it out of the count.
+    """
+
+    __slots__ = ("counted", "index", "limit", "peak", "queued", "reserve_up_front",
+                 "torch_device", "watches")
+
+    def __init__(self, index: int, limit: int | None, reserve_up_front: bool = False) -> None:
+        self.index = index
+        self.limit = limit
+        self.reserve_up_front = reserve_up_front
+        self.counted = 0
+        self.peak = 0
+        self.queued: dict[int, list] = {}  # id(op) -> marks, one per tensor the op holds
+        # devlab's own watches (%%memwatch): each keeps its peak apart from `peak`, which
+        # torch.cuda.max_memory_allocated reads and only the user resets.
+        self.watches: list[PeakWatch] = []
+        self.torch_device = torch.device("cuda", index)
+
+    @property
+    def allocated(self) -> int:
+        """Bytes allocated now: what the user's tensors hold."""
+        if self.queued:
+            with lock:
+                self.settle()
+        return self.counted
+
+    def settle(self) -> None:
+        """Uncount the storages only queued work still uses (the caller holds the lock).
+
+        A worker takes its op out of `queued` before the op's tensors go, so the tensors
+        counted here are never more than the queued work holds."""
+        held: dict[int, list] = {}
+        for marks in list(self.queued.values()):
+            for m in marks:
+                entry = held.get(id(m))
+                if entry is None:
+                    held[id(m)] = [m, 1]
+                else:
+                    entry[1] += 1
+        for m, n in held.values():
+            s = m()
+            if (s is not None and m.nbytes and _use_count(s._cdata) == 1 + n  # type: ignore[misc]
+                    and sys.getrefcount(s) <= _BARE_REFS):
+                # Nothing but its Python object (1) and the queued work's tensors use it.
+                self.counted -= m.nbytes
+                m.nbytes = 0
+
+    @property
+    def reserved(self) -> int:
+        """Bytes held for this GPU: allocated, or its whole limit when reserved up front."""
+        if self.reserve_up_front and self.limit is not None:
+            return self.limit
+        return self.allocated
+
+    @property
+    def peak_reserved(self) -> int:
+        if self.reserve_up_front and self.limit is not None:
+            return self.limit
+        return self.peak
+
+
+# A storage's C++ use count (`_requirements` checks torch has it before a simulation starts).
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _bare_refs() -> int:
+    """What sys.getrefcount reads in settle() for a storage no Python code holds: the storage
+    of a tensor whose storage object was made and let go, read back through a weak reference as
+    settle() reads a mark."""
+    t = torch.empty(0)
+    w = weakref.ref(t.untyped_storage())
+    s = w()
+    return sys.getrefcount(s)
+
+
+_BARE_REFS = _bare_refs()
+
+
+class PeakWatch:
+    """The highest allocation of one simulated GPU since the watch began (`peak`, bytes);
+    `close()` ends it. Read and written under the session's lock."""
+
+    __slots__ = ("_device", "peak")
+
+    def __init__(self, device: DeviceState) -> None:
+        self._device = device
+        self.peak = device.allocated
+        device.watches.append(self)
+
+    def close(self) -> None:
+        with lock:
+            if self in self._device.watches:
+                self._device.watches.remove(self)
+
+    def __repr__(self) -> str:
+        return f"PeakWatch(GPU:{self._device.index}, peak={self.peak:,} bytes)"
+
+
+class Session:
+    """One start()..stop() run; marks and modes from an earlier run are ignored by a later one.
+
+    `spec` is the real GPU the simulated ones model (None: no performance model); `clock` the
+    modeled timeline (`clock.clock.Clock`) when there is one, and `charges` what charges it (both
+    made by start(): the model's modules sit above this one).
+    `used`: a simulated tensor was made (the configuration is fixed from then on);
+    `initialized`: the simulated CUDA runtime is initialized in this process (`_fork`).
+    """
+
+    __slots__ = ("__weakref__", "charges", "clock", "count", "devices", "initialized", "spec",
+                 "used")
+
+    def __init__(self, limits: list[int | None], growth: list[bool] | None = None,
+                 spec: Any = None, clock: Any = None, charges: Any = None) -> None:
+        self.used = False
+        self.initialized = False
+        self.spec = spec
+        self.clock = clock
+        self.charges = charges
+        self.configure(limits, growth)
+
+    def configure(self, limits: list[int | None], growth: list[bool] | None = None,
+                  queues: list[int] | None = None) -> None:
+        """Set the GPUs: one limit (bytes or None) and memory-growth flag (default on) each;
+        `queues`, the modeled queue each runs on (logical GPUs of one physical GPU share one)."""
+        self.count = len(limits)
+        growth = [True] * self.count if growth is None else growth
+        self.devices = [DeviceState(i, lim, not grows)
+                        for i, (lim, grows) in enumerate(zip(limits, growth, strict=True))]
+        if self.clock is not None:
+            self.clock.reset(self.count, queues)
+
+
+# The running session (None when not simulating). Read on every op, so a plain global.
+session: Session | None = None
+
+# Reentrant: a weakref callback (storage freed) can run inside a locked section of the same
+# thread when garbage collection triggers there.
+lock = threading.RLock()
+
+# This process was forked after its parent initialized the simulated CUDA runtime, so, by
+# CUDA's rule, it may not use the simulated GPUs (`_fork`).
+bad_fork = False
+
+# Per thread, as CUDA's: `device` is torch.cuda.current_device(), `index` the simulated GPU the
+# op running right now executes on (None on the host), `routed` the session whose mode the
+# thread carries (see _threads).
+tls = threading.local()
+
+
+def current_index() -> int | None:
+    """The simulated GPU an op is executing on right now in this thread, or None."""
+    return getattr(tls, "index", None)
+
+
+def current_device() -> int:
+    """This thread's current simulated GPU (`torch.cuda.current_device()`); 0 in a new thread."""
+    return getattr(tls, "device", 0)
+
+
+def is_routed() -> bool:
+    """True when this thread's torch calls go through the running simulation's mode."""
+    sess = session
+    return sess is not None and getattr(tls, "routed", None) is sess
+
+
+def forget_thread_state() -> None:
+    """Drop this thread's device state (stop(), and a fresh start)."""
+    tls.__dict__.pop("device", None)
+    tls.__dict__.pop("index", None)
+    tls.__dict__.pop("routed", None)
