@@ -19,6 +19,7 @@ from torch import nn
 
 import devlab
 from devlab import distributed, placement_log
+from devlab.distributed import options, reports
 
 pytestmark = pytest.mark.usefixtures("no_simulation")
 
@@ -122,8 +123,8 @@ def test_every_hung_rank_says_where_it_was(state_kept) -> None:
 
 def test_a_hang_outside_the_users_code_says_where_in_the_launcher() -> None:
     # (Freeing what the function left, as it returns: the rank's frames are all the launcher's.)
-    frames = [(distributed.__file__, 1, "_call")]
-    assert distributed._where(frames).startswith("devlab's launcher (_call, line 1")
+    frames = [(distributed.rank.__file__, 1, "_call")]
+    assert reports._where(frames).startswith("devlab's launcher (_call, line 1")
 
 
 def test_forked_ranks_see_the_simulated_gpus_and_return_tensors_on_them(two, state_kept) -> None:
@@ -493,17 +494,17 @@ def test_too_many_ranks_are_refused_before_any_starts_naming_the_limit(state_kep
             devlab.launch(forty_two, nprocs=10000)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    room = (256 - used - distributed._FDS_SPARE) // distributed._FDS_PER_RANK
+    room = (256 - used - options._FDS_SPARE) // options._FDS_PER_RANK
     assert str(err.value) == (
         f"nprocs=10000 is more ranks than this machine can run here: each rank needs about "
-        f"{distributed._FDS_PER_RANK} open files in this process (its output and its "
+        f"{options._FDS_PER_RANK} open files in this process (its output and its "
         f"connections to the store), and this process may open 256 (ulimit -n), {used} of them "
         f"open now; at most {room} ranks")
     assert devlab.launch(forty_two, nprocs=min(room, 3)) == [42] * min(room, 3)
 
 
 def test_memory_bounds_the_rank_count_too(state_kept, monkeypatch) -> None:
-    monkeypatch.setattr(distributed, "memory_available", lambda: 100 * 2**20)
+    monkeypatch.setattr(options, "memory_available", lambda: 100 * 2**20)
     with pytest.raises(ValueError) as err:
         distributed.check_options(30, "fork", None)
     assert str(err.value) == ("nprocs=30 is more ranks than this machine can run here: a forked "

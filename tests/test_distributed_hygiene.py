@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 import devlab
 from devlab import distributed
+from devlab.distributed import launcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "distributed"))
 import hygiene  # noqa: E402
@@ -128,7 +129,7 @@ def test_gloo_binds_loopback_even_where_the_hostname_resolves_beyond_it(tmp_path
     script = tmp_path / "hostname.py"
     script.write_text(HOSTNAME_SCRIPT.format(tests=str(Path(__file__).parent / "distributed")))
     # (its run directory, which it cannot remove, left in tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(Path(distributed.__file__).parents[1]),
+    env = {**os.environ, "PYTHONPATH": str(Path(devlab.__file__).parents[1]),
            "TMPDIR": str(tmp_path)}
     done = subprocess.run(["unshare", "--uts", "sh", "-c", f'hostname {outside} && "$0" "$1"',
                            sys.executable, str(script)],
@@ -249,7 +250,7 @@ def test_an_interrupt_stops_the_ranks_and_leaves_nothing(left_nothing, capfd) ->
 
 def test_a_second_interrupt_while_cleaning_up_still_leaves_nothing(left_nothing, monkeypatch) -> None:
     """The second SIGINT arrives inside the clean-up itself (sent from it), and again after."""
-    reap = distributed._Launch._reap
+    reap = launcher._Launch._reap
     sent = []
 
     def reap_interrupted(self, rank) -> None:
@@ -259,7 +260,7 @@ def test_a_second_interrupt_while_cleaning_up_still_leaves_nothing(left_nothing,
             time.sleep(0.05)  # the handler runs here, inside the clean-up
         reap(self, rank)
 
-    monkeypatch.setattr(distributed._Launch, "_reap", reap_interrupted)
+    monkeypatch.setattr(launcher._Launch, "_reap", reap_interrupted)
     thread = _interrupt_after(2)
     with pytest.raises(KeyboardInterrupt):
         devlab.launch(busy)
@@ -308,10 +309,12 @@ def test_a_failed_launch_holds_nothing_until_the_collector_runs(left_nothing) ->
         del kept
         gc.set_debug(gc.DEBUG_SAVEALL)
         gc.collect()
-        here = os.path.abspath(distributed.__file__)
+        here = os.path.dirname(os.path.abspath(distributed.__file__))  # the package's modules
         cyclic = [o for o in gc.garbage
-                  if (isinstance(o, types_frame) and o.f_code.co_filename == here)
-                  or type(o).__module__ == "devlab.distributed"]
+                  if (isinstance(o, types_frame)
+                      and os.path.dirname(os.path.abspath(o.f_code.co_filename)) == here)
+                  or type(o).__module__ == "devlab.distributed"
+                  or type(o).__module__.startswith("devlab.distributed.")]
         assert cyclic == []
     finally:
         gc.set_debug(0)
@@ -344,7 +347,7 @@ def test_ranks_do_not_outlive_a_process_killed_mid_launch(tmp_path, method: str)
     script = tmp_path / "orphans.py"
     script.write_text(ORPHAN_SCRIPT)
     # (its run directory, which it cannot remove, left in tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(Path(distributed.__file__).parents[1]),
+    env = {**os.environ, "PYTHONPATH": str(Path(devlab.__file__).parents[1]),
            "TMPDIR": str(tmp_path)}
     parent = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
                               text=True, env=env)
