@@ -23,7 +23,7 @@ model here is that model, for one machine, with the constants copied from it:
   some medium sizes, where its smaller per-step latency pays for its lower bandwidth.
 
 Corrections to NCCL's model, each from measurements: through host memory (PCIe without
-peer-to-peer) two-way traffic gets a third of the link (`links.HOST_DUPLEX`); the NVLink
+peer-to-peer) two-way traffic gets 0.3 of the link (`links.HOST_DUPLEX`); the NVLink
 bridge of H100 PCIe cards is taken at what it was measured at (`links.H100_BRIDGE_FRACTION`).
 
 Sizes are as nccl-tests counts them: an all-reduce's, broadcast's or reduce's buffer, an
@@ -35,7 +35,7 @@ queued back to back); the host's launch latency is not in them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil, log2
+from math import log2
 
 from .links import NVLINK, Topology, default_topology
 from .links import topology as find_topology
@@ -80,10 +80,6 @@ TREE_CORRECTION = {
     SIMPLE: (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8,
              .9, .9, .9),
 }
-# ncclTopoGetAlgoTime: grouped (coalesced) tree operations share their latency in batches of
-# NCCL_MAX_DEV_WORK_BATCH_COLLS (1,024 bytes / sizeof(ncclDevWorkColl), 64 bytes or so: 16);
-# a ring pays its latency for every operation of the group.
-TREE_BATCH = 16
 # torch's ProcessGroupNCCL::barrier is an all-reduce of a one-element tensor.
 BARRIER_BYTES = 4
 
@@ -224,17 +220,14 @@ def _candidates(op: str, ranks: int, topo: Topology, generation: str) -> list[tu
 
 
 def collective_time(op: str, nbytes: int, ranks: int, topology: str | Topology | None = None,
-                    *, gpu_name: str | GpuSpec | None = None, tensors: int = 1,
+                    *, gpu_name: str | GpuSpec | None = None,
                     algorithm: str | None = None) -> CollectiveTime:
-    """The modeled time of one collective (or one coalesced call of `tensors` tensors whose
-    sizes add up to `nbytes`) on `ranks` GPUs joined by `topology` (a name from
-    `links.TOPOLOGIES`, or the default machine of `gpu_name`). `algorithm` forces "ring" or
-    "tree" as NCCL_ALGO does. Pure: runs nothing."""
+    """The modeled time of one collective of `nbytes` on `ranks` GPUs joined by `topology` (a
+    name from `links.TOPOLOGIES`, or the default machine of `gpu_name`). `algorithm` forces
+    "ring" or "tree" as NCCL_ALGO does. Pure: runs nothing."""
     op = canonical(op)
     nbytes = _check_bytes(nbytes)
     _check_ranks(ranks)
-    if isinstance(tensors, bool) or not isinstance(tensors, int) or tensors < 1:
-        raise ValueError(f"tensors must be a whole number, 1 or more; got {tensors!r}")
     spec = gpu(gpu_name) if gpu_name is not None else None
     if topology is None:
         if spec is None:
@@ -252,7 +245,7 @@ def collective_time(op: str, nbytes: int, ranks: int, topology: str | Topology |
     if op == BARRIER:
         nbytes = BARRIER_BYTES
     if ranks == 1 or nbytes == 0:
-        return CollectiveTime(op, nbytes, ranks, topo.key, LOCAL, "", 0, 0.0, 0.0, 0.0, tensors)
+        return CollectiveTime(op, nbytes, ranks, topo.key, LOCAL, "", 0, 0.0, 0.0, 0.0)
     reduce_op = ALL_REDUCE if op == BARRIER else op
     best = None
     for alg, proto, steps, latency, bus, algbw in _candidates(reduce_op, ranks, topo,
@@ -263,28 +256,31 @@ def collective_time(op: str, nbytes: int, ranks: int, topology: str | Topology |
             index = int(log2(nbytes >> 6)) if nbytes >> 6 else -1
             if 0 <= index < 23:
                 algbw *= TREE_CORRECTION[proto][index]
-            count = ceil(tensors / TREE_BATCH)
-        else:
-            count = tensors
-        total_latency = latency * count
-        seconds = total_latency + nbytes / (algbw * 1e9)
+        seconds = latency + nbytes / (algbw * 1e9)
         if best is None or seconds < best[0]:
-            best = (seconds, alg, proto, steps * count, total_latency,
-                    nbytes / (algbw * 1e9), bus)
+            best = (seconds, alg, proto, steps, latency, nbytes / (algbw * 1e9), bus)
     if best is None:
         raise ValueError(f"{op} has no {algorithm} algorithm in NCCL; leave algorithm unset")
     _, alg, proto, steps, latency, bandwidth, bus = best
     return CollectiveTime(op, nbytes, ranks, topo.key, alg, proto, steps, latency, bandwidth,
-                          bus, tensors)
+                          bus)
 
 
 def coalesced_time(op: str, sizes: list[int] | tuple[int, ...], ranks: int,
                    topology: str | Topology | None = None, *,
                    gpu_name: str | GpuSpec | None = None) -> CollectiveTime:
     """One coalesced call (all_reduce_coalesced, all_gather_into_tensor_coalesced, ...,
-    or ops grouped in a `_coalescing_manager`): one launch for all the tensors, NCCL's
-    latency per grouped operation as its tuning model charges it."""
+    or ops grouped in a `_coalescing_manager`): one launch for all the tensors (NCCL groups
+    them into one kernel), each tensor tuned and timed as its own operation: NCCL's tuning
+    model charges a ring's latency for every operation of a group (ncclTopoGetAlgoTime,
+    `latCount = numPipeOps`), so what coalescing saves is the host's launches, not GPU time.
+    The algorithm and protocol shown are the largest tensor's."""
     if not sizes:
         raise ValueError("a coalesced call needs at least one tensor's size")
-    total = sum(_check_bytes(s) for s in sizes)
-    return collective_time(op, total, ranks, topology, gpu_name=gpu_name, tensors=len(sizes))
+    parts = [collective_time(op, _check_bytes(s), ranks, topology, gpu_name=gpu_name)
+             for s in sizes]
+    big = max(parts, key=lambda t: t.nbytes)
+    return CollectiveTime(big.op, sum(t.nbytes for t in parts), ranks, big.topology,
+                          big.algorithm, big.protocol, sum(t.steps for t in parts),
+                          sum(t.latency for t in parts), sum(t.bandwidth for t in parts),
+                          big.bus_gbs, len(parts))

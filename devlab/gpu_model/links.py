@@ -30,12 +30,14 @@ SM90_NVLINK_GBS = 20.6  # SM90_NVLINK_BW: H100 (NVLink 4)
 # (topo.h's PCI_BW, "PCI Gen3 x16"), 24 for Gen4 x16, 48 for Gen5 x16.
 PCIE_GBS = {3: 16 * 60 / 80.0, 4: 16 * 120 / 80.0, 5: 16 * 240 / 80.0}
 # Staged through host memory, an op whose GPUs send and receive at once (a ring: all-reduce,
-# all-gather, reduce-scatter, all-to-all) gets a third of what a one-way op (a broadcast or
-# reduce between two GPUs) gets: two RTX 2080 Ti on PCIe Gen3 without P2P [autodl] measure
-# all_reduce at 4.00 GB/s busbw against broadcast at 11.09 and reduce at 11.14 (fitted: 4.00
-# over NCCL's 12); nccl#384 (Gen3 x16, P2P disabled, one channel) measures 3.9 against 10.31,
-# and NCCL's author answers there that "some CPUs do not handle bidirectional traffic well".
-HOST_DUPLEX = 1 / 3
+# all-gather, reduce-scatter, all-to-all) gets under a third of what a one-way op (a broadcast
+# or reduce between two GPUs) gets: two RTX 2080 Ti on PCIe Gen3 without P2P [autodl] measure
+# all_reduce at 3.99-4.00 GB/s busbw and all_gather at 3.18-3.79 against broadcast at 11.09
+# and reduce at 11.14; nccl#384 (Gen3 x16, P2P disabled, one channel) 3.9 and 3.17 against
+# 10.31, and NCCL's author answers there that "some CPUs do not handle bidirectional traffic
+# well". Fitted on [autodl]'s two-way rows, the least largest error: between the all-gather's
+# 3.18 (16 MiB) and the all-reduce's 4.00 (1 GiB), 3.54 GB/s = 0.295 x NCCL's 12.
+HOST_DUPLEX = 0.295
 # Two H100 PCIe cards joined by NVLink bridges reach 115.4 GB/s busbw on all_reduce of 1 to
 # 4 GiB (nccl-tests#194, the only published measurement found), not the 247 GB/s that NCCL's
 # per-link figure gives for the 12 links of the datasheet's 600 GB/s (both ways): the model
@@ -70,8 +72,8 @@ def _pcie(gen: int, p2p: bool, cc: str) -> Topology:
                         source=f"NCCL's PCIe Gen{gen} x16 bandwidth, {gbs:g} GB/s [nccl-topo]")
     return Topology(f"pcie{gen}-host", f"PCIe Gen{gen} x16 without peer-to-peer (through host "
                     "memory)", PCI, gbs, 8, False, HOST_DUPLEX, compute_capability=cc,
-                    source=f"NCCL's PCIe Gen{gen} x16 bandwidth, {gbs:g} GB/s [nccl-topo]; a "
-                    "third of it for two-way traffic through host memory [autodl], [nccl#384]")
+                    source=f"NCCL's PCIe Gen{gen} x16 bandwidth, {gbs:g} GB/s [nccl-topo]; 0.295 "
+                    "of it for two-way traffic through host memory [autodl], [nccl#384]")
 
 
 TOPOLOGIES: dict[str, Topology] = {
