@@ -102,7 +102,8 @@ def compare(rows: list[Measured] | None = None) -> list[Compared]:
 
 
 def _who(m: Measured) -> str:
-    shown = m.hardware if m.hardware == m.gpu else f"{m.hardware} (as {m.gpu})"
+    same = m.hardware.replace(" ", "-").lower() == m.gpu.lower()
+    shown = m.hardware if same else f"{m.hardware} (as {m.gpu})"
     return f"{m.ranks} x {shown}, `{m.topology}`"
 
 
