@@ -19,10 +19,13 @@ from devlab.gpu_model import (
     SPECS,
     TOPOLOGIES,
     algbw_to_busbw,
+    bucket_sizes,
     bus_factor,
     busbw_to_algbw,
     coalesced_time,
     collective_time,
+    data_parallel,
+    data_parallel_step,
     default_topology,
     links,
     topologies,
@@ -260,7 +263,7 @@ def test_bad_input_says_what_is_wrong_and_what_would_be_right() -> None:
 
 def test_the_model_is_pure() -> None:
     # It imports nothing of the simulation and nothing of torch.
-    for module in (coll, links):
+    for module in (coll, links, data_parallel):
         text = Path(module.__file__).read_text(encoding="utf-8")
         assert not re.search(r"^\s*(from|import)\s+(torch|devlab\.simulated)", text, re.M)
     assert gpu_model.collective_time is collective_time and gpu_model.topology is topology
@@ -299,3 +302,73 @@ def test_the_docs_show_what_the_benchmark_prints(bench) -> None:
         shown = doc.split(f"<!-- {name}:start -->\n")[1].split(f"\n<!-- {name}:end -->")[0]
         assert shown == table, f"docs/gpu-models.md's {name} is stale: run " \
                                "benchmarks/collectives.py --docs"
+
+
+# --- a data-parallel step (DDP) ----------------------------------------------------------------
+
+def _grads(count: int, nbytes: int, backward: float) -> list[tuple[float, int]]:
+    """`count` gradients of `nbytes`, ready evenly through a backward pass of `backward` s."""
+    return [((i + 1) / count * backward, nbytes) for i in range(count)]
+
+
+def test_ddp_buckets_are_1_mib_then_25_mib_in_order_of_readiness() -> None:
+    assert [len(b) for b in bucket_sizes([MiB] * 100)] == [1, 25, 25, 25, 24]
+    assert [len(b) for b in bucket_sizes([MiB // 2] * 6)] == [2, 4]
+    assert bucket_sizes([]) == []
+    assert data_parallel.FIRST_BUCKET_BYTES == 1 << 20  # dist._DEFAULT_FIRST_BUCKET_BYTES
+    # Buckets follow readiness, not the order the gradients are listed in.
+    grads = _grads(60, MiB, 0.05)
+    step = data_parallel_step(grads, 8, "nvswitch-a100", forward=0.02, backward=0.05)
+    shuffled = data_parallel_step(grads[::-1], 8, "nvswitch-a100", forward=0.02,
+                                  backward=0.05)
+    assert step == shuffled
+    assert [b.gradients for b in step.buckets] == [1, 25, 25, 9]
+
+
+def test_ddp_all_reduces_run_in_order_on_their_own_stream() -> None:
+    step = data_parallel_step(_grads(100, MiB, 0.08), 4, "pcie4-p2p", forward=0.03,
+                              backward=0.08, optimizer=0.004)
+    previous_end = 0.0
+    for b in step.buckets:
+        assert b.collective == collective_time("all_reduce", b.nbytes, 4, "pcie4-p2p")
+        assert b.start == pytest.approx(max(b.ready, previous_end))
+        previous_end = b.end
+    assert step.communication == pytest.approx(sum(b.collective.seconds for b in step.buckets))
+    assert step.seconds == pytest.approx(0.03 + max(0.08, previous_end) + 0.004)
+
+
+def test_ddp_overlaps_communication_with_the_backward_pass() -> None:
+    # Fast links: only the last bucket's all-reduce is left after the backward pass.
+    fast = data_parallel_step(_grads(100, MiB, 0.1), 8, "nvswitch-a100", forward=0.05,
+                              backward=0.1)
+    assert fast.exposed == pytest.approx(fast.buckets[-1].collective.seconds)
+    assert fast.hidden > 0.7
+    # Through host memory the all-reduces outlast the backward pass: most is exposed, and the
+    # step is at least the communication.
+    slow = data_parallel_step(_grads(100, MiB, 0.01), 2, "pcie3-host", forward=0.005,
+                              backward=0.01)
+    assert slow.exposed > 0.5 * slow.communication
+    assert slow.seconds >= slow.forward + slow.communication
+    # The first iteration's single bucket starts when the backward pass ends: nothing hidden.
+    first = data_parallel_step(_grads(100, MiB, 0.1), 8, "nvswitch-a100", forward=0.05,
+                               backward=0.1, first_iteration=True)
+    assert len(first.buckets) == 1 and first.hidden == pytest.approx(0.0)
+    assert first.seconds == pytest.approx(0.15 + first.buckets[0].collective.seconds)
+    # One GPU: no communication at all.
+    alone = data_parallel_step(_grads(100, MiB, 0.1), 1, "nvswitch-a100", forward=0.05,
+                               backward=0.1, optimizer=0.01)
+    assert alone.communication == 0 and alone.seconds == pytest.approx(0.16)
+
+
+def test_ddp_bad_input_says_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match=r"forward must be a time in seconds, 0 or more; got -1"):
+        data_parallel_step([], 2, "pcie4-p2p", forward=-1, backward=0.1)
+    with pytest.raises(ValueError, match=r"gradient 0 is ready at 0.5 s: it must be within the "
+                                         r"backward pass, 0 to 0.1 s"):
+        data_parallel_step([(0.5, MiB)], 2, "pcie4-p2p", forward=0.1, backward=0.1)
+    with pytest.raises(ValueError, match=r"gradient 1 must be \(ready seconds, bytes\)"):
+        data_parallel_step([(0.05, MiB), 3], 2, "pcie4-p2p", forward=0.1, backward=0.1)
+    with pytest.raises(ValueError, match=r"gradient 0 has -3 bytes"):
+        data_parallel_step([(0.05, -3)], 2, "pcie4-p2p", forward=0.1, backward=0.1)
+    with pytest.raises(ValueError, match="bucket_cap_bytes must be a whole number of bytes"):
+        bucket_sizes([MiB], bucket_cap_bytes=0)
