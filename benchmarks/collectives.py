@@ -21,7 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devlab.gpu_model import SPECS, collective_time, topologies, topology  # noqa: E402
+from devlab.gpu_model import (  # noqa: E402
+    SPECS,
+    collective_time,
+    data_parallel_step,
+    topologies,
+    topology,
+)
 from devlab.gpu_model.collectives import CollectiveTime  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "collectives" / "measurements.csv"
@@ -162,11 +168,73 @@ def choices_markdown() -> str:
     return "\n".join(lines)
 
 
+# --- data-parallel steps: ResNet-50 training throughput on 1 to 8 GPUs ------------------------
+
+# [lambda] lambdal/deeplearning-benchmark, pytorch/pytorch-train-throughput-fp32.csv (commit
+# 0551cb70ffdc155dc4cb2c10dddebb65651c3883), column resnet50 (images/s), and
+# pytorch/pytorch-train-bs-fp32.csv (commit 08d77c41c42f48de5598b48c77f3fbd1b6252348): 640
+# images per GPU on the A100 80GB boards. (row name, GPUs, images/s)
+LAMBDA_RESNET50 = {
+    "A100 80GB SXM4": ("A100-80GB", 640, {1: 1066.0, 2: 2029.0, 4: 4042.0, 8: 7397.0}),
+    "A100 80GB PCIe": ("A100-PCIe-80GB", 640, {1: 1014.0, 2: 1957.0}),
+}
+RESNET50_PARAMETERS = 25_557_032  # torchvision's resnet50 (weights' "num_params")
+GRADIENT_TENSORS = 161  # its parameter tensors
+
+
+@dataclass(frozen=True)
+class Scaling:
+    board: str
+    gpu: str
+    ranks: int
+    topology: str
+    measured: float  # images/s on `ranks` GPUs
+    one: float  # images/s on one GPU, measured
+    step: object  # the model's StepTime
+
+    @property
+    def modeled(self) -> float:
+        return self.ranks * self.one * (self.step.forward + self.step.backward) / self.step.seconds
+
+
+def scaling_rows() -> list[Scaling]:
+    """Each multi-GPU row's throughput as the step model predicts it from the one-GPU row: the
+    one-GPU step (batch / images per second) is the compute, a third forward and two thirds
+    backward, with ResNet-50's FP32 gradients ready evenly through the backward pass and
+    all-reduced as DDP does on the board's default machine."""
+    out = []
+    for board, (gpu, batch, measured) in LAMBDA_RESNET50.items():
+        step = batch / measured[1]
+        backward = 2 * step / 3
+        per = RESNET50_PARAMETERS * 4 // GRADIENT_TENSORS
+        grads = [((i + 1) / GRADIENT_TENSORS * backward, per) for i in range(GRADIENT_TENSORS)]
+        topo = topologies(gpu)[0].key
+        for ranks, value in measured.items():
+            if ranks == 1:
+                continue
+            modeled = data_parallel_step(grads, ranks, topo, forward=step / 3, backward=backward)
+            out.append(Scaling(board, gpu, ranks, topo, value, measured[1], modeled))
+    return out
+
+
+def scaling_markdown() -> str:
+    lines = ["| board [lambda] | GPUs, topology | measured images/s (scaling) | model images/s "
+             "(scaling) | all-reduce time, hidden | model / measured |", "|---|---|---|---|---|---|"]
+    for r in scaling_rows():
+        n = r.ranks * r.one
+        lines.append(f"| {r.board} | {r.ranks}, `{r.topology}` | {r.measured:,.0f} "
+                     f"({r.measured / n:.3f}) | {r.modeled:,.0f} ({r.modeled / n:.3f}) | "
+                     f"{r.step.communication * 1e3:.1f} ms, {r.step.hidden:.0%} | "
+                     f"{r.modeled / r.measured:.2f} |")
+    return "\n".join(lines)
+
+
 def sections(compared: list[Compared] | None = None) -> dict[str, str]:
     compared = compared if compared is not None else compare()
     return {"collectives-table": markdown(compared),
             "collectives-small": small_markdown(compared),
-            "collectives-choice": choices_markdown()}
+            "collectives-choice": choices_markdown(),
+            "collectives-ddp": scaling_markdown()}
 
 
 def main() -> None:

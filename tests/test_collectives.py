@@ -372,3 +372,13 @@ def test_ddp_bad_input_says_what_is_wrong() -> None:
         data_parallel_step([(0.05, -3)], 2, "pcie4-p2p", forward=0.1, backward=0.1)
     with pytest.raises(ValueError, match="bucket_cap_bytes must be a whole number of bytes"):
         bucket_sizes([MiB], bucket_cap_bytes=0)
+
+
+def test_published_resnet50_scaling_is_not_limited_by_communication(bench) -> None:
+    # [lambda]: the model, from the measured one-GPU step, predicts at least the measured
+    # multi-GPU throughput (what it leaves out only slows the GPUs), within 20 %.
+    rows = bench.scaling_rows()
+    assert {(r.board, r.ranks) for r in rows} >= {("A100 80GB SXM4", 8), ("A100 80GB PCIe", 2)}
+    for r in rows:
+        assert 1.0 <= r.modeled / r.measured <= 1.2, (r.board, r.ranks)
+        assert r.step.communication < 0.05 * r.step.seconds
