@@ -9,11 +9,11 @@ model here is that model, for one machine, with the constants copied from it:
 
 - **Bandwidth.** The link's bus bandwidth (`links.Topology.bus_gbs`: NCCL's figure for the
   link), less for the protocols that spend bytes on flags: LL moves half (capped per GPU
-  generation), LL128 120/128 of it (NVLink only); a tree all-reduce 0.92 of it and, in a single
-  machine, LL128 7/9 of that, LL 1/3.8. The bus bandwidth becomes the algorithm bandwidth (bytes
-  / time) as nccl-tests defines them ([nccl-tests-perf], `doc/PERFORMANCE.md`): a ring
-  all-reduce's is n / (2(n-1)) of it, an all-gather's or reduce-scatter's n / (n-1), a
-  broadcast's or reduce's all of it, a tree's half.
+  generation), LL128 0.92 of it (NVLink only; "120/128" in NCCL's comment); a tree all-reduce
+  0.92 of it and, in a single machine, LL128 7/9 of that, LL 1/3.8. The bus bandwidth becomes
+  the algorithm bandwidth (bytes / time) as nccl-tests defines them ([nccl-tests-perf],
+  `doc/PERFORMANCE.md`): a ring all-reduce's is n / (2(n-1)) of it, an all-gather's or
+  reduce-scatter's n / (n-1), a broadcast's or reduce's all of it, a tree's half.
 - **Latency.** A base per algorithm and protocol, plus a per-step latency of the hardware
   (NVLink or PCI) for each of a ring's steps: 2(n-1) for an all-reduce, n-1 for an all-gather
   or reduce-scatter, one for a broadcast or reduce (pipelined); a tree all-reduce pays 2(n-1)
@@ -204,7 +204,7 @@ def _candidates(op: str, ranks: int, topo: Topology, generation: str) -> list[tu
         if name == LL:
             bus = min(ll_cap, bus * 0.5)
         elif name == LL128:
-            bus = bus * 0.92  # 120/128
+            bus = bus * 0.92  # NCCL: 0.92 /*120.0/128.0*/
         latency = BASE_US[RING][p] + steps * STEP_US[topo.hw][RING][p]
         out.append((RING, name, steps, latency * 1e-6, bus, busbw_to_algbw(op, ranks, bus)))
         if op == ALL_REDUCE and ranks > 2:
