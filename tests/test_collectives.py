@@ -277,7 +277,10 @@ def test_published_bus_bandwidths_within_20_percent(bench) -> None:
     assert len(counted) >= 12
     # The rows the issue names, and both kinds of PCIe.
     sources = {c.measured.source for c in counted}
-    assert {"nccl#527", "nccl-tests#178", "nccl-tests#194", "autodl"} <= sources
+    assert {"nccl#527", "nccl-tests#178", "nccl-tests#194", "autodl", "rtx6kpro"} <= sources
+    kinds = {TOPOLOGIES[c.measured.topology].p2p for c in counted
+             if TOPOLOGIES[c.measured.topology].hw == links.PCI}
+    assert kinds == {True, False}  # PCIe with and without peer-to-peer
     for c in counted:
         m = c.measured
         assert m.nbytes >= 1_000_000 and m.busbw_gbs and m.stated
