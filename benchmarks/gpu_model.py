@@ -390,6 +390,7 @@ def rows() -> list[Row]:
     a100, a100_40 = SPECS["A100-80GB"], SPECS["A100-40GB"]
     a100p40, a100p80 = SPECS["A100-PCIe-40GB"], SPECS["A100-PCIe-80GB"]
     p100, v100 = SPECS["P100"], SPECS["V100"]
+    h100p = SPECS["H100-PCIe"]
     zzc = [1024, 2048, 4096, 8192, 10240]
     chs = [256, 512, 1024, 2048, 4096, 6888]
     out: list[Row] = []
@@ -404,6 +405,8 @@ def rows() -> list[Row]:
     mm("T4", "same, BF16: no BF16 hardware [zzc-db]", 2.46, t4, square(*zzc), "BF16")
     mm("T4", "torch.matmul, best of n = 256…6888, FP32 [chsasank]", 4.0, t4, square(*chs), "FP32",
        calls=1, sync_each=True)
+    mm("H100-PCIe", "torch.matmul, best of n = 256…6888, FP32 [chsasank]", 38.0, h100p,
+       square(*chs), "FP32", calls=1, sync_each=True)
     mm("P100", "torch.mm, best of n = 1024…10240, FP32 (Kaggle) [zzc-db]", 8.63, p100,
        square(*zzc), "FP32")
     mm("V100", "torch.mm, best of n, FP32 (V100-SXM2-16GB, 15.7 peak) [zzc-db]", 14.06, v100,
@@ -450,6 +453,8 @@ def rows() -> list[Row]:
         device_copy_gbs(a100p40, 10_000_000))
     mem("A100-PCIe-80GB", "a.copy_(b), best of 4…380 MB [chsasank]", 1490.0,
         device_copy_gbs(a100p80, 380_000_000))
+    mem("H100-PCIe", "a.copy_(b), best of 4…380 MB [chsasank]", 1630.0,
+        device_copy_gbs(h100p, 380_000_000))
     mem("A100-80GB", "a * 1.2, 4 Mi float32, 8 bytes per element [mli]", 1616.0,
         8 * 4 * 2**20 / queued_ops(a100, "mul", ((4 * 2**20,),)) / 1e9)
     out.append(Row("memory", "A100-80GB", "add of two 4096×4096, queued [Torch-FL#27]", 149.0, "µs",

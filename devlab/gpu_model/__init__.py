@@ -19,3 +19,21 @@ __all__ = ["ALIASES", "ALONE", "CALIBRATION", "QUEUED", "SPECS", "Calibration", 
 def models() -> list[str]:
     """The GPUs the model knows, by key (`gpu(name)` also takes the aliases)."""
     return list(SPECS)
+
+from .collectives import (  # noqa: E402  (collectives: issue 28)
+    OPS,
+    CollectiveTime,
+    algbw_to_busbw,
+    bus_factor,
+    busbw_to_algbw,
+    coalesced_time,
+    collective_time,
+)
+from .links import TOPOLOGIES, Topology, default_topology, topologies, topology  # noqa: E402
+
+__all__ += ["OPS", "TOPOLOGIES", "CollectiveTime", "Topology", "algbw_to_busbw", "bus_factor",
+            "busbw_to_algbw", "coalesced_time", "collective_time", "default_topology",
+            "topologies", "topology"]
+from .data_parallel import StepTime, bucket_sizes, data_parallel_step  # noqa: E402
+
+__all__ += ["StepTime", "bucket_sizes", "data_parallel_step"]

@@ -75,6 +75,8 @@ CITED_TFLOPS: dict[str, dict[str, float]] = {
     "A100-PCIe-80GB": {"tf32": 108.32, "float16": 241.49, "bfloat16": 234.14},
     # [zzc#79] "NVIDIA H100 80GB HBM3": TF32 402.15, FP16 760.04, BF16 797.51.
     "H100": {"tf32": 402.15, "float16": 760.04, "bfloat16": 797.51},
+    # [chsasank] "Nvidia H100-PCIe 80GB", torch.matmul best of n = 256…6888: FP16 435, BF16 449.
+    "H100-PCIe": {"float16": 435.0, "bfloat16": 449.0},
 }
 
 # --- fitted: `benchmarks/gpu_model.py --fit` prints this part from the measurements -----------
@@ -106,3 +108,7 @@ CALIBRATION: dict[str, Calibration] = {
 for _sxm, _pcie in (("A100-40GB", "A100-PCIe-40GB"), ("A100-80GB", "A100-PCIe-80GB")):
     CALIBRATION[_sxm] = replace(CALIBRATION[_pcie], tflops=CITED_TFLOPS[_sxm],
                                 source=f"the {_pcie} card's fractions (same chip)")
+# The H100 PCIe card has no rows either: the SXM board's fractions (the same GH100 chip), to
+# its own peaks and bandwidth.
+CALIBRATION["H100-PCIe"] = replace(CALIBRATION["H100"], tflops=CITED_TFLOPS["H100-PCIe"],
+                                   source="the H100's fractions (same chip)")

@@ -98,6 +98,16 @@ SPECS: dict[str, GpuSpec] = {
                     host_link="PCIe Gen5 x16", host_link_gbs=64.0,
                     peer_link="NVLink 4 (18 links)", peer_link_gbs=450.0, **_HOST, sms=132,
                     board_power_w=700.0, compute_capability="9.0"),
+    # NVIDIA H100 PCIe (the first H100 datasheet's "H100 PCIe" column; the Hopper whitepaper's
+    # comparison table): 51 FP32; TF32 756*, BF16 1,513*, FP16 1,513* ("* With sparsity"), so
+    # the dense values are halves; 80 GB HBM2e at 2 TB/s; PCIe Gen5 128 GB/s two-way; NVLink
+    # bridges "600GB/s" two-way between two cards (NCCL measures far less: links.py); 350 W
+    # maximum; 114 SMs [H100-WP]. Added for the collective model's measurements (issue 28).
+    "H100-PCIe": GpuSpec("H100-PCIe", "NVIDIA H100 PCIe 80 GB", 51.0, 378.0, 756.5, 756.5, 80.0,
+                         2000.0, host_link="PCIe Gen5 x16", host_link_gbs=64.0,
+                         peer_link="PCIe Gen5 x16 (NVLink bridges can join two cards)",
+                         peer_link_gbs=64.0, **_HOST, sms=114, board_power_w=350.0,
+                         compute_capability="9.0"),
 }
 
 # Other names a user may type. "A100" is the SXM4 80 GB board, as it was before the variants
