@@ -395,16 +395,14 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     "V100", "L4", "A100-40GB", "A100-80GB", "H100", ...: `devlab.simulated.models()`; "A100"
     is "A100-80GB"), the simulated GPUs keep a modeled clock of that GPU instead: timing code
     (devlab.timing, torch.cuda.Event) reads modeled times, from the GPU's public
-    specifications, not measured; each GPU then has that GPU's memory unless `memory_limit`
-    says otherwise. Choose before first use.
+    specifications, not measured; each GPU then has that GPU's memory as torch reports it on
+    one (a T4's 14.75 GiB, not its datasheet's 16 GB) and a CUDA context, and `memory_limit` is
+    a per-process limit on it. Choose before first use.
     """
     simulated.check_count(count)
     check_memory_limit(memory_limit)
     if model is not None:
-        spec = simulated.gpu_spec(model)  # an unknown name fails here, naming the models
-        model = spec.name
-        if memory_limit is None:
-            memory_limit = int(spec.memory_gb * 1024)
+        model = simulated.gpu_spec(model).name  # an unknown name fails here, naming them
     if (
         simulated.is_active()
         and _settings.simulated_gpus == count
@@ -488,6 +486,7 @@ def _apply_real_cuda_settings() -> None:
             free, _ = torch.cuda.mem_get_info(phys.index)
             block = torch.empty(int(free * 0.9), dtype=torch.uint8, device=f"cuda:{phys.index}")
             del block
+            torch.cuda.reset_peak_memory_stats(phys.index)  # the program's peak starts here
 
 
 runtime.on_initialize(_apply_real_cuda_settings)

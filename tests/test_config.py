@@ -145,29 +145,32 @@ def test_d2l_helpers_without_a_gpu_are_drop_in() -> None:
     assert not runtime.is_initialized(), "the d2l helpers must not fix device settings"
 
 
-def test_memory_growth_off_on_a_simulated_gpu_reserves_its_limit_up_front() -> None:
+def test_memory_growth_off_on_a_simulated_gpu_reserves_its_free_memory_at_first_use() -> None:
+    # As devlab does on a real GPU (and TensorFlow by default): at its first use, a GPU without
+    # memory growth reserves nine tenths of its free memory as one cached segment of CUDA's
+    # caching allocator, rounded up to 2 MiB; tensors are then split from it.
     from devlab import simulated
 
     mib = 1024 * 1024
     config.simulate_gpus(2, memory_limit=64)
     gpu0, gpu1 = config.list_physical_devices("GPU")
     config.set_memory_growth(gpu0, False)
-    assert [simulated.memory_stats(i)["reserved"] for i in range(2)] == [64 * mib, 0]
-    assert torch.cuda.memory_reserved(0) == 64 * mib and torch.cuda.memory_reserved(1) == 0
     config.set_memory_growth(gpu0, True)  # before first use: grows on demand again
-    assert torch.cuda.memory_reserved(0) == 0
     config.set_memory_growth(gpu0, False)
-    # Each logical device of a GPU without memory growth reserves its own limit.
+    # Each logical device of a GPU without memory growth reserves from its own limit.
     config.set_logical_device_configuration(
         gpu1, [LogicalDeviceConfiguration(16), LogicalDeviceConfiguration(32)])
     config.set_memory_growth(gpu1, False)
-    assert [simulated.memory_stats(i)["reserved"] for i in range(3)] == [64 * mib, 16 * mib, 32 * mib]
-    x = torch.ones(mib, device="cuda:0")  # 4 MiB
+    assert [simulated.memory_stats(i)["reserved"] for i in range(3)] == [0, 0, 0]
+    x = torch.ones(mib, device="cuda:0")  # 4 MiB, split from 0.9 x 64 MiB -> 58 MiB
     assert simulated.memory_stats(0) == {"allocated": 4 * mib, "peak": 4 * mib, "limit": 64 * mib,
-                                         "reserved": 64 * mib}
+                                         "reserved": 58 * mib}
+    y = torch.ones(1, device="cuda:2")  # 0.9 x 32 MiB -> 30 MiB, and a 2 MiB small segment
+    assert [simulated.memory_stats(i)["reserved"] for i in range(3)] == [58 * mib, 0, 32 * mib]
+    assert torch.cuda.memory_reserved(0) == 58 * mib and torch.cuda.memory_reserved(1) == 0
     with pytest.raises(RuntimeError, match="^Physical devices cannot be modified after being initialized$"):
         config.set_memory_growth(gpu0, True)
-    del x
+    del x, y
 
 
 def test_memory_growth_off_on_a_simulated_gpu_without_a_limit_reserves_what_it_allocates() -> None:
@@ -177,8 +180,8 @@ def test_memory_growth_off_on_a_simulated_gpu_without_a_limit_reserves_what_it_a
     (gpu,) = config.list_physical_devices("GPU")
     config.set_memory_growth(gpu, False)
     assert simulated.memory_stats(0)["reserved"] == 0
-    x = torch.ones(1, device="cuda:0")
-    assert simulated.memory_stats(0)["reserved"] == torch.cuda.memory_reserved(0) == 512
+    x = torch.ones(1, device="cuda:0")  # the host's memory: nothing to map up front
+    assert simulated.memory_stats(0)["reserved"] == torch.cuda.memory_reserved(0) == 2 * 2**20
     del x
 
 
@@ -221,7 +224,7 @@ def test_device_table_shows_simulated_gpus_and_what_they_reserve() -> None:
     gpu0 = next(line for line in lines if "device:GPU:0" in line)
     gpu1 = next(line for line in lines if "device:GPU:1" in line)
     assert "0 B / 64.0 MiB" in gpu0 and gpu0.rstrip().endswith("simulated")
-    assert "4.0 MiB (64.0 MiB reserved) / 64.0 MiB" in gpu1
+    assert "4.0 MiB (58.0 MiB reserved) / 64.0 MiB" in gpu1  # 0.9 x 64 MiB, in 2 MiB
     assert lines[-1].startswith("2 simulated GPUs (CPU-backed")
     assert "device:CPU:0" in table and "real" in table
     del x

@@ -493,6 +493,14 @@ class CachingAllocator:
     def malloc(self, size: int, stream: int = 0) -> Block:
         """Allocate `size` bytes on `stream`: a cached block, else a new segment; raises
         `OutOfMemory` where CUDA's allocator raises its out-of-memory error."""
+        got = self.allocate(size, stream)
+        if isinstance(got, OutOfMemory):
+            raise got
+        return got
+
+    def allocate(self, size: int, stream: int = 0) -> Block | OutOfMemory:
+        """`malloc` that returns its out-of-memory instead of raising it (a caller that turns
+        it into an error of its own keeps no traceback of the allocator's frames)."""
         if size < 0:
             raise ValueError(f"cannot allocate a negative size ({size})")
         if self.deferred:
@@ -518,11 +526,43 @@ class CachingAllocator:
             self.counters["num_ooms"] += 1
             free = 0 if self.total is None else self.free_memory()
             self._trace("oom", 0, alloc_size, stream, frames, device_free=free)
-            raise OutOfMemory(self.device, alloc_size,
-                              self.total if self.total is not None else 0, free,
-                              self.allocated, self.reserved, self.allowed,
-                              self.context + self.reserved_total)
+            return self._oom(alloc_size, free)
         return self._hand_out(block, pool, rounded, size, stream, frames)
+
+    def refusal(self, size: int, stream: int = 0) -> OutOfMemory | None:
+        """The out-of-memory `malloc(size)` would raise, or None where it would succeed,
+        changing nothing: a caller asks before it makes what it would allocate."""
+        rounded = round_size(size, self.config)
+        pool = self.small if rounded <= SMALL_SIZE else self.large
+        b = pool.first_fit(stream, rounded)
+        max_split = self.config.max_split_size
+        if b is not None and not (
+                (rounded < max_split <= b.size)
+                or (rounded >= max_split and b.size >= rounded + self.config.max_non_split_rounding)):
+            return None
+        alloc_size = segment_size(rounded)
+        room = self._room()
+        if room is None or alloc_size <= room:
+            return None
+        releasable = sum(b.size for p in (self.small, self.large) for b in p.blocks.values()
+                         if not b.is_split)
+        if alloc_size <= room + releasable:
+            return None
+        return self._oom(alloc_size, self.free_memory() if self.total is not None else 0)
+
+    def _room(self) -> int | None:
+        """The bytes a new segment may take now (None: no bound)."""
+        bounds = []
+        if self.allowed is not None:
+            bounds.append(self.allowed - self.reserved_total)
+        if self.total is not None:
+            bounds.append(self.total - self.context - self.reserved_total)
+        return min(bounds) if bounds else None
+
+    def _oom(self, alloc_size: int, free: int) -> OutOfMemory:
+        return OutOfMemory(self.device, alloc_size, self.total if self.total is not None else 0,
+                           free, self.allocated, self.reserved, self.allowed,
+                           self.context + self.reserved_total)
 
     def free(self, block: Block) -> None:
         """The tensor's memory is given back: the block returns to its pool (after the other
@@ -657,9 +697,8 @@ class CachingAllocator:
         """`alloc_block`: cudaMalloc a segment, or None where it would not fit."""
         if retry:
             self.counters["num_alloc_retries"] += 1
-        if self.allowed is not None and self.reserved_total + size > self.allowed:
-            return None
-        if self.total is not None and self.reserved_total + size > self.total - self.context:
+        room = self._room()
+        if room is not None and size > room:
             return None
         self.reserved_total += size
         b = Block(self._next_address, size, stream, pool.small)

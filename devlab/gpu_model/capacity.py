@@ -26,6 +26,9 @@ TOTAL_MEMORY: dict[str, int] = {
     "A100-80GB": 84_987_740_160,  # 81051 MiB, "79.15 GiB" (deviceQuery, driver 12.2)
     "A100-PCIe-80GB": 84_974_239_744,  # 81038 MiB (deviceQuery, driver 12.4)
     "H100": 85_017_755_648,  # 81079 MiB, "79.18 GiB" in out-of-memory errors (driver 13.0)
+    # No figure from an H100 PCIe card is published (only "79" GB, rounded): it has the same
+    # 80 GB of memory as the SXM5 board, whose figure stands in for it until one is.
+    "H100-PCIe": 85_017_755_648,
 }
 
 # The CUDA context with lazy module loading (torch's default since CUDA 11.7): pytorch/pytorch

@@ -128,8 +128,9 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
     """Simulate `count` GPUs (one memory limit in MB per GPU; None = unlimited).
 
     `model` names a real GPU ("T4", "L4", "A100-40GB", "H100", ...: `models()`) whose public
-    specifications the GPUs' modeled clock follows (see `modeled_time`, `explain`); a GPU
-    without a memory limit then has that GPU's memory. Calling it again before any simulated
+    specifications the GPUs' modeled clock follows (see `modeled_time`, `explain`); each GPU
+    then has that GPU's memory as torch reports it, and a CUDA context (a memory limit is a
+    per-process limit on it). Calling it again before any simulated
     tensor exists replaces the configuration. `asynchronous=False` runs every op synchronously
     on the calling thread. Refuses on a machine with real CUDA GPUs, and on a torch that lacks
     what the simulation relies on.
@@ -138,8 +139,6 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
     check_count(count)
     spec = gpu_spec(model) if model is not None else None
     limits = _limits_bytes(count, memory_limits_mb)
-    if spec is not None:
-        limits = [int(spec.memory_gb * 1e9) if lim is None else lim for lim in limits]
     with _control_lock:
         if _session.bad_fork:  # the inherited GPUs are initialized: CUDA's rule (_fork)
             raise _errors.forked_after_init()
@@ -374,12 +373,14 @@ def _device(index: int) -> _session.DeviceState:
 
 
 def memory_stats(index: int) -> dict[str, int | None]:
-    """Bytes on simulated GPU `index`: allocated now, peak since reset, limit (None = none),
-    and reserved: what is allocated, or the whole limit when the GPU reserves it up front
+    """Bytes on simulated GPU `index`: allocated now, peak since reset, limit (the memory
+    limit, else the capacity of the GPU it models; None = the host's memory), and reserved:
+    what CUDA's caching allocator holds, or the whole limit when the GPU reserves it up front
     (memory growth off, see `reconfigure`)."""
     dev = _device(index)
     with _session.lock:
-        return {"allocated": dev.allocated, "peak": dev.peak, "limit": dev.limit,
+        return {"allocated": dev.allocated, "peak": dev.peak,
+                "limit": dev.limit if dev.limit is not None else dev.total,
                 "reserved": dev.reserved}
 
 
@@ -395,7 +396,7 @@ def reset_peak(index: int) -> None:
     """Start peak tracking of simulated GPU `index` afresh from what is allocated now."""
     dev = _device(index)
     with _session.lock:
-        dev.peak = dev.allocated
+        dev.allocator.reset_peak()
 
 
 def synchronize(index: int | None = None) -> None:

@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from devlab.gpu_model.allocator import OutOfMemory
+
 from ..._tracebacks import drop_frames
 from .session import DeviceState
 
@@ -163,28 +165,18 @@ def not_simulated(what: str, instead: str) -> NotImplementedError:
         f"{what} is not simulated by devlab's simulated GPUs (they are the CPU); {instead}"))
 
 
-def format_size(size: int) -> str:
-    """CUDA's allocator formatting of a byte count (c10/cuda/CUDACachingAllocator.cpp)."""
-    if size <= 1024:
-        return f"{size} bytes"
-    if size <= 1048576:
-        return f"{size / 1024.0:.2f} KiB"
-    if size <= 1073741824:
-        return f"{size / 1048576.0:.2f} MiB"
-    return f"{size / 1073741824.0:.2f} GiB"
-
-
-def out_of_memory(dev: DeviceState, nbytes: int) -> torch.OutOfMemoryError:
-    """CUDA's out-of-memory error for `nbytes` more on a simulated GPU with a limit."""
-    assert dev.limit is not None
-    reserved = dev.reserved
-    free = max(0, dev.limit - reserved)
+def out_of_memory(dev: DeviceState, oom: OutOfMemory) -> torch.OutOfMemoryError:
+    """CUDA's out-of-memory error, with the figures of the GPU's allocator (`oom`) and a note
+    that says where this simulated GPU's memory comes from."""
+    if dev.context:
+        where = ("its capacity and CUDA context are those of the real GPU it models" +
+                 ("; the limit set with devlab.config.simulate_gpus(memory_limit=...) or "
+                  "set_logical_device_configuration is a per-process limit on it"
+                  if dev.limit is not None else ""))
+    else:
+        where = ("its memory limit comes from devlab.config.simulate_gpus(memory_limit=...) or "
+                 "set_logical_device_configuration")
     return user_error(torch.OutOfMemoryError(
-        f"CUDA out of memory. Tried to allocate {format_size(nbytes)}. GPU {dev.index} has a "
-        f"total capacity of {format_size(dev.limit)} of which {format_size(free)} is free. "
-        f"Of the allocated memory {format_size(dev.allocated)} is allocated by PyTorch, and "
-        f"{format_size(reserved - dev.allocated)} is reserved by PyTorch but unallocated. "
-        "(This GPU is simulated on the CPU; its "
-        "memory limit comes from devlab.config.simulate_gpus(memory_limit=...) or "
-        "set_logical_device_configuration.) Free tensors you no longer need (del x)."
-    ))
+        f"{oom.message(os.getpid())} (This GPU is simulated on the CPU; {where}.) Free tensors "
+        "you no longer need (del x), and torch.cuda.empty_cache() returns what the allocator "
+        "keeps cached."))

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from devlab.gpu_model.allocator import Block, OutOfMemory
+
 from . import errors as _errors
 from . import fork as _fork
 from . import session as _session
@@ -39,11 +41,13 @@ _functorch_unwrap = torch._C._functorch.get_unwrapped
 
 
 def _release(m: Mark) -> None:
-    """The storage died (weakref callback): its bytes leave the device."""
+    """The storage died (weakref callback): its block goes back to the GPU's allocator."""
     sess = m.session
-    if sess is _session.session:
+    if sess is _session.session and m.block is not None:
         with _session.lock:
-            sess.devices[m.index].counted -= m.nbytes
+            if m.block is not None:
+                sess.devices[m.index].allocator.free(m.block)
+                m.block = None
 
 
 class Mark(weakref.ref):
@@ -54,11 +58,16 @@ class Mark(weakref.ref):
     storage -> mark -> storage loop does not outlive the storage).
     """
 
-    __slots__ = ("index", "nbytes", "session")
+    __slots__ = ("block", "index", "session")
 
     index: int
-    nbytes: int
+    block: Block | None  # the allocator's block holding the storage's bytes
     session: Session
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the storage holds on its GPU (its block's size)."""
+        return 0 if self.block is None else self.block.size
 
 
 def new_mark(storage: torch.UntypedStorage, index: int, session: Session) -> Mark:
@@ -68,7 +77,7 @@ def new_mark(storage: torch.UntypedStorage, index: int, session: Session) -> Mar
     m = Mark(storage, _release)
     m.index = index
     m.session = session
-    m.nbytes = 0
+    m.block = None
     return m
 
 
@@ -197,25 +206,31 @@ def rounded(nbytes: int) -> int:
     return (nbytes + BLOCK - 1) & -BLOCK
 
 
-def _charge(dev: DeviceState, m: Mark, nbytes: int) -> bool:
-    """Make `nbytes` the bytes mark `m` holds on `dev`, unless that would exceed the device's
-    limit: then change nothing and return False. The caller holds the lock.
+def _charge(dev: DeviceState, m: Mark, nbytes: int) -> OutOfMemory | None:
+    """Give mark `m` a block of `nbytes` from the device's allocator (none for 0), freeing the
+    one it held; if the allocator cannot, change nothing and return its out-of-memory. The
+    caller holds the lock.
 
-    No call between the count and the mark's bytes, where an interrupt could land: the count
-    always equals what the live marks hold."""
+    No call between the allocation and the mark's block, where an interrupt could land: the
+    allocator's blocks are always the live marks' blocks."""
     if dev.queued:
         dev.settle()
-    alloc = dev.counted + nbytes - m.nbytes
-    if nbytes > m.nbytes and dev.limit is not None and alloc > dev.limit:
-        return False
-    dev.counted = alloc
-    m.nbytes = nbytes
-    if alloc > dev.peak:
-        dev.peak = alloc
-    for watch in dev.watches:
-        if alloc > watch.peak:
-            watch.peak = alloc
-    return True
+    a = dev.allocator
+    if not dev.opened:
+        dev.open()  # the GPU's first tensor: its CUDA context is made
+    old = m.block
+    block: Block | OutOfMemory | None = a.allocate(nbytes) if nbytes else None
+    if isinstance(block, OutOfMemory):
+        return block
+    m.block = block
+    if old is not None:
+        a.free(old)
+    if dev.watches:
+        alloc = a.allocated
+        for watch in dev.watches:
+            if alloc > watch.peak:
+                watch.peak = alloc
+    return None
 
 
 def _charge_or_raise(dev: DeviceState, m: Mark, nbytes: int) -> None:
@@ -225,25 +240,32 @@ def _charge_or_raise(dev: DeviceState, m: Mark, nbytes: int) -> None:
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     _workers.drain(dev.index)  # outside the lock: the worker frees storages under it
     with _session.lock:
-        if _charge(dev, m, nbytes):
-            return
-    raise _errors.out_of_memory(dev, nbytes - m.nbytes)
+        oom = _charge(dev, m, nbytes)
+    if oom is not None:
+        raise _errors.out_of_memory(dev, oom)
 
 
 def check_fits(index: int, nbytes: int) -> None:
-    """Raise CUDA's out-of-memory error if `nbytes` more would exceed the device's limit
-    (before a factory allocates them)."""
+    """Raise CUDA's out-of-memory error if `nbytes` more could not be allocated on the device
+    (before a factory allocates them on the host)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     sess = _session.session
     if sess is None:
         return
     dev = sess.devices[index]
-    if dev.limit is not None:
-        nb = rounded(nbytes)
-        if dev.allocated + nb > dev.limit:
-            _workers.drain(index)
-            if dev.allocated + nb > dev.limit:
-                raise _errors.out_of_memory(dev, nb)
+    a = dev.allocator
+    if a.total is None and a.allowed is None:
+        return
+    with _session.lock:
+        if not dev.opened:
+            dev.open()
+        fits = a.refusal(nbytes) is None
+    if not fits:
+        _workers.drain(index)
+        with _session.lock:
+            oom = a.refusal(nbytes)
+        if oom is not None:
+            raise _errors.out_of_memory(dev, oom)
 
 
 def mark(storages: list[torch.UntypedStorage], index: int) -> None:
@@ -266,9 +288,9 @@ def mark(storages: list[torch.UntypedStorage], index: int) -> None:
             setattr(s, MARK, m)
             marks.append(m)
             with _session.lock:
-                fits = _charge(dev, m, rounded(s.nbytes()))
-            if not fits:
-                _charge_or_raise(dev, m, rounded(s.nbytes()))
+                oom = _charge(dev, m, s.nbytes())
+            if oom is not None:
+                _charge_or_raise(dev, m, s.nbytes())
     except BaseException:
         with _session.lock:
             for m in marks:
@@ -288,12 +310,12 @@ def mark_one(s: torch.UntypedStorage, index: int) -> None:
     if not sess.used:
         _first_use(sess)
     dev = sess.devices[index]
-    nb = rounded(s.nbytes())
+    nb = s.nbytes()
     m = new_mark(s, index, sess)
     setattr(s, MARK, m)
     with _session.lock:
-        fits = _charge(dev, m, nb)
-    if not fits:
+        oom = _charge(dev, m, nb)
+    if oom is not None:
         try:
             _charge_or_raise(dev, m, nb)
         except BaseException:
@@ -304,12 +326,12 @@ def mark_one(s: torch.UntypedStorage, index: int) -> None:
 def recount(storage: torch.UntypedStorage, m: Mark) -> None:
     """Re-account a marked storage whose size may have changed (resize_, set_, out= ops)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    nb = rounded(storage.nbytes())
-    if nb != m.nbytes:
+    nb = storage.nbytes()
+    if (m.block.requested if m.block is not None else 0) != nb:
         dev = m.session.devices[m.index]
         with _session.lock:
-            fits = _charge(dev, m, nb)
-        if not fits:
+            oom = _charge(dev, m, nb)
+        if oom is not None:
             _charge_or_raise(dev, m, nb)
 
 

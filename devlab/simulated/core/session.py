@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import weakref
@@ -9,30 +10,47 @@ from typing import Any
 
 import torch
 
+from devlab.gpu_model import capacity
+from devlab.gpu_model.allocator import AllocatorConfig, CachingAllocator
+from devlab.gpu_model.specs import GpuSpec
+
 
 class DeviceState:
-    """Byte accounting of one simulated GPU (bytes; limit None = unlimited).
+    """The memory of one simulated GPU: CUDA's caching allocator (`devlab.gpu_model.allocator`)
+    over the GPU's capacity. Bytes throughout.
 
-    `reserve_up_front` is memory growth off: the GPU holds its whole limit from the start, as
-    TensorFlow maps a GPU's memory by default, so its reserved bytes are the limit. Without a
-    limit there is no capacity of its own to hold (its memory is the host's), and reserved
-    stays what is allocated.
+    `limit` is the user's memory limit (TensorFlow's `memory_limit`; None: none). A GPU modeled
+    on a real one (`spec`) has that GPU's capacity as torch reports it and a CUDA context, held
+    from the GPU's first use; a limit on it is a per-process limit, as
+    `set_per_process_memory_fraction` sets on a real GPU. A GPU with no model has its limit as
+    its capacity, or the host's memory when unlimited, and no context.
 
-    `counted` is what the storages' marks hold (`_marks`). `queued` lists, for each op queued
-    on this GPU's worker (`_workers`), the marks of the storages it holds its own tensors on,
-    one per tensor: a storage the user has let go of is free for CUDA's stream-ordered
-    allocator at once, though its kernel still runs, so `settle` takes it out of the count.
+    `reserve_up_front` is memory growth off: at its first use the GPU reserves nine tenths of
+    its free memory in the allocator (one cached segment), as devlab does on a real GPU to map
+    its memory up front as TensorFlow does by default (`devlab.config`).
+
+    `queued` lists, for each op queued on this GPU's worker (`_workers`), the marks of the
+    storages it holds its own tensors on, one per tensor: a storage the user has let go of is
+    free for CUDA's stream-ordered allocator at once, though its kernel still runs, so `settle`
+    frees its block.
     """
 
-    __slots__ = ("counted", "index", "limit", "peak", "queued", "reserve_up_front",
-                 "torch_device", "watches")
+    __slots__ = ("allocator", "context", "index", "limit", "opened", "queued",
+                 "reserve_up_front", "torch_device", "watches")
 
-    def __init__(self, index: int, limit: int | None, reserve_up_front: bool = False) -> None:
+    def __init__(self, index: int, limit: int | None, reserve_up_front: bool = False,
+                 spec: GpuSpec | None = None, config: AllocatorConfig | None = None) -> None:
         self.index = index
         self.limit = limit
         self.reserve_up_front = reserve_up_front
-        self.counted = 0
-        self.peak = 0
+        if spec is not None:
+            total: int | None = capacity.total_memory(spec)
+            allowed = limit
+            self.context = capacity.context_bytes(spec)
+        else:
+            total, allowed, self.context = limit, None, 0
+        self.allocator = CachingAllocator(index, total, 0, allowed, config)
+        self.opened = False
         self.queued: dict[int, list] = {}  # id(op) -> marks, one per tensor the op holds
         # devlab's own watches (%%memwatch): each keeps its peak apart from `peak`, which
         # torch.cuda.max_memory_allocated reads and only the user resets.
@@ -41,14 +59,38 @@ class DeviceState:
 
     @property
     def allocated(self) -> int:
-        """Bytes allocated now: what the user's tensors hold."""
+        """Bytes allocated now: the blocks the user's tensors hold."""
         if self.queued:
             with lock:
                 self.settle()
-        return self.counted
+        return self.allocator.allocated
+
+    @property
+    def peak(self) -> int:
+        """The highest allocation since the user last reset it (max_memory_allocated)."""
+        return self.allocator.peak_allocated
+
+    @property
+    def total(self) -> int | None:
+        """The capacity torch reports (None: the host's memory)."""
+        return self.allocator.total
+
+    def open(self) -> None:
+        """The GPU's first use (the caller holds the lock): its CUDA context takes its share of
+        the memory, and with memory growth off the allocator reserves most of the rest."""
+        if self.opened:
+            return
+        self.opened = True
+        a = self.allocator
+        a.context = self.context
+        free = a.free_memory() if a.total is not None else None
+        if self.reserve_up_front and free:
+            room = free if a.allowed is None else min(free, a.allowed)
+            a.free(a.malloc(int(room * 0.9)))
+            a.reset_peak()  # what the program allocates starts here
 
     def settle(self) -> None:
-        """Uncount the storages only queued work still uses (the caller holds the lock).
+        """Free the blocks of storages only queued work still uses (the caller holds the lock).
 
         A worker takes its op out of `queued` before the op's tensors go, so the tensors
         counted here are never more than the queued work holds."""
@@ -62,24 +104,29 @@ class DeviceState:
                     entry[1] += 1
         for m, n in held.values():
             s = m()
-            if (s is not None and m.nbytes and _use_count(s._cdata) == 1 + n  # type: ignore[misc]
+            if (s is not None and m.block is not None
+                    and _use_count(s._cdata) == 1 + n  # type: ignore[misc]
                     and sys.getrefcount(s) <= _BARE_REFS):
                 # Nothing but its Python object (1) and the queued work's tensors use it.
-                self.counted -= m.nbytes
-                m.nbytes = 0
+                self.allocator.free(m.block)
+                m.block = None
 
     @property
     def reserved(self) -> int:
-        """Bytes held for this GPU: allocated, or its whole limit when reserved up front."""
-        if self.reserve_up_front and self.limit is not None:
-            return self.limit
-        return self.allocated
+        """Bytes the allocator holds in segments (memory_reserved)."""
+        return self.allocator.reserved
 
     @property
     def peak_reserved(self) -> int:
-        if self.reserve_up_front and self.limit is not None:
-            return self.limit
-        return self.peak
+        return self.allocator.peak_reserved
+
+    def free_memory(self) -> int | None:
+        """What cudaMemGetInfo calls free: the capacity less the context and what is reserved
+        (None: a GPU on the host's memory, which has no figure of its own)."""
+        total = self.allocator.total
+        if total is None:
+            return None
+        return max(0, total - self.allocator.context - self.reserved)
 
 
 # A storage's C++ use count (`_requirements` checks torch has it before a simulation starts).
@@ -147,7 +194,8 @@ class Session:
         `queues`, the modeled queue each runs on (logical GPUs of one physical GPU share one)."""
         self.count = len(limits)
         growth = [True] * self.count if growth is None else growth
-        self.devices = [DeviceState(i, lim, not grows)
+        config = AllocatorConfig.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+        self.devices = [DeviceState(i, lim, not grows, self.spec, config)
                         for i, (lim, grows) in enumerate(zip(limits, growth, strict=True))]
         if self.clock is not None:
             self.clock.reset(self.count, queues)

@@ -24,6 +24,8 @@ from ..core import workers as _workers
 from ..core.errors import entry
 from ..core.patcher import Patcher
 from ..core.session import DeviceState
+from . import memory as _memory
+from .memory import total_memory
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -53,19 +55,6 @@ def device_name(index: int) -> str:
     spec = sess.spec if sess is not None else None
     modeled = "" if spec is None else f"modeled {spec.name}, "
     return f"Simulated GPU {index} ({modeled}CPU-backed)"
-
-
-def total_memory(index: int) -> int:
-    """A simulated GPU's capacity: its limit, or the host's memory when unlimited."""
-    lim = _gpu(index).limit
-    if lim is not None:
-        return lim
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except Exception:  # psutil is a dependency; still, capacity is only informative
-        return 0
 
 
 @dataclass(frozen=True)
@@ -153,59 +142,6 @@ def synchronize(device: Any = None) -> None:
     """
     index = _devices.cuda_index(device)
     _workers.host_sync(None if device is None else index)
-
-
-@entry
-def memory_allocated(device: Any = None) -> int:
-    return _gpu(device).allocated
-
-
-@entry
-def max_memory_allocated(device: Any = None) -> int:
-    return _gpu(device).peak
-
-
-@entry
-def memory_reserved(device: Any = None) -> int:
-    """Allocated bytes, or the whole limit of a GPU that reserves it up front (growth off)."""
-    return _gpu(device).reserved
-
-
-@entry
-def max_memory_reserved(device: Any = None) -> int:
-    return _gpu(device).peak_reserved
-
-
-@entry
-def reset_peak_memory_stats(device: Any = None) -> None:
-    dev = _gpu(device)
-    with _session.lock:
-        dev.peak = dev.allocated
-
-
-@entry
-def memory_stats(device: Any = None) -> dict[str, int]:
-    dev = _gpu(device)
-    return {
-        "allocated_bytes.all.current": dev.allocated,
-        "allocated_bytes.all.peak": dev.peak,
-        "reserved_bytes.all.current": dev.reserved,
-        "reserved_bytes.all.peak": dev.peak_reserved,
-    }
-
-
-@entry
-@initializes
-def mem_get_info(device: Any = None) -> tuple[int, int]:
-    """(free, total) bytes: as cudaMemGetInfo, what is reserved is not free."""
-    i = _devices.cuda_index(device)
-    total = total_memory(i)
-    return (max(0, total - _gpu(i).reserved), total)
-
-
-@entry
-def empty_cache() -> None:
-    """Nothing is cached: a simulated GPU frees a storage's bytes when the storage dies."""
 
 
 @entry
@@ -324,17 +260,6 @@ def _lazy_init() -> None:
         f"devlab: {caller.f_code.co_name} (at {caller.f_code.co_filename}:{caller.f_lineno}) "
         "needs the CUDA runtime, which simulated GPUs do not have (they are the CPU). Run it "
         "on the CPU, or on a machine with a real GPU."))
-
-
-@entry
-def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-    i = _devices.cuda_index(device)
-    dev = _gpu(i)
-    lim = "unlimited" if dev.limit is None else _errors.format_size(dev.limit)
-    reserved = ("" if dev.reserved == dev.allocated
-                else f", reserved {_errors.format_size(dev.reserved)}")
-    return (f"Simulated GPU {i} (CPU-backed) memory: allocated {_errors.format_size(dev.allocated)}"
-            f"{reserved}, peak {_errors.format_size(dev.peak)}, limit {lim}\n")
 
 
 class Stream:
@@ -514,13 +439,8 @@ def set_stream(stream: Stream) -> None:
     _session.tls.device = _devices.checked_ordinal(stream.device_index)
 
 
-@entry
-def reset_accumulated_memory_stats(device: Any = None) -> None:
-    """A simulated GPU keeps no accumulated (historical) counters: nothing to reset."""
-    _devices.cuda_index(device)
-
-
 _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
+    **_memory.CUDA_FUNCS,
     "is_available": is_available,
     "device_count": device_count,
     "current_device": current_device,
@@ -529,16 +449,6 @@ _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "get_device_properties": get_device_properties,
     "get_device_capability": get_device_capability,
     "synchronize": synchronize,
-    "memory_allocated": memory_allocated,
-    "max_memory_allocated": max_memory_allocated,
-    "reset_peak_memory_stats": reset_peak_memory_stats,
-    "reset_max_memory_allocated": reset_peak_memory_stats,
-    "memory_reserved": memory_reserved,
-    "max_memory_reserved": max_memory_reserved,
-    "memory_stats": memory_stats,
-    "mem_get_info": mem_get_info,
-    "memory_summary": memory_summary,
-    "empty_cache": empty_cache,
     "is_initialized": is_initialized,
     "is_current_stream_capturing": is_current_stream_capturing,
     "init": init,
@@ -558,7 +468,6 @@ _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "default_stream": current_stream,
     "stream": stream,
     "set_stream": set_stream,
-    "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
     "device_of": device_of,
     "can_device_access_peer": can_device_access_peer,
     "_lazy_init": _lazy_init,
@@ -579,7 +488,7 @@ def current_accelerator(check_available: bool = False) -> torch.device:
 
 @entry
 def get_memory_info(device_index: Any = None) -> tuple[int, int]:
-    return mem_get_info(device_index)
+    return _memory.mem_get_info(device_index)
 
 
 # The dense dtypes a CPU tensor holds and converts between (quantized, bit and sub-byte
@@ -614,16 +523,16 @@ _ACCEL_FUNCS: dict[str, Callable[..., Any] | type] = {
     "set_device_idx": set_device,
     "device_index": device_index,
     "synchronize": synchronize,
-    "memory_allocated": memory_allocated,
-    "max_memory_allocated": max_memory_allocated,
-    "memory_reserved": memory_reserved,
-    "max_memory_reserved": max_memory_reserved,
-    "reset_peak_memory_stats": reset_peak_memory_stats,
-    "memory_stats": memory_stats,
+    "memory_allocated": _memory.memory_allocated,
+    "max_memory_allocated": _memory.max_memory_allocated,
+    "memory_reserved": _memory.memory_reserved,
+    "max_memory_reserved": _memory.max_memory_reserved,
+    "reset_peak_memory_stats": _memory.reset_peak_memory_stats,
+    "memory_stats": _memory.memory_stats,
     "get_memory_info": get_memory_info,
-    "empty_cache": empty_cache,
+    "empty_cache": _memory.empty_cache,
     "empty_host_cache": empty_host_cache,
-    "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+    "reset_accumulated_memory_stats": _memory.reset_accumulated_memory_stats,
     "get_device_capability": accelerator_capability,
     "current_stream": current_stream,
     "set_stream": set_stream,
@@ -631,6 +540,7 @@ _ACCEL_FUNCS: dict[str, Callable[..., Any] | type] = {
 
 
 def install(p: Patcher) -> None:
+    _memory.install(p)
     if _orig_event is not None and _orig_stream is not None:
         p.set(torch, "Event", AcceleratorEvent)
         p.set(torch, "Stream", AcceleratorStream)
