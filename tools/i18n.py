@@ -18,8 +18,13 @@ the old translation is kept for the translator to revise, with the old English b
 Persian is written right to left: its markdown is built inside `<div dir="rtl">` (with blank
 lines around the markdown, so JupyterLab, nbconvert and GitHub still parse it), code blocks
 are kept outside it, left to right, and every inline code span is a left-to-right isolate
-(`<span dir="ltr">`). Comments in code cells stay plain text in a left-to-right line, as in
-any code editor.
+(`<span dir="ltr">`). Its code comments stay in English, as the published Persian TensorFlow
+guide keeps them: a code line runs left to right, so a comment mixing Persian with Latin words
+(`GPUها`, a device name) would display out of order. `update` fills them in with the English
+text and `check` fails on any other. JupyterLab aligns the right-to-left prose to the right with
+devlab's extension (share/jupyter/labextensions/devlab-rtl), the rendered site with the same
+stylesheet. docs/translation-<lang>.md is each language's guide: terms, register, what stays
+in English.
 """
 
 from __future__ import annotations
@@ -51,12 +56,15 @@ class Language:
     name: str  # the language's own name, for the site's switch and the README
     english: str
     rtl: bool = False
+    # Code comments left in English (msgstr = msgid): for a right-to-left language, whose words
+    # a left-to-right code line would display out of order.
+    english_comments: bool = False
 
 
 LANGUAGES = {
     "ja": Language("ja", "日本語", "Japanese"),
     "ko": Language("ko", "한국어", "Korean"),
-    "fa": Language("fa", "فارسی", "Persian", rtl=True),
+    "fa": Language("fa", "فارسی", "Persian", rtl=True, english_comments=True),
 }
 ENGLISH = Language("en", "English", "English")
 
@@ -283,10 +291,14 @@ def update(notebook: Path, lang: Language) -> polib.POFile:
     known = {e.msgid: e for e in old if not e.obsolete} if old is not None else {}
     translated = {e.msgid: e for e in known.values() if e.msgstr}
     memory = translation_memory(lang, besides=notebook)
+    comment_ids = {u.text for u in units(nbformat.read(notebook, as_version=4), notebook.name)
+                   if u.comment is not None}
     for t in pot:
         entry = polib.POEntry(msgid=t.msgid, msgstr="", occurrences=t.occurrences,
                               comment=t.comment)
-        if t.msgid in known:
+        if lang.english_comments and t.msgid in comment_ids:
+            entry.msgstr = t.msgid  # stays English: nothing for a translator to do
+        elif t.msgid in known:
             before = known[t.msgid]
             entry.msgstr, entry.flags, entry.tcomment = before.msgstr, list(before.flags), \
                 before.tcomment
@@ -578,9 +590,21 @@ class Problem:
         return f"{where}: {self.what}"
 
 
-def check_translation(unit: Unit, text: str) -> list[str]:
+# Letters of right-to-left scripts (Hebrew, Arabic and Persian, Syriac, Thaana, N'Ko...).
+RTL_LETTERS = re.compile("[\u0590-\u08ff\ufb1d-\ufdff\ufe70-\ufefc]")
+
+
+def check_translation(unit: Unit, text: str, lang: Language | None = None) -> list[str]:
     """What is wrong with one translation, besides being stale or missing."""
     if unit.comment is not None:
+        if lang is not None and lang.english_comments and text != unit.text:
+            return [f"a code comment in {lang.english} stays in English, as the published "
+                    f"{lang.english} TensorFlow guide keeps it (a code line runs left to right, "
+                    f"so right-to-left words in it display out of order): run python -m "
+                    f"tools.i18n update, or write the English text"]
+        if lang is not None and lang.rtl and RTL_LETTERS.search(text):
+            return ["a code comment in right-to-left script displays out of order in a "
+                    "left-to-right code line: keep it in English"]
         return ["an inline comment's translation must be one line"] \
             if unit.comment.inline and "\n" in text else []
     want, got = markdown_facts(unit.text), markdown_facts(text)
@@ -631,7 +655,7 @@ def check_catalog(notebook: Path, lang: Language) -> list[Problem]:
                                           f"{_short(unit.text)}"))
         else:
             problems += [Problem(path, f"the {unit.where}: {w}")
-                         for w in check_translation(unit, message.msgstr)]
+                         for w in check_translation(unit, message.msgstr, lang)]
     return problems
 
 
