@@ -119,6 +119,10 @@ def jupyter_lab(root: Path, *, log: Path, start_timeout: float = 60.0,
         JUPYTERLAB_SETTINGS_DIR=str(private / "settings"),
         JUPYTERLAB_WORKSPACES_DIR=str(private / "workspaces"),
         PYTHONUNBUFFERED="1",
+        # This checkout's JupyterLab extensions (devlab-rtl, the Persian lessons' stylesheet)
+        # first: the ones devlab's wheel installs into share/jupyter/labextensions.
+        JUPYTER_PATH=os.pathsep.join(
+            p for p in (str(ROOT / "share" / "jupyter"), server_env.get("JUPYTER_PATH")) if p),
     )
     server_env.pop("DEVLAB_SIMULATE_GPUS", None)
     if env:
