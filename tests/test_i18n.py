@@ -58,7 +58,7 @@ def test_persian_markdown_is_right_to_left() -> None:
             if cell.cell_type != "markdown":
                 continue
             prose = re.sub(r"^(`{3,}|~{3,}).*?^\1\s*$", "", cell.source, flags=re.M | re.S)
-            assert prose.startswith('<div dir="rtl">\n\n') and prose.rstrip().endswith("\n\n</div>")
+            assert prose.startswith(f"{i18n.RTL_OPEN}\n\n") and prose.rstrip().endswith("\n\n</div>")
             spans = list(i18n.code_spans(prose))
             assert all(prose[:s].endswith(i18n.LTR_OPEN) and prose[e:].startswith(i18n.LTR_CLOSE)
                        for s, e in spans), f"{path.name}: an inline code span is not isolated"
@@ -258,12 +258,13 @@ def test_persian_build_is_right_to_left(sandbox: Path) -> None:
     # Code comments stay English (update wrote them so): a code line runs left to right.
     assert nb.cells[1].source == LESSON[1][1] and nb.cells[2].source == LESSON[2][1]
     assert nb.cells[0].source == (
-        '<div dir="rtl">\n\n# یک درس\n\n<span dir="ltr">`x`</span> را روی '
+        '<div dir="rtl" style="text-align: right">\n\n# یک درس\n\n<span dir="ltr">`x`</span> را روی '
         '<span dir="ltr">`/GPU:1`</span> بگذارید؛ [مستندات](../../docs/gpu-models.md) را ببینید.'
         "\n\n</div>")
     # The code block stays outside, left to right, between two right-to-left parts.
-    assert nb.cells[3].source == ('<div dir="rtl">\n\n## کپی‌ها\n\n</div>\n\n```python\nz = y.cpu()\n'
-                                  '```\n\n<div dir="rtl">\n\nکپی همیشه صریح است.\n\n</div>')
+    rtl = '<div dir="rtl" style="text-align: right">'
+    assert nb.cells[3].source == (f"{rtl}\n\n## کپی‌ها\n\n</div>\n\n```python\nz = y.cpu()\n"
+                                  f"```\n\n{rtl}\n\nکپی همیشه صریح است.\n\n</div>")
     json.dumps(nb)  # plain JSON, as nbformat writes it
 
 

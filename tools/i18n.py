@@ -15,7 +15,7 @@ the old translation is kept for the translator to revise, with the old English b
                                                   with stale or missing translations)
     python -m tools.i18n check                    list every problem; exit 1 if there is one
 
-Persian is written right to left: its markdown is built inside `<div dir="rtl">` (with blank
+Persian is written right to left: its markdown is built inside `<div dir="rtl" ...>` (with blank
 lines around the markdown, so JupyterLab, nbconvert and GitHub still parse it), code blocks
 are kept outside it, left to right, and every inline code span is a left-to-right isolate
 (`<span dir="ltr">`). Its code comments stay in English, as the published Persian TensorFlow
@@ -78,6 +78,10 @@ _TEXT_CELL_MAGICS = {"bash", "sh", "script", "writefile", "file", "html", "javas
 # the markdown code span inside stays as it was. (Unicode's isolate characters would do the
 # same, but bidi control characters in a file make GitHub and linters warn of hidden text.)
 LTR_OPEN, LTR_CLOSE = '<span dir="ltr">', "</span>"
+# Around right-to-left prose. The inline alignment is for renderers whose stylesheet aligns the
+# cell itself to the left (as far as a notebook can reach in Colab); JupyterLab's sets it on
+# every paragraph, which only a stylesheet can undo (devlab's extension, devlab-rtl).
+RTL_OPEN, RTL_CLOSE = '<div dir="rtl" style="text-align: right">', "</div>"
 
 
 # -- what is translated ---------------------------------------------------------------------
@@ -483,7 +487,7 @@ def _isolate_code(prose: str) -> str:
 
 
 def rtl_markdown(text: str) -> str:
-    """Markdown written right to left: prose inside `<div dir="rtl">`, blank lines inside the
+    """Markdown written right to left: prose inside `RTL_OPEN`, blank lines inside the
     div so the markdown in it is still parsed, fenced code blocks outside it (left to right),
     and each inline code span (device names, API names, values) a left-to-right isolate.
     JupyterLab's sanitizer keeps `dir` on every element."""
@@ -505,7 +509,7 @@ def _rtl_div(prose: str) -> str:
     prose = prose.strip("\n")
     if not prose.strip():
         return ""
-    return f'<div dir="rtl">\n\n{_isolate_code(prose)}\n\n</div>'
+    return f"{RTL_OPEN}\n\n{_isolate_code(prose)}\n\n{RTL_CLOSE}"
 
 
 def english_view(translated: nbformat.NotebookNode,
