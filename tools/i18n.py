@@ -238,7 +238,8 @@ def _header(notebook: Path, lang: Language) -> str:
             f"Terms follow the published {lang.english} translations of TensorFlow's guide "
             f"\"Use a GPU\"\n(The TensorFlow Authors, CC BY 4.0)"
             + (" and of Dive into Deep Learning's chapter \"GPUs\"\n(d2l.ai authors, "
-               "CC BY-SA 4.0)" if lang.code == "ja" else "") + ".")
+               "CC BY-SA 4.0)" if lang.code == "ja" else "") + ".\n"
+            f"Terms, register and what stays in English: docs/translation-{lang.code}.md.")
 
 
 def load(path: Path) -> polib.POFile:
