@@ -64,6 +64,17 @@ def test_persian_markdown_is_right_to_left() -> None:
                        for s, e in spans), f"{path.name}: an inline code span is not isolated"
 
 
+@pytest.mark.parametrize("lang", LANGS, ids=lambda lang: lang.code)
+def test_every_language_has_its_translation_guide(lang: i18n.Language) -> None:
+    """docs/translation-<lang>.md (terms, register, what stays in English) exists, and every
+    catalog of the language names it in its header, where a translator opening it looks."""
+    guide = ROOT / "docs" / f"translation-{lang.code}.md"
+    assert guide.exists(), f"no translation guide for {lang.english}: {guide}"
+    for notebook in ENGLISH:
+        header = i18n.load(i18n.catalog_path(notebook, lang.code)).header
+        assert f"docs/translation-{lang.code}.md" in header, (notebook.name, header)
+
+
 # -- the tool, on a notebook of its own -------------------------------------------------------
 
 LESSON = [
