@@ -119,6 +119,10 @@ def jupyter_lab(root: Path, *, log: Path, start_timeout: float = 60.0,
         JUPYTERLAB_SETTINGS_DIR=str(private / "settings"),
         JUPYTERLAB_WORKSPACES_DIR=str(private / "workspaces"),
         PYTHONUNBUFFERED="1",
+        # This checkout's JupyterLab extensions (devlab-rtl, the Persian lessons' stylesheet)
+        # first: the ones devlab's wheel installs into share/jupyter/labextensions.
+        JUPYTER_PATH=os.pathsep.join(
+            p for p in (str(ROOT / "share" / "jupyter"), server_env.get("JUPYTER_PATH")) if p),
     )
     server_env.pop("DEVLAB_SIMULATE_GPUS", None)
     if env:
@@ -229,14 +233,24 @@ def launch_chromium(playwright: Any) -> Any:
 
 
 # In a notebook (JupyterLab's panel, or a page of the rendered site): in its markdown cells,
-# text blocks whose direction is not right to left, code blocks whose direction is not left to
-# right, and inline code drawn reversed (its first character right of its last, as an
-# unisolated `/GPU:1` or `f(2)` comes out in a right-to-left line); code cells' lines and
-# outputs whose direction is not left to right.
+# text blocks (paragraphs, list items, headings, table cells) whose direction is not right to
+# left or which are aligned to the left (JupyterLab's stylesheet sets `text-align: left` on
+# every paragraph: a ragged right edge, the last line at the left), code blocks whose direction
+# is not left to right, and inline code drawn reversed (its first character right of its last,
+# as an unisolated `/GPU:1` or `f(2)` comes out in a right-to-left line); code cells' lines and
+# outputs whose direction is not left to right, and code lines that mix right-to-left script
+# with Latin letters (a line runs left to right: `# ... GPUها ...` displays out of order).
 BIDI_PROBE = """(panel) => {
-    const found = {blocks: 0, rtl: 0, notRtl: [], pre: 0, preNotLtr: [], code: 0, reversed: [],
-                   codeNotLtr: 0};
+    const found = {blocks: 0, rtl: 0, notRtl: [], leftAligned: [], cells: 0, pre: 0,
+                   preNotLtr: [], code: 0, reversed: [], codeLines: 0, codeNotLtr: 0,
+                   mixedLines: []};
     const dir = el => getComputedStyle(el).direction;
+    const alignedLeft = el => {
+        const a = getComputedStyle(el).textAlign, d = dir(el);
+        return a === 'left' || a === '-webkit-left' || (a === 'start' && d === 'ltr') ||
+               (a === 'end' && d === 'rtl');
+    };
+    const rtlScript = /[\u0590-\u08ff\ufb1d-\ufdff\ufe70-\ufefc]/, latin = /[A-Za-z]/;
     const charLeft = (node, i) => {
         const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1);
         return r.getBoundingClientRect().left;
@@ -245,8 +259,10 @@ BIDI_PROBE = """(panel) => {
         for (const el of md.querySelectorAll('p, li, h1, h2, h3, h4, td, th')) {
             if (el.closest('pre') || !el.textContent.trim()) continue;
             found.blocks++;
+            if (el.matches('td, th')) found.cells++;
             if (dir(el) === 'rtl') found.rtl++;
             else found.notRtl.push(el.textContent.trim().slice(0, 60));
+            if (alignedLeft(el)) found.leftAligned.push(el.textContent.trim().slice(0, 60));
         }
         for (const pre of md.querySelectorAll('pre')) {
             found.pre++;
@@ -261,7 +277,11 @@ BIDI_PROBE = """(panel) => {
         }
     }
     for (const line of panel.querySelectorAll('.jp-CodeCell .cm-line, .jp-CodeCell pre')) {
+        found.codeLines++;
         if (dir(line) !== 'ltr') found.codeNotLtr++;
+        for (const text of line.textContent.split('\\n')) {
+            if (rtlScript.test(text) && latin.test(text)) found.mixedLines.push(text.trim());
+        }
     }
     return found;
 }"""

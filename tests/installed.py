@@ -19,7 +19,7 @@ import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "_devlab_autostart.py", "build_backend", "devlab")
+SOURCES = ("pyproject.toml", "README.md", "_devlab_autostart.py", "build_backend", "devlab", "share")
 PTH = "devlab-autostart.pth"
 
 

@@ -43,6 +43,8 @@ from browser_support import (
     wait_cells_done,
 )
 
+from tools import i18n
+
 # One worker runs this module: its tests share one expensive module fixture, which
 # each worker would otherwise build again.
 pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("test_browser")]
@@ -294,7 +296,8 @@ def check_devlab(server: LabServer, page: Any) -> None:
 
 # -- a lesson in Persian, right to left ----------------------------------------------------------
 
-PERSIAN = sorted((Path(__file__).resolve().parents[1] / "notebooks" / "fa").glob("*.ipynb"))
+ROOT = Path(__file__).resolve().parents[1]
+PERSIAN = sorted((ROOT / "notebooks" / "fa").glob("*.ipynb"))
 
 
 def open_quietly(page: Any, server: LabServer, notebook: str) -> Any:
@@ -316,18 +319,63 @@ def serve(server: LabServer, path: Path, name: str | None = None) -> str:
 
 @pytest.mark.parametrize("path", PERSIAN, ids=lambda p: p.stem)
 def test_persian_lesson_reads_right_to_left(server: LabServer, tab: Tab, path: Path) -> None:
-    """notebooks/fa/ in JupyterLab: prose right to left; code blocks, code cells and every
-    inline code span (device names, API names, values) left to right. A screenshot of each
-    goes to test-artifacts/browser/fa-<lesson>.png."""
+    """notebooks/fa/ in JupyterLab, with devlab's extension: prose right to left and aligned to
+    the right; code blocks, code cells and every inline code span (device names, API names,
+    values) left to right, and no code line mixing Persian with Latin. A screenshot of each goes
+    to test-artifacts/browser/fa-<lesson>.png."""
     with screenshot_on_failure(tab, f"fa-{path.stem}"):
         panel = open_quietly(tab.page, server, serve(server, path))
         shot = screenshot_whole_notebook(tab.page, ARTIFACTS / f"fa-{path.stem}.png")
         found = panel.evaluate(BIDI_PROBE)
         assert_clean(tab.page)
     assert found["blocks"] > 0 and found["notRtl"] == [], found
+    assert found["leftAligned"] == [], found
     assert found["preNotLtr"] == [] and found["codeNotLtr"] == 0, found
+    assert found["codeLines"] > 0 and found["mixedLines"] == [], found
     assert found["code"] > 0 and found["reversed"] == [], found
     assert shot.stat().st_size > 20_000, f"screenshot looks empty: {shot}"
+
+
+def test_the_bidi_probe_sees_left_aligned_prose_and_mixed_code_lines(
+        server: LabServer, tab: Tab) -> None:
+    """The controls for the alignment, table and code-line checks: lesson 02 in Persian with a
+    Persian table added (built as the tool builds Persian markdown) and a code cell with the
+    Persian comment the lesson once had. The table's cells read right to left, aligned right,
+    and the comment's line is found mixed. Without devlab's stylesheet (its link removed from
+    the page) JupyterLab aligns the paragraphs to the left, and the probe says so."""
+    path = next(p for p in PERSIAN if p.stem.startswith("02-"))
+    nb = nbformat.read(path, as_version=4)
+    table = i18n.rtl_markdown("| دستگاه | حافظه |\n|---|---|\n| `/GPU:0` | ۲۵۶ مگابایت |")
+    nb.cells.insert(1, nbformat.v4.new_markdown_cell(table))
+    nb.cells.insert(2, nbformat.v4.new_code_cell(
+        "# رشد حافظه باید پیش از راه‌اندازی GPUها تنظیم شود\nx = 1"))
+    control = server.root / "control-02-memory.ipynb"
+    nbformat.write(nb, control)
+    with screenshot_on_failure(tab, "fa-control"):
+        panel = open_quietly(tab.page, server, serve(server, control))
+        found = panel.evaluate(BIDI_PROBE)
+        linked = tab.page.evaluate("() => { const l = document.querySelector("
+                                   "'link[data-devlab=\"rtl\"]'); if (l) l.remove(); return !!l; }")
+        tab.page.wait_for_timeout(300)
+        without = panel.evaluate(BIDI_PROBE)
+    assert found["cells"] == 4 and found["notRtl"] == [] and found["leftAligned"] == [], found
+    assert found["mixedLines"] == ["# رشد حافظه باید پیش از راه‌اندازی GPUها تنظیم شود"], found
+    assert linked, "devlab's right-to-left stylesheet was not linked into JupyterLab"
+    assert len(without["leftAligned"]) > 5 and without["notRtl"] == [], without
+
+
+@pytest.mark.parametrize("editable", [False, True], ids=["wheel", "editable"])
+def test_the_lab_extension_installs_with_devlab(tmp_path: Path, editable: bool) -> None:
+    """pip install devlab (or -e, as Binder does) puts the extension where JupyterLab finds it
+    by itself: <prefix>/share/jupyter/labextensions/devlab-rtl, this checkout's files."""
+    from installed import make_venv
+
+    python = make_venv(tmp_path, editable)
+    ours = ROOT / "share" / "jupyter" / "labextensions" / "devlab-rtl"
+    theirs = python.parent.parent / "share" / "jupyter" / "labextensions" / "devlab-rtl"
+    files = sorted(p.relative_to(ours) for p in ours.rglob("*") if p.is_file())
+    assert files and sorted(p.relative_to(theirs) for p in theirs.rglob("*") if p.is_file()) == files
+    assert all((theirs / f).read_bytes() == (ours / f).read_bytes() for f in files)
 
 
 def test_the_bidi_probe_sees_unisolated_code_reversed(server: LabServer, tab: Tab) -> None:

@@ -143,8 +143,10 @@ def test_a_page_in_headless_chromium(site) -> None:
 
 @pytest.mark.parametrize("name", [n for n, lang in PAGES if lang.rtl])
 def test_persian_page_reads_right_to_left_in_chromium(site, name: str) -> None:
-    """A Persian page as a reader sees it: prose right to left; code cells, outputs, code
-    blocks and every inline code span left to right. Screenshot in test-artifacts/site/."""
+    """A Persian page as a reader sees it: prose right to left and aligned to the right (the
+    page carries devlab's right-to-left stylesheet); code cells, outputs, code blocks and every
+    inline code span left to right, and no code line mixing Persian with Latin. Screenshot in
+    test-artifacts/site/."""
     if not Path(CHROMIUM).exists():
         pytest.fail(chromium_missing_message(), pytrace=False)
     from playwright.sync_api import sync_playwright
@@ -163,7 +165,44 @@ def test_persian_page_reads_right_to_left_in_chromium(site, name: str) -> None:
         finally:
             browser.close()
     assert found["blocks"] > 0 and found["notRtl"] == [], found
+    assert found["leftAligned"] == [], found
     assert found["preNotLtr"] == [] and found["codeNotLtr"] == 0, found
+    assert found["codeLines"] > 0 and found["mixedLines"] == [], found
     assert found["code"] > 0 and found["reversed"] == [], found
     assert "English" in switch and "فارسی" in switch
     assert shot.stat().st_size > 50_000, f"screenshot looks empty: {shot}"
+
+
+def test_the_index_reads_persian_right_to_left(site) -> None:
+    """The index's Persian column: each title laid out right to left («GPUها — ...» whole, its
+    quotes on their own sides, the lesson's number at the right) and aligned to the right; the
+    other columns left to right. Screenshot: test-artifacts/site/index.png."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(chromium_missing_message(), pytrace=False)
+    from playwright.sync_api import sync_playwright
+
+    shot = SHOTS / "index.png"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 500})
+            page.goto((render.SITE / "index.html").as_uri(), wait_until="load")
+            cells = page.evaluate("""() => [...document.querySelectorAll('td[lang], th[lang]')]
+                .map(c => {
+                    const s = getComputedStyle(c), a = c.querySelector('a') || c;
+                    const box = c.getBoundingClientRect(), text = a.getBoundingClientRect();
+                    return {lang: c.lang, dir: s.direction, align: s.textAlign,
+                            gapLeft: text.left - box.left, gapRight: box.right - text.right,
+                            text: c.textContent.slice(0, 40)};
+                })""")
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    persian = [c for c in cells if c["lang"] == "fa"]
+    assert len(persian) == len(NAMES) + 1, cells
+    assert all(c["dir"] == "rtl" and c["align"] in ("start", "right") for c in persian), persian
+    # Aligned to the right: the title ends at the cell's right edge, whatever space is left.
+    assert all(c["gapRight"] <= c["gapLeft"] + 1 for c in persian), persian
+    assert all(c["dir"] == "ltr" for c in cells if c["lang"] != "fa"), cells
+    assert shot.stat().st_size > 10_000, f"screenshot looks empty: {shot}"

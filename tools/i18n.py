@@ -15,11 +15,16 @@ the old translation is kept for the translator to revise, with the old English b
                                                   with stale or missing translations)
     python -m tools.i18n check                    list every problem; exit 1 if there is one
 
-Persian is written right to left: its markdown is built inside `<div dir="rtl">` (with blank
+Persian is written right to left: its markdown is built inside `<div dir="rtl" ...>` (with blank
 lines around the markdown, so JupyterLab, nbconvert and GitHub still parse it), code blocks
 are kept outside it, left to right, and every inline code span is a left-to-right isolate
-(`<span dir="ltr">`). Comments in code cells stay plain text in a left-to-right line, as in
-any code editor.
+(`<span dir="ltr">`). Its code comments stay in English, as the published Persian TensorFlow
+guide keeps them: a code line runs left to right, so a comment mixing Persian with Latin words
+(`GPUها`, a device name) would display out of order. `update` fills them in with the English
+text and `check` fails on any other. JupyterLab aligns the right-to-left prose to the right with
+devlab's extension (share/jupyter/labextensions/devlab-rtl), the rendered site with the same
+stylesheet. docs/translation-<lang>.md is each language's guide: terms, register, what stays
+in English.
 """
 
 from __future__ import annotations
@@ -51,12 +56,15 @@ class Language:
     name: str  # the language's own name, for the site's switch and the README
     english: str
     rtl: bool = False
+    # Code comments left in English (msgstr = msgid): for a right-to-left language, whose words
+    # a left-to-right code line would display out of order.
+    english_comments: bool = False
 
 
 LANGUAGES = {
     "ja": Language("ja", "日本語", "Japanese"),
     "ko": Language("ko", "한국어", "Korean"),
-    "fa": Language("fa", "فارسی", "Persian", rtl=True),
+    "fa": Language("fa", "فارسی", "Persian", rtl=True, english_comments=True),
 }
 ENGLISH = Language("en", "English", "English")
 
@@ -70,6 +78,10 @@ _TEXT_CELL_MAGICS = {"bash", "sh", "script", "writefile", "file", "html", "javas
 # the markdown code span inside stays as it was. (Unicode's isolate characters would do the
 # same, but bidi control characters in a file make GitHub and linters warn of hidden text.)
 LTR_OPEN, LTR_CLOSE = '<span dir="ltr">', "</span>"
+# Around right-to-left prose. The inline alignment is for renderers whose stylesheet aligns the
+# cell itself to the left (as far as a notebook can reach in Colab); JupyterLab's sets it on
+# every paragraph, which only a stylesheet can undo (devlab's extension, devlab-rtl).
+RTL_OPEN, RTL_CLOSE = '<div dir="rtl" style="text-align: right">', "</div>"
 
 
 # -- what is translated ---------------------------------------------------------------------
@@ -226,7 +238,8 @@ def _header(notebook: Path, lang: Language) -> str:
             f"Terms follow the published {lang.english} translations of TensorFlow's guide "
             f"\"Use a GPU\"\n(The TensorFlow Authors, CC BY 4.0)"
             + (" and of Dive into Deep Learning's chapter \"GPUs\"\n(d2l.ai authors, "
-               "CC BY-SA 4.0)" if lang.code == "ja" else "") + ".")
+               "CC BY-SA 4.0)" if lang.code == "ja" else "") + ".\n"
+            f"Terms, register and what stays in English: docs/translation-{lang.code}.md.")
 
 
 def load(path: Path) -> polib.POFile:
@@ -283,10 +296,14 @@ def update(notebook: Path, lang: Language) -> polib.POFile:
     known = {e.msgid: e for e in old if not e.obsolete} if old is not None else {}
     translated = {e.msgid: e for e in known.values() if e.msgstr}
     memory = translation_memory(lang, besides=notebook)
+    comment_ids = {u.text for u in units(nbformat.read(notebook, as_version=4), notebook.name)
+                   if u.comment is not None}
     for t in pot:
         entry = polib.POEntry(msgid=t.msgid, msgstr="", occurrences=t.occurrences,
                               comment=t.comment)
-        if t.msgid in known:
+        if lang.english_comments and t.msgid in comment_ids:
+            entry.msgstr = t.msgid  # stays English: nothing for a translator to do
+        elif t.msgid in known:
             before = known[t.msgid]
             entry.msgstr, entry.flags, entry.tcomment = before.msgstr, list(before.flags), \
                 before.tcomment
@@ -471,7 +488,7 @@ def _isolate_code(prose: str) -> str:
 
 
 def rtl_markdown(text: str) -> str:
-    """Markdown written right to left: prose inside `<div dir="rtl">`, blank lines inside the
+    """Markdown written right to left: prose inside `RTL_OPEN`, blank lines inside the
     div so the markdown in it is still parsed, fenced code blocks outside it (left to right),
     and each inline code span (device names, API names, values) a left-to-right isolate.
     JupyterLab's sanitizer keeps `dir` on every element."""
@@ -493,7 +510,7 @@ def _rtl_div(prose: str) -> str:
     prose = prose.strip("\n")
     if not prose.strip():
         return ""
-    return f'<div dir="rtl">\n\n{_isolate_code(prose)}\n\n</div>'
+    return f"{RTL_OPEN}\n\n{_isolate_code(prose)}\n\n{RTL_CLOSE}"
 
 
 def english_view(translated: nbformat.NotebookNode,
@@ -578,9 +595,21 @@ class Problem:
         return f"{where}: {self.what}"
 
 
-def check_translation(unit: Unit, text: str) -> list[str]:
+# Letters of right-to-left scripts (Hebrew, Arabic and Persian, Syriac, Thaana, N'Ko...).
+RTL_LETTERS = re.compile("[\u0590-\u08ff\ufb1d-\ufdff\ufe70-\ufefc]")
+
+
+def check_translation(unit: Unit, text: str, lang: Language | None = None) -> list[str]:
     """What is wrong with one translation, besides being stale or missing."""
     if unit.comment is not None:
+        if lang is not None and lang.english_comments and text != unit.text:
+            return [f"a code comment in {lang.english} stays in English, as the published "
+                    f"{lang.english} TensorFlow guide keeps it (a code line runs left to right, "
+                    f"so right-to-left words in it display out of order): run python -m "
+                    f"tools.i18n update, or write the English text"]
+        if lang is not None and lang.rtl and RTL_LETTERS.search(text):
+            return ["a code comment in right-to-left script displays out of order in a "
+                    "left-to-right code line: keep it in English"]
         return ["an inline comment's translation must be one line"] \
             if unit.comment.inline and "\n" in text else []
     want, got = markdown_facts(unit.text), markdown_facts(text)
@@ -631,7 +660,7 @@ def check_catalog(notebook: Path, lang: Language) -> list[Problem]:
                                           f"{_short(unit.text)}"))
         else:
             problems += [Problem(path, f"the {unit.where}: {w}")
-                         for w in check_translation(unit, message.msgstr)]
+                         for w in check_translation(unit, message.msgstr, lang)]
     return problems
 
 

@@ -4,7 +4,8 @@ A teacher reads a lesson, outputs and charts included, before opening it, in Eng
 (`site/<lesson>.html`) or in a translation (`site/<lang>/<lesson>.html`, from notebooks/<lang>/,
 see tools/i18n.py, with the outputs of the English run: the same code), with a switch between
 the languages at the top of every page; Persian pages read right to left (their markdown carries
-`dir="rtl"`). Widgets (devlab's live memory chart, progress bars) are drawn as their final
+`dir="rtl"`, and the page devlab's right-to-left stylesheet, the one its JupyterLab extension
+loads: JupyterLab's own, which the page copies, aligns every paragraph to the left). Widgets (devlab's live memory chart, progress bars) are drawn as their final
 state: nbclient records every widget's state while the notebook runs, and `freeze_widgets` turns
 each widget view into plain HTML from that state (an Output widget's chart becomes its PNG), so
 a page needs no JavaScript, no widget manager and no network, and never shows "Loading
@@ -36,6 +37,8 @@ from tools.i18n import ENGLISH, LANGUAGES, Language, check_code
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 SITE = ROOT / "site"
+# devlab's stylesheet for right-to-left markdown, shared with its JupyterLab extension.
+RTL_CSS = ROOT / "share" / "jupyter" / "labextensions" / "devlab-rtl" / "static" / "rtl.css"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
@@ -169,7 +172,8 @@ _STATIC_TEMPLATE = """{%- extends 'index.html.j2' -%}
     """nav.devlab-languages{display:flex;gap:1em;padding:8px 16px;font-size:14px;""" + \
     """border-bottom:1px solid #ddd;font-family:var(--jp-ui-font-family,sans-serif)}""" + \
     """nav.devlab-languages [aria-current]{font-weight:bold;color:inherit;text-decoration:none}""" + \
-    """</style>{%- endblock extra_css -%}
+    """</style>
+<style type="text/css">{{ resources.devlab_rtl_css }}</style>{%- endblock extra_css -%}
 {%- block body_header -%}{{ super() }}{{ resources.devlab_switch }}{%- endblock body_header -%}
 """
 ALL_LANGUAGES = [ENGLISH, *LANGUAGES.values()]
@@ -181,8 +185,9 @@ def to_html(nb: nbformat.NotebookNode, title: str, lang: Language = ENGLISH,
     exporter = HTMLExporter(template_name="lab", template_file="devlab-static.html.j2",
                             extra_loaders=[DictLoader({"devlab-static.html.j2": _STATIC_TEMPLATE})],
                             language_code=lang.code)
-    page, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title},
-                                                         "devlab_switch": switch})
+    page, _ = exporter.from_notebook_node(nb, resources={
+        "metadata": {"name": title}, "devlab_switch": switch,
+        "devlab_rtl_css": RTL_CSS.read_text(encoding="utf-8")})
     return page
 
 
@@ -273,19 +278,27 @@ def as_translated(english_run: nbformat.NotebookNode,
     return page
 
 
+def _lang_attrs(lang: Language) -> str:
+    """lang, and dir for a right-to-left language: a title such as «GPUها — ...» laid out right
+    to left, aligned to the right, its quotes on their own sides."""
+    return f'lang="{lang.code}"' + (' dir="rtl"' if lang.rtl else "")
+
+
 def index_html(names: list[str]) -> str:
     """A table of the lessons, one column per language."""
-    head = "".join(f'<th lang="{lang.code}">{html.escape(lang.name)}</th>' for lang in ALL_LANGUAGES)
+    head = "".join(f'<th {_lang_attrs(lang)}>{html.escape(lang.name)}</th>'
+                   for lang in ALL_LANGUAGES)
     rows = []
     for name in names:
         cells = "".join(
-            f'<td lang="{lang.code}"><a href="{page_path(Path("."), name, lang).as_posix()}" '
+            f'<td {_lang_attrs(lang)}><a href="{page_path(Path("."), name, lang).as_posix()}" '
             f'hreflang="{lang.code}">{html.escape(title_of(source(name, lang)))}</a></td>'
             if lang in languages_of(name) else "<td></td>" for lang in ALL_LANGUAGES)
         rows.append(f"<tr>{cells}</tr>")
     body = "\n".join(rows)
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>devlab "
-            f"lessons</title></head><body><h1>devlab lessons, rendered</h1>\n<table>\n<tr>{head}</tr>"
+            f"lessons</title><style>td, th {{ text-align: start; padding: 0.2em 0.6em; }}</style>"
+            f"</head><body><h1>devlab lessons, rendered</h1>\n<table>\n<tr>{head}</tr>"
             f"\n{body}\n</table></body></html>\n")
 
 
