@@ -29,7 +29,7 @@ def _no_sampler_thread() -> bool:
 def test_help_lists_every_option(ip):
     doc = ip.find_cell_magic("memwatch").__doc__
     assert "%%memwatch [--device NAME] [--interval MS]" in doc
-    for option in ("--device", "--interval", "MS", "summary"):
+    for option in ("--device", "--interval", "MS", "summary", "--trace", "--save", "timeline"):
         assert option in doc
     doc = ip.find_cell_magic("compare_devices").__doc__
     assert "%%compare_devices" in doc
@@ -68,6 +68,9 @@ def test_memwatch_error_propagates_and_stops_the_sampler(ip, capsys):
     ("--device /GPU:9", "unknown device"),
     ("--device /foo:1", "Unknown attribute 'foo'"),
     ("--bogus", "unrecognized arguments"),
+    ("--save out.pickle", "--save writes what --trace records: add --trace"),
+    ("--trace --device cpu", "--trace records a GPU's allocations, and the watched devices "
+                             "(CPU:0 (process RSS)) have none"),
 ])
 def test_memwatch_bad_input_is_one_line_usage_error(ip, line, message):
     with pytest.raises(UsageError) as e:
@@ -171,6 +174,17 @@ KERNEL_CELLS = {
                   "del small",
     "user_peak_after": "print(torch.cuda.max_memory_allocated(0) == users_peak, users_peak >> 20)",
     "interval_inf": "%%memwatch --interval inf\npass",
+    # An allocation timeline of the cell: the lines are the cell's own.
+    "trace": "%%memwatch --trace --save trace.pickle\n"
+             "weights = torch.ones(4, 1024, 1024, device='cuda:0')  # 16 MiB\n"
+             "for _ in range(3):\n"
+             "    act = torch.ones(2, 1024, 1024, device='cuda:0')  # 8 MiB\n"
+             "    del act\n"
+             "del weights",
+    "trace_read": "import pickle\nsnap = pickle.load(open('trace.pickle', 'rb'))\n"
+                  "print(sorted(set(e['action'] for e in snap['device_traces'][0])), "
+                  "torch.cuda.memory._snapshot()['device_traces'][0] == [])",
+    "trace_cpu": "%%memwatch --trace --device /CPU:0\npass",
     "widgets_left": "import gc\ngc.collect()\n"
                     "from ipywidgets.widgets.widget import _instances\n"
                     "from matplotlib.figure import Figure\n"
@@ -209,6 +223,26 @@ def test_kernel_memwatch_on_a_simulated_gpu(kernel):
 
 
 @pytest.mark.notebook
+def test_kernel_memwatch_trace_draws_the_cells_allocations_line_by_line(kernel):
+    cells, _ = kernel
+    cell = cells["trace"]
+    assert not errors(cell)
+    page = html(cell)
+    assert "Allocation timeline" in page and "<svg" in page and "<script" not in page
+    # The bands name the cell's own lines as the notebook numbers them (the magic's line is
+    # line 1): the weights (line 2), the activations (line 4).
+    assert "16.0 MiB" in page and "In[" in page
+    top = page[page.index("Allocation timeline"):]
+    assert "]:2 (" in top and "]:4 (" in top
+    # The snapshot went to the file in torch's format, and recording stopped with the cell.
+    # (The cached segments of earlier cells serve it: no segment_alloc needed.)
+    assert text(cells["trace_read"]).strip() == (
+        "['alloc', 'free_completed', 'free_requested'] True")
+    out = text(cells["trace_cpu"])
+    assert "UsageError" in out and "--trace records a GPU's allocations" in out
+
+
+@pytest.mark.notebook
 def test_kernel_out_of_memory_cell(kernel):
     cells, state = kernel
     cell = cells["over_limit"]
@@ -238,7 +272,8 @@ def test_kernel_chart_frames_and_compare(kernel):
     cells, state = kernel
     pngs = [o for m in _models(state, "OutputModel") for o in m["outputs"]
             if "image/png" in o.get("data", {})]
-    assert len(pngs) == 5  # four memory charts (watch, over_limit, peak_*), one timing chart
+    # five memory charts (watch, over_limit, trace, peak_*), one timing chart
+    assert len(pngs) == 6
     assert not errors(cells["compare"])
     tables = " ".join(m["value"] for m in _models(state, "HTMLModel"))
     assert "speed-up vs CPU:0" in tables and "GPU:0 (simulated)" in tables

@@ -38,6 +38,17 @@ class MonitoringMagics(Magics):
     @magic_arguments.argument(
         "--interval", "-i", type=float, default=50.0, metavar="MS",
         help="Milliseconds between two readings (default 50, i.e. 20 per second).")
+    @magic_arguments.argument(
+        "--trace", "-t", action="store_true",
+        help="Also record every allocation and free the cell makes on the watched GPUs, with "
+             "the line of the cell behind each, and draw them under the cell as a timeline "
+             "(hover a band for its size and line), with the lines holding the most at the "
+             "peak. Real GPUs record through torch's _record_memory_history; simulated ones "
+             "through their model of CUDA's allocator.")
+    @magic_arguments.argument(
+        "--save", metavar="PATH", default=None,
+        help="With --trace: also write what was recorded as a snapshot pickle, which "
+             "PyTorch's memory viewer (pytorch.org/memory_viz) opens.")
     @cell_magic
     def memwatch(self, line: str, cell: str) -> Any:
         """Run the cell with a live memory chart under it, and a summary after.
@@ -48,22 +59,36 @@ class MonitoringMagics(Magics):
         the thread stops and a summary shows each device's peak, its growth over the cell
         and what is still held.
 
+        With --trace, every allocation and free on the watched GPUs is recorded too and
+        drawn under the summary as a timeline of the cell's memory, line by line.
+
         Example::
 
             %%memwatch --device /GPU:0 --interval 20
             x = torch.ones(1024, 1024, 256, device="cuda")
         """
         from devlab.memory.sampler import check_interval
+        from devlab.memory.tracing import trace_for
         from devlab.widgets import MemoryMonitor
 
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame in tracebacks
         args = parse_args(self.memwatch, line)
         with usage_errors():
             interval = check_interval(args.interval, "--interval", "ms")
+            if args.save is not None and not args.trace:
+                raise ValueError("--save writes what --trace records: add --trace")
             monitor = MemoryMonitor(args.device, interval=interval, show_summary=False)
+            try:
+                trace = trace_for(monitor.sampler.readers, args.save) if args.trace else None
+            except BaseException:
+                monitor.release()  # refused before it started: no widget left behind
+                del monitor  # nor, through this frame in the traceback, its chart
+                raise
         try:
             monitor.display_live()
             monitor.start()
+            if trace is not None:
+                trace.start()
             return run_body(self.shell, cell, f"%%memwatch {line}")
         finally:
             # Whatever happened in the cell: stop and join the thread, leave the final chart as
@@ -75,6 +100,9 @@ class MonitoringMagics(Magics):
                 # An error's traceback keeps this frame (sys.last_traceback): not the monitor.
                 del monitor
             display(summary)
+            if trace is not None:
+                for shown in trace.finish():
+                    display(shown)
 
     @magic_arguments.magic_arguments(name="%compare_devices")
     @magic_arguments.argument(

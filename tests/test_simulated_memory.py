@@ -1,0 +1,139 @@
+"""Memory on simulated GPUs as a user meets it through torch's own API: CUDA's caching
+allocator (reserved memory, empty_cache, statistics, the summary table, snapshots and the
+allocation history), a modeled GPU's capacity and CUDA context, and PYTORCH_CUDA_ALLOC_CONF.
+The expected figures follow from the allocator's rules (tests/test_allocator.py)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+import devlab
+from devlab import simulated
+from devlab.gpu_model import SPECS
+from devlab.gpu_model.capacity import CONTEXT_BYTES, TOTAL_MEMORY
+from devlab.memory.tracing import AllocationTrace
+
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _stop():
+    yield
+    devlab.config.reset()
+
+
+def test_a_modeled_t4_has_the_capacity_torch_reports_and_a_cuda_context() -> None:
+    devlab.config.simulate_gpus(1, model="T4")
+    total = TOTAL_MEMORY["T4"]
+    assert torch.cuda.get_device_properties(0).total_memory == total  # not 16 GB
+    # Asking, like the first tensor, makes the CUDA context, which is not free.
+    assert torch.cuda.mem_get_info(0) == (total - CONTEXT_BYTES, total)
+    x = torch.empty(100 * MIB // 4, device="cuda")
+    assert (torch.cuda.memory_allocated(), torch.cuda.memory_reserved()) == (100 * MIB, 100 * MIB)
+    del x  # the segment stays reserved, and not free, until empty_cache()
+    assert (torch.cuda.memory_allocated(), torch.cuda.memory_reserved()) == (0, 100 * MIB)
+    assert torch.cuda.mem_get_info(0)[0] == total - CONTEXT_BYTES - 100 * MIB
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() == 0
+    assert torch.cuda.max_memory_reserved() == 100 * MIB
+
+
+def test_one_capacity_whichever_way_the_simulation_starts() -> None:
+    devlab.config.simulate_gpus(1, model="L4")
+    via_config = torch.cuda.get_device_properties(0).total_memory
+    devlab.config.reset()
+    simulated.start(1, model="L4")
+    assert torch.cuda.get_device_properties(0).total_memory == via_config == TOTAL_MEMORY["L4"]
+    simulated.stop()
+
+
+def test_a_memory_limit_on_a_modeled_gpu_is_a_per_process_limit() -> None:
+    devlab.config.simulate_gpus(1, memory_limit=256, model="T4")
+    assert torch.cuda.get_device_properties(0).total_memory == TOTAL_MEMORY["T4"]
+    keep = torch.empty(200 * MIB, dtype=torch.uint8, device="cuda")
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        torch.empty(100 * MIB, dtype=torch.uint8, device="cuda")
+    message = str(info.value)
+    assert "Tried to allocate 100.00 MiB. GPU 0 has a total capacity of 14.75 GiB" in message
+    assert "256.00 MiB allowed; " in message
+    assert "capacity and CUDA context are those of the real GPU it models" in message
+    del keep
+
+
+def test_memory_stats_summary_and_snapshot_read_as_on_a_gpu() -> None:
+    devlab.config.simulate_gpus(1)
+    a = torch.ones(1000, device="cuda")  # 4000 B -> one 4096 B block of a 2 MiB segment
+    b = torch.ones(3 * MIB, device="cuda")  # 12 MiB: its own 12 MiB segment
+    stats = torch.cuda.memory_stats()
+    assert len(stats) == 122  # CUDA's keys: 9 statistics x 3 pools x 4, 2 x 4, 6 counters
+    assert stats["requested_bytes.small_pool.current"] == 4000
+    assert stats["allocated_bytes.small_pool.current"] == 4096
+    assert stats["segment.all.current"] == 2
+    assert stats["reserved_bytes.all.current"] == 14 * MIB
+    assert stats["inactive_split_bytes.small_pool.current"] == 2 * MIB - 4096
+    summary = torch.cuda.memory_summary()  # torch's own table, from these statistics
+    assert "PyTorch CUDA memory summary, device ID 0" in summary
+    assert "GPU reserved memory   |  14336 KiB" in summary
+    segments = torch.cuda.memory_snapshot()
+    assert sorted((s["segment_type"], s["total_size"]) for s in segments) == [
+        ("large", 12 * MIB), ("small", 2 * MIB)]
+    del a, b
+
+
+def test_allocation_history_and_timeline(tmp_path) -> None:
+    devlab.config.simulate_gpus(1)
+    with AllocationTrace([0]) as trace:
+        w = torch.ones(4, MIB, device="cuda")  # 16 MiB
+        act = torch.ones(2, MIB, device="cuda")
+        del act
+    (tl,) = trace.timelines
+    assert tl.peak.bytes == 24 * MIB
+    lines = {u.line.rsplit(" ", 1)[0]: u.bytes for u in tl.top_lines()}
+    assert list(lines.values()) == [16 * MIB, 8 * MIB]
+    assert all("test_simulated_memory.py:" in line for line in lines)
+    # Recording ended with the block: nothing more is traced.
+    x = torch.ones(10, device="cuda")
+    assert torch.cuda.memory._snapshot()["device_traces"] == [[]]
+    # torch's own dump writes the same format PyTorch's viewer reads.
+    torch.cuda.memory._record_memory_history()
+    y = torch.ones(10, device="cuda")
+    path = tmp_path / "snap.pickle"
+    torch.cuda.memory._dump_snapshot(str(path))
+    torch.cuda.memory._record_memory_history(None)
+    snap = pickle.loads(path.read_bytes())
+    assert [e["action"] for e in snap["device_traces"][0]] == ["alloc"]
+    assert snap["device_traces"][0][0]["frames"][0]["filename"].endswith(".py")
+    del w, x, y
+
+
+def test_an_error_in_a_trace_stops_recording() -> None:
+    devlab.config.simulate_gpus(1)
+    with pytest.raises(ZeroDivisionError):
+        with AllocationTrace([0]) as trace:
+            z = torch.ones(10, device="cuda")
+            1 / 0
+    assert trace.timelines[0].peak.bytes == 40
+    torch.ones(10, device="cuda")
+    assert torch.cuda.memory._snapshot()["device_traces"] == [[]]
+    del z
+
+
+def test_alloc_conf_is_read_and_a_mistake_named(monkeypatch) -> None:
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")
+    devlab.config.simulate_gpus(1)
+    assert torch.cuda.memory_stats()["max_split_size"] == 64 * MIB
+    devlab.config.reset()
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    with pytest.raises(ValueError, match="expandable_segments:True is not simulated"):
+        devlab.config.simulate_gpus(1)
+    assert not simulated.is_active()
+
+
+def test_every_modeled_gpu_can_be_simulated_with_its_capacity() -> None:
+    for name in SPECS:
+        simulated.start(1, model=name)
+        assert torch.cuda.get_device_properties(0).total_memory == TOTAL_MEMORY[name]
+        simulated.stop()
