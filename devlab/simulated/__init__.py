@@ -185,13 +185,12 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                            _threads, _parallel, _serialization, _c10d, _stores, _dtensor,
                            _compile):
                 module.install(patcher)
-            clock = charges = None
+            charges = _session.NO_CHARGES
             if spec is not None:
                 from .clock.clock import Charges, Clock  # only a modeled simulation loads it
 
-                clock = Clock(spec, count)
-                charges = Charges(clock)
-            _session.session = _session.Session(limits, spec=spec, clock=clock, charges=charges)
+                charges = Charges(Clock(spec, count))
+            _session.session = _session.Session(limits, spec=spec, charges=charges)
             _session.forget_thread_state()
             routing = _routing.push_routing()
         except BaseException:
@@ -327,10 +326,11 @@ def modeled_time() -> float:
     """The host's modeled time in seconds since the simulation started: it advances with each
     launch, copy and host sync on the modeled GPUs, not with this machine's clock."""
     sess = _session.session
-    if sess is None or sess.clock is None:
+    clock = sess.charges.clock if sess is not None else None
+    if clock is None:
         raise RuntimeError("no modeled GPU: start the simulation with a model, e.g. "
                            "devlab.config.simulate_gpus(2, model='T4')")
-    return sess.clock.now()
+    return clock.now()
 
 
 @contextlib.contextmanager

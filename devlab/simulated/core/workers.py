@@ -179,8 +179,8 @@ def host_sync(index: int | None = None) -> None:
     else:
         wait(index)
     sess = _session.session
-    if sess is not None and sess.clock is not None:
-        sess.clock.sync(index)
+    if sess is not None:
+        sess.charges.sync(index)
 
 
 def shutdown() -> None:
