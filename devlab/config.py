@@ -400,6 +400,7 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     """
     simulated.check_count(count)
     check_memory_limit(memory_limit)
+    spec = None
     if model is not None:
         spec = simulated.gpu_spec(model)  # an unknown name fails here, naming the models
         model = spec.name
@@ -434,7 +435,7 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     _settings.simulated_memory_mb = memory_limit
     _settings.simulated_model = model
     _settings.visible = None
-    simulated.start(count, [memory_limit] * count, model=model)
+    simulated.start(count, [memory_limit] * count, model=spec)  # resolved once, above
     _apply_simulation()
 
 

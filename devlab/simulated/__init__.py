@@ -124,11 +124,12 @@ def _limits_bytes(count: int, memory_limits_mb: list[int | None] | None) -> list
 
 
 def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
-          asynchronous: bool = True, model: str | None = None) -> None:
+          asynchronous: bool = True, model: Any = None) -> None:
     """Simulate `count` GPUs (one memory limit in MB per GPU; None = unlimited).
 
-    `model` names a real GPU ("T4", "L4", "A100-40GB", "H100", ...: `models()`) whose public
-    specifications the GPUs' modeled clock follows (see `modeled_time`, `explain`); a GPU
+    `model` names a real GPU ("T4", "L4", "A100-40GB", "H100", ...: `models()`), or is the
+    `GpuSpec` a caller resolved already (`gpu_spec`), whose public specifications the GPUs'
+    modeled clock follows (see `modeled_time`, `explain`); a GPU
     without a memory limit then has that GPU's memory. Calling it again before any simulated
     tensor exists replaces the configuration. `asynchronous=False` runs every op synchronously
     on the calling thread. Refuses on a machine with real CUDA GPUs, and on a torch that lacks
@@ -308,9 +309,9 @@ def models() -> list[str]:
     return list(SPECS)
 
 
-def gpu_spec(name: str) -> Any:
+def gpu_spec(name: Any) -> Any:
     """The public specifications of the real GPU `name` models (a `GpuSpec`; case does not
-    matter, and "A100" is "A100-80GB")."""
+    matter, and "A100" is "A100-80GB"; a `GpuSpec` is itself)."""
     from .clock.gpu_specs import gpu
 
     return gpu(name)

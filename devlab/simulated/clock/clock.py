@@ -268,8 +268,9 @@ _EMPTY = frozenset({torch.empty, torch.empty_like, torch.empty_strided, torch.em
 _FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
 
 
-def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime]]:
-    """fn(), with every charge to the clock recorded (for `explain`)."""
+def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime], GpuSpec]:
+    """fn(), with every charge to the clock recorded (for `explain`), and the GPU the clock
+    models."""
     sess = _session.session
     clock = sess.charges.clock if sess is not None else None
     if clock is None:
@@ -279,7 +280,7 @@ def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime]]:
         outer, clock.recording = clock.recording, []
         recorded = clock.recording
     try:
-        return fn(), recorded
+        return fn(), recorded, clock.spec
     finally:
         with clock.lock:
             clock.recording = outer
