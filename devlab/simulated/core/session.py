@@ -198,7 +198,7 @@ bad_fork = False
 
 # Per thread, as CUDA's: `device` is torch.cuda.current_device(), `index` the simulated GPU the
 # op running right now executes on (None on the host), `routed` the session whose mode the
-# thread carries (see _threads).
+# thread carries (see mode.routing).
 tls = threading.local()
 
 

@@ -36,7 +36,7 @@ _workers: dict[int, _Worker] = {}
 # process while the main thread waits is raised then, even if the signal woke another thread.
 _WAKE = 0.1
 
-# Threads the simulation starts for itself, which must not route work (see _threads).
+# Threads the simulation starts for itself, which must not route work (see mode.threads).
 UNROUTED = "_devlab_unrouted"
 
 
