@@ -401,8 +401,10 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     """
     simulated.check_count(count)
     check_memory_limit(memory_limit)
+    spec = None
     if model is not None:
-        model = simulated.gpu_spec(model).name  # an unknown name fails here, naming them
+        spec = simulated.gpu_spec(model)  # an unknown name fails here, naming the models
+        model = spec.name
     if (
         simulated.is_active()
         and _settings.simulated_gpus == count
@@ -432,7 +434,7 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     _settings.simulated_memory_mb = memory_limit
     _settings.simulated_model = model
     _settings.visible = None
-    simulated.start(count, [memory_limit] * count, model=model)
+    simulated.start(count, [memory_limit] * count, model=spec)  # resolved once, above
     _apply_simulation()
 
 

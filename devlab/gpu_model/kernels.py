@@ -45,6 +45,13 @@ QUEUED = ("queued back to back: each op costs the host its launch latency and th
 ALONE = "one op timed alone with CUDA events on an idle GPU (the floor included)"
 
 
+def kernel_seconds(floor: float, compute: float, memory: float) -> float:
+    """A kernel's time on its GPU: its fixed floor, then its arithmetic and its memory traffic,
+    which overlap, so only the longer of the two counts. The one statement of it: `Kernel`, the
+    simulation's `OpTime` and its modeled clock all use this."""
+    return floor + (compute if compute > memory else memory)
+
+
 @dataclass(frozen=True, slots=True)
 class Kernel:
     """One kernel's modeled time on one GPU, in seconds, and the terms behind it."""
@@ -65,17 +72,17 @@ class Kernel:
     @property
     def work(self) -> float:
         """The longer of compute and memory traffic."""
-        return self.compute if self.compute > self.memory else self.memory
+        return kernel_seconds(0.0, self.compute, self.memory)
 
     @property
     def seconds(self) -> float:
         """The GPU's time for it when ops run back to back: floor + work."""
-        return self.floor + self.work
+        return kernel_seconds(self.floor, self.compute, self.memory)
 
     @property
     def alone(self) -> float:
         """What one such op shows timed alone with CUDA events: its floor + work."""
-        return self.alone_floor + self.work
+        return kernel_seconds(self.alone_floor, self.compute, self.memory)
 
     @property
     def bound(self) -> str:

@@ -124,13 +124,14 @@ def _limits_bytes(count: int, memory_limits_mb: list[int | None] | None) -> list
 
 
 def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
-          asynchronous: bool = True, model: str | None = None) -> None:
+          asynchronous: bool = True, model: Any = None) -> None:
     """Simulate `count` GPUs (one memory limit in MB per GPU; None = unlimited).
 
-    `model` names a real GPU ("T4", "L4", "A100-40GB", "H100", ...: `models()`) whose public
-    specifications the GPUs' modeled clock follows (see `modeled_time`, `explain`); each GPU
-    then has that GPU's memory as torch reports it, and a CUDA context (a memory limit is a
-    per-process limit on it). Calling it again before any simulated
+    `model` names a real GPU ("T4", "L4", "A100-40GB", "H100", ...: `models()`), or is the
+    `GpuSpec` a caller resolved already (`gpu_spec`), whose public specifications the GPUs'
+    modeled clock follows (see `modeled_time`, `explain`); each GPU then has that GPU's memory
+    as torch reports it, and a CUDA context (a memory limit is a per-process limit on it).
+    Calling it again before any simulated
     tensor exists replaces the configuration. `asynchronous=False` runs every op synchronously
     on the calling thread. Refuses on a machine with real CUDA GPUs, and on a torch that lacks
     what the simulation relies on.
@@ -184,13 +185,12 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                            _threads, _parallel, _serialization, _c10d, _stores, _dtensor,
                            _compile):
                 module.install(patcher)
-            clock = charges = None
+            charges = _session.NO_CHARGES
             if spec is not None:
                 from .clock.clock import Charges, Clock  # only a modeled simulation loads it
 
-                clock = Clock(spec, count)
-                charges = Charges(clock)
-            _session.session = _session.Session(limits, spec=spec, clock=clock, charges=charges)
+                charges = Charges(Clock(spec, count))
+            _session.session = _session.Session(limits, spec=spec, charges=charges)
             _session.forget_thread_state()
             routing = _routing.push_routing()
         except BaseException:
@@ -308,9 +308,9 @@ def models() -> list[str]:
     return list(SPECS)
 
 
-def gpu_spec(name: str) -> Any:
+def gpu_spec(name: Any) -> Any:
     """The public specifications of the real GPU `name` models (a `GpuSpec`; case does not
-    matter, and "A100" is "A100-80GB")."""
+    matter, and "A100" is "A100-80GB"; a `GpuSpec` is itself)."""
     from .clock.gpu_specs import gpu
 
     return gpu(name)
@@ -326,10 +326,11 @@ def modeled_time() -> float:
     """The host's modeled time in seconds since the simulation started: it advances with each
     launch, copy and host sync on the modeled GPUs, not with this machine's clock."""
     sess = _session.session
-    if sess is None or sess.clock is None:
+    clock = sess.charges.clock if sess is not None else None
+    if clock is None:
         raise RuntimeError("no modeled GPU: start the simulation with a model, e.g. "
                            "devlab.config.simulate_gpus(2, model='T4')")
-    return sess.clock.now()
+    return clock.now()
 
 
 @contextlib.contextmanager

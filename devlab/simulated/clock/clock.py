@@ -26,9 +26,10 @@ from typing import Any
 
 import torch
 
-from devlab.gpu_model.kernels import COPY, QUEUED
+from devlab.gpu_model.kernels import COPY, QUEUED, kernel_seconds
 
 from ..core import session as _session
+from ..core.session import NoCharges
 from .gpu_specs import GpuSpec
 from .roofline import (
     OpTime,
@@ -84,8 +85,7 @@ class Clock:
             host = self.host
             for t in ts:
                 device = queue[t.device]
-                compute, memory = t.compute, t.memory
-                work = t.floor + (compute if compute > memory else memory)
+                work = kernel_seconds(t.floor, t.compute, t.memory)
                 host += t.launch
                 free[device] = (free[device] if free[device] > host else host) + work
                 busy[device] += work
@@ -174,9 +174,12 @@ _BACKWARD = "devlab_clock"  # a graph node's metadata: the modeled kernels of it
 _SETITEM = Tensor.__setitem__
 
 
-class Charges:
+class Charges(NoCharges):
     """What the simulation charges the clock for: the calls, copies and backward passes its
-    routing mode runs on modeled GPUs."""
+    routing mode runs on modeled GPUs, and the host's syncs; the one way to the clock (without a
+    model, the session's `NoCharges` charges nothing)."""
+
+    __slots__ = ("_costed", "_tf32", "clock", "spec")
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
@@ -243,23 +246,41 @@ class Charges:
             if costs:
                 kernels(costs)
 
+    def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
+             op: str = "copy") -> None:
+        """A copy between the host (None) and a GPU, or between two GPUs."""
+        self.clock.copy(src, dst, nbytes, blocking, op)
+
+    def sync(self, index: int | None = None) -> None:
+        """The host waits for GPU `index`'s queue (every GPU's if None)."""
+        self.clock.sync(index)
+
+    def reached(self, index: int) -> float | None:
+        """When GPU `index`'s queue reaches work enqueued now (an Event's time)."""
+        return self.clock.reached(index)
+
+    def reset(self, count: int, queues: list[int] | None = None) -> None:
+        """Start the clock again at 0 with `count` idle GPUs."""
+        self.clock.reset(count, queues)
+
 
 _EMPTY = frozenset({torch.empty, torch.empty_like, torch.empty_strided, torch.empty_permuted})
 _FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
 
 
-def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime]]:
-    """fn(), with every charge to the clock recorded (for `explain`)."""
+def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime], GpuSpec]:
+    """fn(), with every charge to the clock recorded (for `explain`), and the GPU the clock
+    models."""
     sess = _session.session
-    if sess is None or sess.clock is None:
+    clock = sess.charges.clock if sess is not None else None
+    if clock is None:
         raise RuntimeError("no modeled GPU: start the simulation with a model, e.g. "
                            "devlab.config.simulate_gpus(2, model='T4')")
-    clock = sess.clock
     with clock.lock:
         outer, clock.recording = clock.recording, []
         recorded = clock.recording
     try:
-        return fn(), recorded
+        return fn(), recorded, clock.spec
     finally:
         with clock.lock:
             clock.recording = outer

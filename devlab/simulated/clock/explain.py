@@ -18,7 +18,6 @@ from typing import Any
 from devlab.gpu_model import ALONE, QUEUED
 from devlab.sizes import format_bytes
 
-from ..core import session as _session
 from .clock import record
 from .roofline import COMPUTE, LAUNCH, MEMORY, OpTime
 
@@ -118,7 +117,5 @@ class Explanation:
 
 def explain(fn: Callable[[], Any]) -> Explanation:
     """Run `fn()` on the modeled GPUs and break its modeled time down, op by op."""
-    result, ops = record(fn)
-    sess = _session.session
-    spec = sess.spec if sess is not None else None
-    return Explanation(spec.full_name if spec is not None else "?", ops, result)
+    result, ops, spec = record(fn)
+    return Explanation(spec.full_name, ops, result)

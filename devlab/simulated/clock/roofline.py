@@ -7,7 +7,7 @@ matmuls and the GPU has it), and which inputs need gradients. `OpTime` is one ke
 as the modeled clock charges it: the host's launch latency, then the model's kernel time on the
 GPU, queued behind the GPU's earlier work.
 
-The simulation costs each torch call its routing mode sees (`_clock.Charges`): a dispatch mode
+The simulation costs each torch call its routing mode sees (`clock.Charges`): a dispatch mode
 would see every aten op, but costs more per op than the whole simulation may. `op_time` costs
 one aten op (benchmarks/gpu_model.py sets the model beside published measurements with it).
 """
@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import torch
 
 from devlab.gpu_model import Kernel, gemm, memory_bound
-from devlab.gpu_model.kernels import COMPUTE, EMBEDDING, GEMM, LAUNCH, MEMORY
+from devlab.gpu_model.kernels import COMPUTE, EMBEDDING, GEMM, LAUNCH, MEMORY, kernel_seconds
 from devlab.gpu_model.ops import BACKWARD_BYTES, family, gemm_backward, gemm_dims
 
 from .gpu_specs import GpuSpec
@@ -52,12 +52,12 @@ class OpTime(NamedTuple):
     @property
     def work(self) -> float:
         """The longer of compute and memory traffic."""
-        return self.compute if self.compute > self.memory else self.memory
+        return kernel_seconds(0.0, self.compute, self.memory)
 
     @property
     def gpu(self) -> float:
         """The device's busy time: its floor plus the longer of compute and memory."""
-        return self.floor + self.work
+        return kernel_seconds(self.floor, self.compute, self.memory)
 
     @property
     def total(self) -> float:

@@ -166,25 +166,58 @@ class PeakWatch:
         return f"PeakWatch(GPU:{self._device.index}, peak={self.peak:,} bytes)"
 
 
+class NoCharges:
+    """What a simulation without a GPU model charges: nothing. `clock.clock.Charges`, the
+    modeled one, has the same methods; every charge to a clock goes through the session's."""
+
+    __slots__ = ()
+    clock = None  # the modeled clock (`clock.clock.Clock`): none
+
+    def call(self, func: Any, args: tuple, kwargs: dict, out: Any, index: int,
+             fresh: bool) -> None:
+        """A torch call that ran on GPU `index`; `fresh`: it made new memory."""
+
+    def factory(self, func: Any, args: tuple, out: Any, index: int) -> None:
+        """A factory that made `out` on GPU `index`."""
+
+    def backward(self, nodes: list[Any]) -> None:
+        """The backward pass through these graph nodes."""
+
+    def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
+             op: str = "copy") -> None:
+        """A copy between the host (None) and a GPU, or between two GPUs."""
+
+    def sync(self, index: int | None = None) -> None:
+        """The host waits for GPU `index`'s queue (every GPU's if None)."""
+
+    def reached(self, index: int) -> float | None:
+        """When GPU `index`'s queue reaches work enqueued now, in modeled seconds: unknown."""
+        return None
+
+    def reset(self, count: int, queues: list[int] | None = None) -> None:
+        """The GPUs were reconfigured before first use."""
+
+
+NO_CHARGES = NoCharges()
+
+
 class Session:
     """One start()..stop() run; marks and modes from an earlier run are ignored by a later one.
 
-    `spec` is the real GPU the simulated ones model (None: no performance model); `clock` the
-    modeled timeline (`clock.clock.Clock`) when there is one, and `charges` what charges it (both
-    made by start(): the model's modules sit above this one).
+    `spec` is the real GPU the simulated ones model (None: no performance model); `charges` what
+    the simulation charges a modeled clock for, the only way to it (`clock.clock.Charges`, made
+    by start(): the model's modules sit above this one), `NO_CHARGES` without a model.
     `used`: a simulated tensor was made (the configuration is fixed from then on);
     `initialized`: the simulated CUDA runtime is initialized in this process (`_fork`).
     """
 
-    __slots__ = ("__weakref__", "charges", "clock", "count", "devices", "initialized", "spec",
-                 "used")
+    __slots__ = ("__weakref__", "charges", "count", "devices", "initialized", "spec", "used")
 
     def __init__(self, limits: list[int | None], growth: list[bool] | None = None,
-                 spec: Any = None, clock: Any = None, charges: Any = None) -> None:
+                 spec: Any = None, charges: NoCharges = NO_CHARGES) -> None:
         self.used = False
         self.initialized = False
         self.spec = spec
-        self.clock = clock
         self.charges = charges
         self.configure(limits, growth)
 
@@ -197,8 +230,7 @@ class Session:
         config = AllocatorConfig.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
         self.devices = [DeviceState(i, lim, not grows, self.spec, config)
                         for i, (lim, grows) in enumerate(zip(limits, growth, strict=True))]
-        if self.clock is not None:
-            self.clock.reset(self.count, queues)
+        self.charges.reset(self.count, queues)
 
 
 # The running session (None when not simulating). Read on every op, so a plain global.
@@ -214,7 +246,7 @@ bad_fork = False
 
 # Per thread, as CUDA's: `device` is torch.cuda.current_device(), `index` the simulated GPU the
 # op running right now executes on (None on the host), `routed` the session whose mode the
-# thread carries (see _threads).
+# thread carries (see mode.routing).
 tls = threading.local()
 
 

@@ -36,7 +36,7 @@ _workers: dict[int, _Worker] = {}
 # process while the main thread waits is raised then, even if the signal woke another thread.
 _WAKE = 0.1
 
-# Threads the simulation starts for itself, which must not route work (see _threads).
+# Threads the simulation starts for itself, which must not route work (see mode.threads).
 UNROUTED = "_devlab_unrouted"
 
 
@@ -179,8 +179,8 @@ def host_sync(index: int | None = None) -> None:
     else:
         wait(index)
     sess = _session.session
-    if sess is not None and sess.clock is not None:
-        sess.clock.sync(index)
+    if sess is not None:
+        sess.charges.sync(index)
 
 
 def shutdown() -> None:

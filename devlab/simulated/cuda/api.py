@@ -337,9 +337,8 @@ class Event:
         self.device_index = i
         self.time = None
         sess = _session.session
-        if sess is not None and sess.clock is not None:
-            self.time = sess.clock.reached(i)
-        else:
+        self.time = sess.charges.reached(i) if sess is not None else None
+        if self.time is None:  # no model: this machine's time when the GPU's queue gets here
             _workers.at_queue_end(i, self._stamp)
 
     def _stamp(self) -> None:

@@ -67,10 +67,9 @@ def route_copy_backward(out: Tensor, source: int | None, target: int | None) -> 
             sess = _session.session
             if sess is None:
                 return None
-            if sess.clock is not None:
-                for g in grad_inputs:
-                    if isinstance(g, Tensor):
-                        sess.clock.copy(target, source, g.nbytes, False, "aten::_to_copy")
+            for g in grad_inputs:
+                if isinstance(g, Tensor):
+                    sess.charges.copy(target, source, g.nbytes, False, "aten::_to_copy")
             if not any(isinstance(g, Tensor) and index_of(g) != source for g in grad_inputs):
                 return None
             with _DisableTF():
@@ -208,7 +207,7 @@ def _python_inside(leaves: list[Tensor], nodes: list[Any]) -> bool:
 def _charge(nodes: list[Any]) -> None:
     """With a modeled GPU, charge its clock for the backward kernels of these nodes."""
     sess = _session.session
-    if sess is not None and sess.charges is not None:
+    if sess is not None:
         sess.charges.backward(nodes)
 
 

@@ -77,9 +77,7 @@ def place(func: Callable, args: tuple, kwargs: dict, device: Any) -> Any:
         if func in _EMPTY and isinstance(out, torch.Tensor):
             out.zero_()
     _marks.mark_outputs(out, target)
-    charges = _session.session.charges  # type: ignore[union-attr]
-    if charges is not None:
-        charges.factory(func, args, out, target)
+    _session.session.charges.factory(func, args, out, target)  # type: ignore[union-attr]
     return out
 
 

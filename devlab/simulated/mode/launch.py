@@ -105,9 +105,7 @@ def launch(func: Callable, args: tuple, kwargs: dict) -> Any:
     shape = _ops.call(None, impl, (_meta(a), _meta(b)), {})  # shape errors: here, at once
     out = torch.empty(shape.shape, dtype=shape.dtype)
     _marks.mark_outputs(out, index)
-    charges = _session.session.charges  # type: ignore[union-attr]
-    if charges is not None:
-        charges.call(func, args, kwargs, out, index, True)
+    _session.session.charges.call(func, args, kwargs, out, index, True)  # type: ignore[union-attr]
     # The worker holds tensors of its own on the user's storages, never the user's tensors, so
     # the GPU's count can tell when only queued work still uses a storage: the user's last
     # reference went, and CUDA's allocator frees it at once (DeviceState.settle).

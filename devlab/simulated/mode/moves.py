@@ -46,11 +46,11 @@ def copy_to(t: Tensor, target: int | None, dtype: Any = None, non_blocking: bool
     elif non_blocking and src is not None:
         pin(out.untyped_storage())  # as CUDA's _to_copy: a non-blocking copy to the host
     sess = _session.session
-    if sess is not None and sess.clock is not None:
+    if sess is not None:
         # From pageable host memory the host waits even for a non-blocking copy (CUDA stages
         # it through a pinned buffer); from pinned memory, or to it, it does not.
         blocking = not non_blocking or (src is None and not is_pinned(t))
-        sess.clock.copy(src, target, t.nbytes, blocking, "aten::_to_copy")
+        sess.charges.copy(src, target, t.nbytes, blocking, "aten::_to_copy")
     if out.grad_fn is not None and src != target:
         route_copy_backward(out, src, target)
     return out
@@ -168,10 +168,10 @@ def copy_(func: Callable, args: tuple, kwargs: dict) -> Any:
         _workers.wait(i_dst)
     out = _ops.call(i_dst, func, args, kwargs)
     sess = _session.session
-    if sess is not None and sess.clock is not None and (i_dst is not None or i_src is not None):
+    if sess is not None and (i_dst is not None or i_src is not None):
         non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking"))
-        sess.clock.copy(i_src, i_dst, src.nbytes if isinstance(src, Tensor) else 0,
-                        not non_blocking, "aten::copy_")
+        sess.charges.copy(i_src, i_dst, src.nbytes if isinstance(src, Tensor) else 0,
+                          not non_blocking, "aten::copy_")
     return out
 
 

@@ -195,7 +195,6 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     else:
         out = call(index, func, args, kwargs)
     fresh = mark_outputs(out, index, host)
-    charges = _session.session.charges  # type: ignore[union-attr]  # a GPU op: one runs
-    if charges is not None:  # a modeled GPU: charge its clock
-        charges.call(func, args, kwargs, out, index, fresh)
+    # A GPU op: a session runs. A modeled GPU's clock is charged for it.
+    _session.session.charges.call(func, args, kwargs, out, index, fresh)  # type: ignore[union-attr]
     return out
