@@ -137,3 +137,22 @@ def test_every_modeled_gpu_can_be_simulated_with_its_capacity() -> None:
         simulated.start(1, model=name)
         assert torch.cuda.get_device_properties(0).total_memory == TOTAL_MEMORY[name]
         simulated.stop()
+
+
+def test_a_backward_pass_counts_what_it_allocates_on_its_gpu() -> None:
+    # The gradients of the activations exist only while the C++ engine runs the pass; on a GPU
+    # they count in the peak. Two 2048x2048 layers on a batch of 1024: each activation's
+    # gradient is 8 MiB, alive beside the weights' gradients being made.
+    devlab.config.simulate_gpus(1)
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+                                torch.nn.Linear(2048, 2048)).to("cuda")
+    batch = torch.randn(1024, 2048, device="cuda")
+    loss = model(batch).square().mean()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    loss.backward()
+    after = torch.cuda.memory_allocated()
+    weights_grads = sum(p.numel() * 4 for p in model.parameters())
+    assert after >= before + weights_grads - 3 * 8 * MIB  # the saved activations went
+    assert torch.cuda.max_memory_allocated() >= after + 8 * MIB
+    del loss

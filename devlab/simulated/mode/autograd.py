@@ -92,9 +92,11 @@ def _to_copy(g: Tensor) -> Tensor:
 
 
 def _engine(roots: tuple, grad_roots: Any, retain_graph: bool | None, create_graph: bool,
-            inputs: tuple, allow_unused: bool, accumulate_grad: bool, watched: bool) -> tuple:
-    """Run the autograd engine with a simulation mode on this thread's stack (`watched`: and
-    the marking dispatch mode)."""
+            inputs: tuple, allow_unused: bool, accumulate_grad: bool,
+            watched: bool | int) -> tuple:
+    """Run the autograd engine with a simulation mode on this thread's stack (`watched`: True,
+    and the marking dispatch mode; a GPU index, and the one-GPU mode; see Note [Why a
+    backward pass is watched] in `dispatched`)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if retain_graph is None:
         retain_graph = create_graph
@@ -102,7 +104,9 @@ def _engine(roots: tuple, grad_roots: Any, retain_graph: bool | None, create_gra
     try:
         grads = _ag._make_grads(roots, _ag._tensor_or_tensors_to_tuple(grad_roots, len(roots)),
                                 is_grads_batched=False)
-        with _dispatched.marking() if watched else contextlib.nullcontext():
+        with (_dispatched.marking() if watched is True
+              else _dispatched.OneGpu(watched) if watched is not False
+              else contextlib.nullcontext()):
             return _ag.graph._engine_run_backward(
                 roots, grads, retain_graph, create_graph, inputs, allow_unused,
                 accumulate_grad=accumulate_grad)
@@ -133,7 +137,7 @@ def backward(func: Callable, args: tuple, kwargs: dict) -> Any:
     leaves, nodes = _graph(roots)
     _engine(roots, grad_roots, kwargs.get("retain_graph"),
             bool(kwargs.get("create_graph", False)), inputs_tuple, allow_unused=True,
-            accumulate_grad=True, watched=_python_inside(leaves, nodes))
+            accumulate_grad=True, watched=_watch(leaves, nodes, first))
     for leaf in leaves:
         index = index_of(leaf)
         if index is not None and leaf.grad is not None:
@@ -156,10 +160,11 @@ def grad(func: Callable, args: tuple, kwargs: dict) -> Any:
         allow_unused = kwargs.get("allow_unused")
         create_graph = bool(kwargs.get("create_graph", False))
         leaves, nodes = _graph(outputs)
+        first = next((i for i in map(index_of, outputs) if i is not None), None)
         out = _engine(outputs, kwargs.get("grad_outputs"), kwargs.get("retain_graph"),
                       create_graph, inputs_tuple,
                       allow_unused=materialize if allow_unused is None else allow_unused,
-                      accumulate_grad=False, watched=_python_inside(leaves, nodes))
+                      accumulate_grad=False, watched=_watch(leaves, nodes, first))
         _charge(nodes)
         if materialize:
             out = tuple(torch.zeros_like(i, requires_grad=create_graph) if r is None else r
@@ -172,6 +177,7 @@ def grad(func: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 _AccumulateGrad = torch._C._functions.AccumulateGrad  # a leaf's node
+_functorch_level = torch._C._functorch.peek_interpreter_stack  # None outside torch.func
 _PythonNode = torch.autograd.function.BackwardCFunction  # an autograd Function's node
 
 
@@ -202,6 +208,20 @@ def _python_inside(leaves: list[Tensor], nodes: list[Any]) -> bool:
     C++, have their leaves' gradients marked after, which costs far less."""
     return (any(isinstance(n, _PythonNode) for n in nodes)
             or any(leaf._post_accumulate_grad_hooks for leaf in leaves))
+
+
+def _watch(leaves: list[Tensor], nodes: list[Any], first: int | None) -> bool | int:
+    """How a backward pass runs (Note [Why a backward pass is watched] in `dispatched`): True
+    when Python code receives its gradients, the GPU's index when it is all on one GPU, else
+    False."""
+    if _python_inside(leaves, nodes):
+        return True
+    if (first is not None and _functorch_level() is None
+            and all(index_of(leaf) == first for leaf in leaves)):
+        # (Inside a torch.func transform the pass's tensors are the transform's wrappers,
+        # which `OneGpu` does not unwrap: such a pass runs as before.)
+        return first
+    return False
 
 
 def _charge(nodes: list[Any]) -> None:

@@ -122,3 +122,30 @@ def unmarking_mode_on_stack() -> bool:
         if not getattr(_dispatch_mode_at(i), "marks_simulated", False):
             return True
     return False
+
+
+class OneGpu(TorchDispatchMode):
+    """A backward pass all on GPU `index`, with no Python code inside (the engine's own
+    kernels): each op's fresh outputs are that GPU's memory as they are made, so what the pass
+    allocates (its gradients, the temporaries of its formulas) counts in the GPU's allocator
+    and peak, as on a real GPU. Lighter than `Marking`: there is one device to place on.
+
+    Note [Why a backward pass is watched]: the C++ engine makes a backward pass's tensors
+    where no function mode sees them. A pass that hands them to Python (`Marking`) must place
+    every op by its own tensors; one on a single GPU only needs its outputs counted there. A
+    pass across several GPUs without Python code runs unwatched: its gradients are marked
+    when it ends (`autograd.backward`), and what it held in between is not counted."""
+
+    marks_simulated = True  # marks as it goes: marking() adds no second mode under it
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        with _DisableTF():
+            out = func(*args, **(kwargs or {}))
+        if _session.session is not None:
+            mark_outputs(out, self.index)
+        return out
