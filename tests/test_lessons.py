@@ -59,6 +59,7 @@ T4 = "modeled from NVIDIA T4 (16 GB, PCIe) specifications, not measured"
 # A lesson's intended errors: (notebook stem, start of the cell's source) -> the error's name.
 INTENDED = {
     ("02-memory", "%%memwatch --device /GPU:0\nmore = []"): "OutOfMemoryError",
+    ("02-memory", "%%memwatch --device /GPU:0\npieces = "): "OutOfMemoryError",
 }
 
 
@@ -227,14 +228,33 @@ def claims_02(nb: nbformat.NotebookNode, env: Env) -> None:
     after = text(cell_with(nb, 'print(f"GPU 0 holds'))
     assert "GPU 0 holds 256 MiB in 5 + 3 tensors" in after  # the five that fit, and `blocks`
     assert "after freeing: 0 MiB" in after and "device='cuda:0'" in after
+    # Freed, but still reserved: the allocator keeps the 64 MiB segment until empty_cache().
+    cached = text(cell_with(nb, "def report(when)"))
+    assert re.search(r"with x: +allocated +64 MiB", cached)
+    held = int(re.search(r"after del x: +allocated +0 MiB, reserved +(\d+) MiB", cached)[1])
+    assert held >= 64
+    assert re.search(r"after empty_cache: +allocated +0 MiB, reserved +0 MiB", cached)
+    # Fragmentation: half of 240 MiB free in 4 MiB holes, and 24 MiB do not fit.
+    pieces = cell_with(nb, "%%memwatch --device /GPU:0\npieces")
+    assert re.search(r"every other freed: +allocated 120 MiB, reserved 240 MiB", text(pieces))
+    (frag,) = errors(pieces)
+    assert "Tried to allocate 24.00 MiB" in frag.evalue
+    assert "120.00 MiB is reserved by PyTorch but unallocated" in frag.evalue
+    assert re.search(r"all freed: +allocated +0 MiB, reserved +0 MiB",
+                     text(cell_with(nb, "del pieces\ntorch.cuda.empty_cache()")))
+    # The allocation timeline names the cell's own lines: the model, the batch, the step.
+    traced = html(cell_with(nb, "%%memwatch --device /GPU:0 --trace"))
+    assert "Allocation timeline" in traced and "<svg" in traced and "<script" not in traced
+    table = traced[traced.index("<table", traced.index("Allocation timeline")):]
+    assert len(re.findall(r"<code>In\[\d+\]:\d+ ", table)) >= 3
     sampled = text(cell_with(nb, "from devlab.memory import Sampler"))
-    assert "GPU:0 (simulated): peak 64.0 MiB (+64.0 MiB)" in sampled
+    assert "GPU:0 (simulated): peak " in sampled and "(+64.0 MiB)" in sampled
     assert "CPU:0 (process RSS)" in sampled
     state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
     if state:  # the live charts reached the notebook (where the runner keeps widget state)
         frames = [o for m in state["state"].values() if m["model_name"] == "OutputModel"
                   for o in m["state"]["outputs"] if "image/png" in o["data"]]
-        assert len(frames) == 2
+        assert len(frames) == 5  # one live chart per %%memwatch cell
 
 
 def claims_03(nb: nbformat.NotebookNode, env: Env) -> None:
@@ -454,7 +474,7 @@ def test_a_second_lesson_in_the_same_kernel_says_what_it_cannot_have() -> None:
 
     setup_03 = next(src for src in code("03-d2l-exercises") if "devlab.lesson.setup(" in src)
     cells = run_cells(*code("02-memory"), setup_03, timeout=300)
-    assert [e.ename for c in cells for e in errors(c)] == ["OutOfMemoryError"]  # 02's own
+    assert [e.ename for c in cells for e in errors(c)] == ["OutOfMemoryError"] * 2  # 02's own
     said = stream(cells[-1]).splitlines()
     assert said[0].startswith("devlab.lesson: 1 simulated GPU set up earlier in this kernel.")
     assert "they have no timing model, not the T4 this lesson uses, so the cell that calls " \
