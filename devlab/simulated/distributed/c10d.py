@@ -41,6 +41,7 @@ import torch
 
 from ..core.marks import index_of, live_mark, mark_one, storage_of
 from ..core.patcher import Patcher
+from ..mode.dispatched import OneGpu
 from . import futures as _futures
 
 
@@ -89,12 +90,21 @@ def _keep(group: Any) -> None:
 
 
 def _reducer(original: Any) -> Any:
-    """`dist.Reducer` that keeps its process group's Python object alive until the Reducer is
-    freed: its finalizer runs after the C++ Reducer is destroyed, then lets go of the group
-    from Python, where torch tears a group down with the GIL released."""
+    """`dist.Reducer` whose buckets are its GPU's memory, and that keeps its process group's
+    Python object alive until the Reducer is freed: its finalizer runs after the C++ Reducer is
+    destroyed, then lets go of the group from Python, where torch tears a group down with the
+    GIL released."""
 
     def Reducer(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - the class it stands for
-        reducer = original(*args, **kwargs)
+        params = args[0] if args else kwargs.get("params", [])
+        places = {index_of(p) for p in params}
+        if len(places) == 1 and None not in places:
+            # The Reducer allocates its gradient buckets in C++, on its parameters' GPU: the
+            # size of the model again, counted there as it is made (`OneGpu`).
+            with OneGpu(places.pop()):
+                reducer = original(*args, **kwargs)
+        else:
+            reducer = original(*args, **kwargs)
         group = args[3] if len(args) > 3 else kwargs.get("process_group")
         if group is not None:
             weakref.finalize(reducer, _keep, group)
