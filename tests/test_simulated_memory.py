@@ -177,3 +177,32 @@ def test_ddp_allocates_its_gradient_buckets_on_the_gpu() -> None:
         del ddp
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("model", "config", "expected"), [
+    ("T4", None, 4096 * 2 * 1024 + 16 * 8 * 1024),  # ":4096:2:16:8", torch's default
+    ("H100", None, 4096 * 8 * 1024),  # 32 MiB on Hopper
+    ("T4", ":1024:4", 4 * MIB),
+    ("T4", ":0:0", 0),
+])
+def test_the_first_matrix_product_allocates_cublas_workspace(monkeypatch, model, config,
+                                                              expected) -> None:
+    # As torch's own test_cublas_workspace_explicit_allocation measures it on a GPU.
+    if config is None:
+        monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", config)
+    devlab.config.simulate_gpus(1, model=model)
+    a = torch.randn(7, 7, device="cuda")
+
+    def grown() -> int:
+        torch._C._cuda_clearCublasWorkspaces()
+        start = torch.cuda.memory_stats()["active_bytes.all.allocated"]
+        with torch.no_grad():
+            torch.matmul(a, a)
+        return torch.cuda.memory_stats()["active_bytes.all.allocated"] - start
+
+    assert grown() - 512 == expected  # the product's own 512-byte block, and the workspace
+    assert grown() - 512 == expected  # cleared, it is allocated again
+    torch.cuda.empty_cache()  # empty_cache keeps it: it is allocated, not cached
+    assert torch.cuda.memory_allocated() >= expected

@@ -10,6 +10,8 @@ docs/gpu-models.md ("Memory capacity").
 
 from __future__ import annotations
 
+import re
+
 from .specs import GpuSpec
 
 # `torch.cuda.get_device_properties(i).total_memory` (the same bytes as cudaMemGetInfo's
@@ -53,3 +55,25 @@ def context_bytes(spec: GpuSpec) -> int:
     """The device memory the CUDA context holds in a process, before its first tensor."""
     del spec  # one published figure for every GPU (above)
     return CONTEXT_BYTES
+
+
+# cuBLAS's workspace, which torch allocates through the caching allocator at a GPU's first
+# matrix product (per handle and stream) and keeps: CUBLAS_WORKSPACE_CONFIG's default
+# ":4096:2:16:8" (2 x 4096 + 8 x 16 KiB), and ":4096:8" (32 MiB) on Hopper (compute capability
+# 9.0), as torch's own test_cublas_workspace_explicit_allocation asserts (test/test_cuda.py).
+_WORKSPACE_DEFAULT = 4096 * 2 * 1024 + 16 * 8 * 1024
+_WORKSPACE_HOPPER = 4096 * 8 * 1024
+_WORKSPACE_PAIR = re.compile(r":([0-9]+):([0-9]+)")
+
+
+def cublas_workspace_bytes(spec: GpuSpec | None, config: str | None = None) -> int:
+    """The bytes of cuBLAS's workspace torch allocates on a GPU (`spec`; None: a GPU with no
+    model, taken as pre-Hopper), given CUBLAS_WORKSPACE_CONFIG (`config`, ":SIZE:COUNT" pairs
+    in KiB, summed as torch sums them; ":0:0" for none)."""
+    if config:
+        pairs = _WORKSPACE_PAIR.findall(config)
+        if pairs:
+            return sum(int(size) * int(count) for size, count in pairs) * 1024
+    if spec is not None and spec.compute_capability == "9.0":
+        return _WORKSPACE_HOPPER
+    return _WORKSPACE_DEFAULT

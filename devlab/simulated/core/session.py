@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from devlab.gpu_model import capacity
-from devlab.gpu_model.allocator import AllocatorConfig, CachingAllocator
+from devlab.gpu_model.allocator import AllocatorConfig, Block, CachingAllocator, OutOfMemory
 from devlab.gpu_model.specs import GpuSpec
 
 
@@ -36,7 +36,7 @@ class DeviceState:
     """
 
     __slots__ = ("allocator", "context", "index", "limit", "opened", "queued",
-                 "reserve_up_front", "torch_device", "watches")
+                 "reserve_up_front", "torch_device", "watches", "workspace", "workspace_bytes")
 
     def __init__(self, index: int, limit: int | None, reserve_up_front: bool = False,
                  spec: GpuSpec | None = None, config: AllocatorConfig | None = None) -> None:
@@ -51,6 +51,11 @@ class DeviceState:
             total, allowed, self.context = limit, None, 0
         self.allocator = CachingAllocator(index, total, 0, allowed, config)
         self.opened = False
+        # cuBLAS's workspace: allocated at the GPU's first matrix product, kept until
+        # torch._C._cuda_clearCublasWorkspaces() (`take_workspace`).
+        self.workspace: Block | None = None
+        self.workspace_bytes = capacity.cublas_workspace_bytes(
+            spec, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
         self.queued: dict[int, list] = {}  # id(op) -> marks, one per tensor the op holds
         # devlab's own watches (%%memwatch): each keeps its peak apart from `peak`, which
         # torch.cuda.max_memory_allocated reads and only the user resets.
@@ -88,6 +93,25 @@ class DeviceState:
             room = free if a.allowed is None else min(free, a.allowed)
             a.free(a.malloc(int(room * 0.9)))
             a.reset_peak()  # what the program allocates starts here
+
+    def take_workspace(self) -> OutOfMemory | None:
+        """The first matrix product on this GPU: cuBLAS's workspace is allocated (the caller
+        holds the lock); the allocator's out-of-memory where it does not fit."""
+        if self.workspace is not None or not self.workspace_bytes:
+            return None
+        if not self.opened:
+            self.open()
+        got = self.allocator.allocate(self.workspace_bytes)
+        if isinstance(got, OutOfMemory):
+            return got
+        self.workspace = got
+        return None
+
+    def clear_workspace(self) -> None:
+        """torch._C._cuda_clearCublasWorkspaces (the caller holds the lock)."""
+        if self.workspace is not None:
+            self.allocator.free(self.workspace)
+            self.workspace = None
 
     def settle(self) -> None:
         """Free the blocks of storages only queued work still uses (the caller holds the lock).

@@ -192,7 +192,15 @@ def reset_accumulated_c(device: Any = None) -> None:
     reset_accumulated_memory_stats(device)
 
 
+def clear_cublas_workspaces() -> None:
+    """`torch._C._cuda_clearCublasWorkspaces`: cuBLAS's workspaces go back to the allocator."""
+    for dev in _devices_all():
+        with _session.lock:
+            dev.clear_workspace()
+
+
 _C_FUNCS = {
+    "_cuda_clearCublasWorkspaces": clear_cublas_workspaces,
     "_cuda_memoryStats": nested_stats,
     "_cuda_memorySnapshot": memory_snapshot,
     "_cuda_record_memory_history": record_memory_history,

@@ -176,6 +176,25 @@ def placement(func: Callable, args: tuple, kwargs: dict
     return common_device(func, args, kwargs)
 
 
+# The torch calls that run cuBLAS (a GPU's first one allocates its workspace).
+_CUBLAS = frozenset(f for f in (
+    torch.mm, torch.addmm, torch.bmm, torch.baddbmm, torch.addbmm, torch.matmul, torch.dot,
+    torch.mv, torch.addmv, torch.einsum, torch.tensordot, torch.nn.functional.linear,
+    torch._C._nn.linear, Tensor.mm, Tensor.addmm, Tensor.bmm, Tensor.baddbmm, Tensor.matmul,
+    Tensor.dot, Tensor.mv, Tensor.__matmul__, Tensor.__rmatmul__) if f is not None)
+
+
+def _take_workspace(index: int) -> None:
+    """cuBLAS's workspace on GPU `index`, at its first matrix product (CUDA's out-of-memory
+    where it does not fit)."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    dev = _session.session.devices[index]  # type: ignore[union-attr]
+    with _session.lock:
+        oom = dev.take_workspace()
+    if oom is not None:
+        raise _errors.out_of_memory(dev, oom)
+
+
 def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     """Run an op where the device rule puts it, and mark its fresh outputs there."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
@@ -195,6 +214,8 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     else:
         out = call(index, func, args, kwargs)
     fresh = mark_outputs(out, index, host)
+    if func in _CUBLAS and _session.session.devices[index].workspace is None:  # type: ignore[union-attr]
+        _take_workspace(index)
     # A GPU op: a session runs. A modeled GPU's clock is charged for it.
     _session.session.charges.call(func, args, kwargs, out, index, fresh)  # type: ignore[union-attr]
     return out
