@@ -90,20 +90,6 @@ for input, target in list(zip(data, targets))[:STEPS]:
 end_timer_and_print("Default precision:")
 report("default_peak", torch.cuda.max_memory_allocated())  # noqa: F821
 
-# The same loop as torch 1.11 ran it: there, opt.zero_grad() kept the gradients (zeroed, not
-# freed); since torch 2.0 it sets them to None. Not in the recipe: a check of the explanation.
-net = make_model(in_size, out_size, num_layers)
-opt = torch.optim.SGD(net.parameters(), lr=0.001)
-start_timer()
-for input, target in list(zip(data, targets))[:STEPS]:
-    output = net(input)
-    loss = loss_fn(output, target)
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=False)
-end_timer_and_print("Default precision, zero_grad(set_to_none=False) as in torch 1.11:")
-report("default_peak_torch111_zero_grad", torch.cuda.max_memory_allocated())  # noqa: F821
-
 use_amp = True
 if not FULL:
     raise SystemExit(0)
