@@ -206,3 +206,13 @@ def test_the_first_matrix_product_allocates_cublas_workspace(monkeypatch, model,
     assert grown() - 512 == expected  # cleared, it is allocated again
     torch.cuda.empty_cache()  # empty_cache keeps it: it is allocated, not cached
     assert torch.cuda.memory_allocated() >= expected
+
+
+def test_a_modeled_gpu_reports_its_compute_capability() -> None:
+    devlab.config.simulate_gpus(1, model="H100")
+    assert torch.cuda.get_device_capability() == (9, 0)
+    props = torch.cuda.get_device_properties(0)
+    assert (props.major, props.minor) == (9, 0)
+    devlab.config.reset()
+    devlab.config.simulate_gpus(1)  # no model: no capability to claim
+    assert torch.cuda.get_device_capability() == (0, 0)

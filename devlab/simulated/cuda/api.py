@@ -121,15 +121,29 @@ def get_device_name(device: Any = None) -> str:
 @initializes
 def get_device_properties(device: Any = None) -> SimulatedDeviceProperties:
     i = _devices.cuda_index(device)
+    major, minor = _capability()
     return SimulatedDeviceProperties(name=device_name(i), total_memory=total_memory(i),
-                                     multi_processor_count=cpu_cores())
+                                     multi_processor_count=cpu_cores(), major=major,
+                                     minor=minor)
 
 
 @entry
 @initializes
 def get_device_capability(device: Any = None) -> tuple[int, int]:
     _devices.cuda_index(device)
-    return (0, 0)  # no real compute capability: code gated on one takes its plain path
+    return _capability()
+
+
+def _capability() -> tuple[int, int]:
+    """A modeled GPU's compute capability (a T4's 7.5, an H100's 9.0: code sizing buffers or
+    choosing dtypes by it chooses as on that GPU); (0, 0) for a GPU with no model, so code
+    gated on one takes its plain path."""
+    sess = _session.session
+    spec = sess.spec if sess is not None else None
+    if spec is None:
+        return (0, 0)
+    major, minor = spec.compute_capability.split(".")
+    return (int(major), int(minor))
 
 
 @entry
