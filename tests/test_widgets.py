@@ -115,10 +115,13 @@ def test_memory_monitor_shows_what_a_simulated_gpu_without_growth_reserves():
     lines = {line.get_label(): line for line in mon.chart.ax.get_lines()}
     used, reserved = lines["GPU:0 (simulated)"], lines["GPU:0 (simulated) reserved"]
     assert reserved.get_linestyle() == ":" and used.get_linestyle() == "-"
-    assert (reserved.get_ydata() == 64).all()  # MiB: the whole limit, from the first sample
+    # MiB: nothing before the GPU's first use, then nine tenths of its 64 MiB, in one 2 MiB-
+    # rounded segment of CUDA's caching allocator, as devlab reserves it on a real GPU.
+    ys = reserved.get_ydata()
+    assert ys[-1] == 58 and set(ys) <= {0, 58}
     assert used.get_ydata()[-1] == 16
-    assert summary["GPU:0 (simulated)"].reserved_end == 64 * MiB
-    assert "(reserved 64.0 MiB)" in mon._summary.value
+    assert summary["GPU:0 (simulated)"].reserved_end == 58 * MiB
+    assert "(reserved 58.0 MiB)" in mon._summary.value
     del x
 
 

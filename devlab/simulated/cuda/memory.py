@@ -145,18 +145,22 @@ def _frames() -> list[dict[str, Any]]:
     return out
 
 
-def record_memory_history(enabled: str | None = "all", context: str | None = "all",
-                          stacks: str = "all", max_entries: int = sys.maxsize,
-                          clear_history: bool = False, compile_context: bool = False,
-                          global_record_annotations: bool = False,
-                          skip_actions: list[str] | None = None) -> None:
+def record_memory_history(*args: Any, **kwargs: Any) -> None:
     """`torch._C._cuda_record_memory_history`, for every simulated GPU (Python frames only:
-    a simulated GPU's allocations are made by Python code)."""
+    a simulated GPU's allocations are made by Python code). Its arguments by position, as each
+    torch version passes them: enabled, context, stacks, max_entries, clear_history, then
+    flags this model has no use for, and (torch 2.13 on) the list of actions to skip."""
+    enabled = args[0] if args else kwargs.get("enabled", "all")
+    context = args[1] if len(args) > 1 else kwargs.get("context", "all")
+    max_entries = args[3] if len(args) > 3 else kwargs.get("max_entries", sys.maxsize)
+    clear_history = bool(args[4]) if len(args) > 4 else bool(kwargs.get("clear_history"))
+    skip = kwargs.get("skip_actions") or next(
+        (a for a in args[7:] if isinstance(a, (list, tuple))), [])
     for dev in _devices_all():
         with _session.lock:
             dev.allocator.record_history(enabled, context, max_entries,
                                          _frames if context else None, clear_history,
-                                         skip_actions)
+                                         list(skip))
 
 
 def record_memory_history_legacy(enabled: bool, record_context: bool = True,
