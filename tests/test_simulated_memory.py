@@ -216,3 +216,14 @@ def test_a_modeled_gpu_reports_its_compute_capability() -> None:
     devlab.config.reset()
     devlab.config.simulate_gpus(1)  # no model: no capability to claim
     assert torch.cuda.get_device_capability() == (0, 0)
+
+
+def test_caching_allocator_alloc_for_another_framework() -> None:
+    devlab.config.simulate_gpus(1)
+    ptr = torch.cuda.caching_allocator_alloc(3 * MIB)
+    assert isinstance(ptr, int) and torch.cuda.memory_allocated() == 3 * MIB
+    assert torch.cuda.memory_reserved() == 20 * MIB  # a 1-10 MiB request: a 20 MiB segment
+    torch.cuda.caching_allocator_delete(ptr)
+    assert torch.cuda.memory_allocated() == 0
+    with pytest.raises(RuntimeError, match="invalid device pointer"):
+        torch.cuda.caching_allocator_delete(ptr)

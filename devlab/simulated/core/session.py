@@ -35,7 +35,7 @@ class DeviceState:
     frees its block.
     """
 
-    __slots__ = ("allocator", "context", "index", "limit", "opened", "queued",
+    __slots__ = ("allocator", "context", "index", "limit", "opened", "queued", "raw",
                  "reserve_up_front", "torch_device", "watches", "workspace", "workspace_bytes")
 
     def __init__(self, index: int, limit: int | None, reserve_up_front: bool = False,
@@ -54,6 +54,7 @@ class DeviceState:
         # cuBLAS's workspace: allocated at the GPU's first matrix product, kept until
         # torch._C._cuda_clearCublasWorkspaces() (`take_workspace`).
         self.workspace: Block | None = None
+        self.raw: dict[int, Block] = {}  # torch.cuda.caching_allocator_alloc's, by address
         self.workspace_bytes = capacity.cublas_workspace_bytes(
             spec, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
         self.queued: dict[int, list] = {}  # id(op) -> marks, one per tensor the op holds

@@ -13,7 +13,10 @@ from typing import Any
 
 import torch
 
+from devlab.gpu_model.allocator import OutOfMemory
+
 from ..core import devices as _devices
+from ..core import errors as _errors
 from ..core import fork as _fork
 from ..core import session as _session
 from ..core.errors import entry
@@ -131,6 +134,36 @@ def empty_cache() -> None:
             dev.allocator.empty_cache()
 
 
+@entry
+def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
+    """Bytes from the GPU's caching allocator for another framework: the block's address."""
+    if not isinstance(size, int) or size < 0:
+        raise TypeError(f"caching_allocator_alloc: size is a number of bytes (an int >= 0), "
+                        f"not {size!r}")
+    _fork.initialize()
+    dev = _gpu(device)
+    with _session.lock:
+        dev.open()
+        got = dev.allocator.allocate(size)
+        if not isinstance(got, OutOfMemory):
+            dev.raw[got.address] = got
+    if isinstance(got, OutOfMemory):
+        raise _errors.out_of_memory(dev, got)
+    return got.address
+
+
+@entry
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """Give back what `caching_allocator_alloc` returned (CUDA's error for any other pointer)."""
+    for dev in _devices_all():
+        with _session.lock:
+            block = dev.raw.pop(mem_ptr, None)
+            if block is not None:
+                dev.allocator.free(block)
+                return
+    raise _errors.user_error(RuntimeError(f"invalid device pointer: {mem_ptr:#x}"))
+
+
 # -- torch._C's allocator entry points ----------------------------------------------------------
 
 
@@ -228,6 +261,8 @@ CUDA_FUNCS = {
     "mem_get_info": mem_get_info,
     "empty_cache": empty_cache,
     "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+    "caching_allocator_alloc": caching_allocator_alloc,
+    "caching_allocator_delete": caching_allocator_delete,
 }
 
 
