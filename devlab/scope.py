@@ -129,13 +129,15 @@ class device(contextlib.ContextDecorator):
     or `torch.load`.
     """
 
-    def __init__(self, name: str | DeviceSpec | torch.device, soft: bool | None = None) -> None:
-        self.name = name
+    def __init__(self, name: str | DeviceSpec | torch.device | Placement,
+                 soft: bool | None = None) -> None:
+        self.name = name  # a Placement: a name `resolve` has read already (the magics)
         self.soft = soft
         self._contexts: list[Any] = []
 
     def __enter__(self) -> Placement:
-        placement = resolve(self.name, soft=self.soft)
+        placement = (self.name if isinstance(self.name, Placement)
+                     else resolve(self.name, soft=self.soft))
         runtime.mark_initialized()
         from devlab import placement_log
 

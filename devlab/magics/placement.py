@@ -93,11 +93,12 @@ class PlacementMagics(Magics):
         if not args.name:
             raise UsageError("%%device needs a device name, e.g. %%device /GPU:0 or %%device /CPU:0.")
         with usage_errors():
-            scope.resolve(args.name, soft=soft)
+            placement = scope.resolve(args.name, soft=soft)  # read once, here
         if args.log:
             # The log starts first so that it also shows a soft-placement fallback.
-            return self._run_logged(cell, args.limit, scope=scope.device(args.name, soft=soft), header=f"%%device {line}")
-        with scope.device(args.name, soft=soft):
+            return self._run_logged(cell, args.limit, scope=scope.device(placement),
+                                    header=f"%%device {line}")
+        with scope.device(placement):
             return run_body(self.shell, cell, f"%%device {line}")
 
     # -- %placement_log / %%placement_log --------------------------------------------------------
