@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from devlab import ops_catalog
+
 from ..core import errors as _errors
 from ..core import session as _session
 from ..core import workers as _workers
@@ -36,13 +38,9 @@ _DisableTF = torch._C.DisableTorchFunction
 _tf_stack_len = torch._C._len_torch_function_stack
 _saved_tensor_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 
-# Ops allowed to mix devices, as on real CUDA: copies and indexing with host indices. Queries
-# that only compare metadata (`_has_compatible_shallow_copy_type` in Module._apply) may look at
-# tensors of two devices too. (Attribute setters such as `p.data = t` never come here.)
-_MIXED_OK_NAMES = frozenset({
-    "__setitem__", "__getitem__", "index_put_", "index_put", "set_",
-    "_make_subclass", "backward", "copy_", "_has_compatible_shallow_copy_type", "is_same_size",
-    "is_set_to", "swap_tensors", "_version", "register_hook"})
+# Ops allowed to mix devices, as on real CUDA (copies, indexing with host indices, metadata
+# queries), by name: devlab.ops_catalog's `mixes_devices`.
+_MIXED_OK_NAMES = ops_catalog.names("mixes_devices")
 
 
 def _nonscalar(t: Tensor) -> bool:
