@@ -145,7 +145,8 @@ def call(index: int | None, func: Callable, args: tuple, kwargs: dict,
     """func(*args, **kwargs) executing on simulated GPU `index` (None: the host), so
     `current_index()` names it; torch's own errors are marked to end at the user's line.
     `tls.calls` counts these calls in progress: ops inside one were placed (`_dispatched`),
-    unless the call is `watched`, each op inside then placed by its own tensors."""
+    unless the call is `watched`, each op inside then placed by its own tensors (See Note
+    [Why ops run watched] in `dispatched`)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     prev = getattr(tls, "index", None)
     tls.index = index
@@ -183,11 +184,8 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     _workers.wait(index)  # the op may read a queued op's output
     if (wrapped or _saved_tensor_hooks(False) is not None
             or (torch._C._len_torch_dispatch_stack() and _dispatched.unmarking_mode_on_stack())):
-        # Watched (a subclass's own dispatch, DTensor's, keeps intermediate results for the
-        # backward pass, loss parallelism's total weight; saved-tensor hooks, checkpointing's,
-        # read the device of what autograd saves inside the call; a dispatch mode such as
-        # selective checkpointing's sees the ops inside and may keep their outputs): each
-        # inner op's outputs are marked as it returns, not only the call's when it does.
+        # A subclass's dispatch, saved-tensor hooks, a dispatch mode below ours: each inner
+        # op's outputs are marked as it returns. See Note [Why ops run watched].
         with _dispatched.marking():
             out = call(index, func, args, kwargs, watched=True)
     else:
