@@ -2,17 +2,17 @@
 
 Which ops copy between devices, make the host wait (and why), hand the host a Python value,
 are sized by their values, are collectives (and which argument they send), leave memory
-unwritten, take a size, are made from host data, launch no kernel, may mix devices, and which
-cost family of `devlab.gpu_model` they follow. The placement log, the simulation's mode and
+unwritten, take a size, are made from host data, launch no kernel, may mix devices, which
+cost family of `devlab.gpu_model` they follow, and CUDA autocast's policy for them. The placement log, the simulation's mode and
 clock, and the GPU model all ask this module; none keeps a table of its own.
 
 The rule for keys: an entry is keyed by the op's name, one way, as torch writes it,
 
 - an aten or c10d op by its qualified name, `namespace::name` (`aten::_to_copy`,
   `c10d::allreduce_`), as `OpOverload.name()` writes the default overload; `overloads` names
-  the overloads its dispatch facts (copy, host_sync, no_kernel, collective) hold for, when not
-  all; the torch functions and Tensor methods the routing mode meets as this op are listed in
-  its entry (`callables`, Python paths such as `torch.Tensor.nonzero`);
+  the overloads its dispatch facts (copy, host_sync, no_kernel, collective, autocast) hold for,
+  when not all; the torch functions and Tensor methods the routing mode meets as this op are
+  listed in its entry (`callables`, Python paths such as `torch.Tensor.nonzero`);
 - a torch callable that is no aten op (`torch.tensor`, `torch.Tensor.__repr__`) by its Python
   path.
 
@@ -53,6 +53,7 @@ class Op:
     sends: int = 0  # a collective's argument holding the tensors this process sends
     mixes_devices: bool = False  # may take tensors of two devices, as on CUDA
     in_place: bool = False  # writes its input, beside aten's rule (a name ending in `_`)
+    autocast: str = ""  # CUDA autocast's policy for it, where CPU autocast's differs (amp.py)
     overloads: tuple[str, ...] | None = None  # the overloads its dispatch facts hold for
     callables: tuple[str, ...] = ()  # the torch functions and methods that are this op
 
@@ -144,7 +145,9 @@ def overloads(fact: str) -> dict[Any, Op]:
         if packet is None:
             continue
         for overload in op.overloads if op.overloads is not None else packet.overloads():
-            found[getattr(packet, overload)] = op
+            func = getattr(packet, overload, None)
+            if func is not None:  # an overload this torch build lacks
+                found[func] = op
     return found
 
 
@@ -194,27 +197,67 @@ def _written() -> frozenset[Any]:
 # element-wise.
 GEMM, SOFTMAX, LAYER_NORM, REDUCTION, EMBEDDING, COPY = (
     "matrix product", "softmax", "layer norm", "reduction", "embedding", "copy")
+# CUDA autocast's policy for an op CPU autocast passes through (devlab/simulated/cuda/amp.py
+# registers it): run in the low dtype, in float32, in float32 unless given a dtype, or in the
+# widest input dtype. Lists: aten/src/ATen/autocast_mode.h (AT_FORALL_LOWER_PRECISION_FP,
+# AT_FORALL_FP32, AT_FORALL_FP32_SET_OPT_DTYPE, AT_FORALL_PROMOTE) and autocast_mode.cpp; an
+# entry's `overloads` names the overloads the policy is for (default: `default`).
+LOWER, FP32, SET_DTYPE, PROMOTE = "lower", "fp32", "set_dtype", "promote"
+_DEFAULT = ("default",)
 
-register(*(f"aten::{n}" for n in (
-    "mm", "bmm", "linear", "matmul", "dot", "mv", "conv1d", "conv2d", "conv3d", "convolution",
-    "_convolution", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-    "scaled_dot_product_attention")), family=GEMM)
-register("aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::addmv", family=GEMM, added=True)
+
+def _aten(*names: str) -> tuple[str, ...]:
+    return tuple(f"aten::{n}" for n in names)
+
+
+register(*_aten("mm", "bmm", "linear", "matmul", "mv", "conv1d", "conv2d", "conv3d",
+                "convolution", "_convolution", "conv_transpose1d",
+                "scaled_dot_product_attention"), family=GEMM, autocast=LOWER, overloads=_DEFAULT)
+register(*_aten("conv_transpose2d", "conv_transpose3d"), family=GEMM, autocast=LOWER,
+         overloads=("input",))
+register("aten::dot", family=GEMM, autocast=PROMOTE, overloads=_DEFAULT)
+register(*_aten("addmm", "baddbmm", "addbmm", "addmv"), family=GEMM, added=True, autocast=LOWER,
+         overloads=_DEFAULT)
 # `cross_entropy` is no aten op: the name the clock gives torch.nn.functional.cross_entropy.
-register(*(f"aten::{n}" for n in (
-    "softmax", "_softmax", "log_softmax", "_log_softmax", "cross_entropy", "cross_entropy_loss",
-    "nll_loss")), family=SOFTMAX)
-register(*(f"aten::{n}" for n in (
-    "layer_norm", "native_layer_norm", "group_norm", "native_group_norm", "rms_norm",
-    "batch_norm", "native_batch_norm", "instance_norm")), family=LAYER_NORM)
-register(*(f"aten::{n}" for n in (
-    "sum", "mean", "amax", "amin", "max", "min", "norm", "linalg_vector_norm", "var", "std",
-    "var_mean", "std_mean", "argmax", "argmin", "all", "any", "prod", "logsumexp",
-    "count_nonzero", "mse_loss", "l1_loss")), family=REDUCTION)
-register(*(f"aten::{n}" for n in ("embedding", "embedding_bag", "index_select", "gather", "take")),
+register(*_aten("_softmax", "_log_softmax", "cross_entropy", "cross_entropy_loss"),
+         family=SOFTMAX)
+register(*_aten("softmax", "log_softmax"), family=SOFTMAX, autocast=SET_DTYPE,
+         overloads=("int",))
+register("aten::nll_loss", family=SOFTMAX, autocast=FP32, overloads=_DEFAULT)
+register(*_aten("rms_norm", "native_group_norm", "batch_norm", "native_batch_norm",
+                "instance_norm"), family=LAYER_NORM)
+register(*_aten("layer_norm", "native_layer_norm", "group_norm"), family=LAYER_NORM,
+         autocast=FP32, overloads=_DEFAULT)
+register(*_aten("mean", "amax", "amin", "max", "min", "norm", "var", "std", "var_mean",
+                "std_mean", "argmax", "argmin", "all", "any", "count_nonzero"), family=REDUCTION)
+register(*_aten("mse_loss", "l1_loss", "logsumexp"), family=REDUCTION, autocast=FP32,
+         overloads=_DEFAULT)
+register("aten::linalg_vector_norm", family=REDUCTION, autocast=SET_DTYPE, overloads=_DEFAULT)
+register("aten::prod", family=REDUCTION, autocast=SET_DTYPE, overloads=("default", "dim_int"))
+register("aten::sum", family=REDUCTION, autocast=SET_DTYPE,
+         overloads=("default", "dim_IntList"))
+register(*_aten("embedding", "embedding_bag", "index_select", "gather", "take"),
          family=EMBEDDING)
-register(*(f"aten::{n}" for n in ("copy", "clone", "contiguous", "to", "cat", "stack")),
-         family=COPY)
+register(*_aten("copy", "clone", "contiguous", "to", "cat", "stack"), family=COPY)
+# Element-wise ops (no family) with a policy of CUDA autocast's.
+register(*_aten("conv_tbc", "prelu", "addr", "einsum", "linalg_vecdot", "chain_matmul",
+                "linalg_multi_dot", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell",
+                "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+                "_scaled_dot_product_flash_attention"), autocast=LOWER, overloads=_DEFAULT)
+register(*_aten("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2",
+                "log1p", "reciprocal", "rsqrt", "sinh", "tan", "softplus", "cosine_similarity",
+                "poisson_nll_loss", "cosine_embedding_loss", "nll_loss2d",
+                "hinge_embedding_loss", "kl_div", "smooth_l1_loss", "huber_loss",
+                "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",
+                "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits",
+                "dist", "pdist", "cdist", "renorm"), autocast=FP32, overloads=_DEFAULT)
+register("aten::pow", autocast=FP32, overloads=("Tensor_Scalar", "Tensor_Tensor", "Scalar"))
+register("aten::frobenius_norm", autocast=FP32, overloads=("dim",))
+register("aten::nuclear_norm", autocast=FP32, overloads=("default", "dim"))
+register(*_aten("cumprod", "cumsum"), autocast=SET_DTYPE, overloads=_DEFAULT)
+register("aten::linalg_matrix_norm", autocast=SET_DTYPE, overloads=("default", "str_ord"))
+register(*_aten("addcdiv", "addcmul", "atan2", "bilinear", "cross", "grid_sampler", "tensordot",
+                "scatter_add"), autocast=PROMOTE, overloads=_DEFAULT)
 
 # Copies between devices (the placement log's copy lines; the simulation's device of a copy).
 register("aten::_to_copy", family=COPY, copy=True, overloads=("default",))
@@ -267,7 +310,8 @@ register("aten::_has_compatible_shallow_copy_type", "aten::is_same_size", "aten:
 
 # Allowed to mix devices, as on real CUDA: copies and indexing with host indices. (Attribute
 # setters such as `p.data = t` never reach the routing mode.) Matched by bare name.
-register("aten::index_put_", "aten::index_put", mixes_devices=True)
+register("aten::index_put_", mixes_devices=True)
+register("aten::index_put", mixes_devices=True, autocast=PROMOTE, overloads=_DEFAULT)
 register("torch.Tensor.__setitem__", mixes_devices=True, in_place=True)
 register("torch.Tensor.__getitem__", "torch.Tensor._make_subclass", "torch.Tensor.backward",
          "torch.utils.swap_tensors", "torch.Tensor._version", "torch.Tensor.register_hook",

@@ -142,3 +142,45 @@ def test_each_callable_belongs_to_one_entry():
     paths = [p for op in ops_catalog.CATALOG.values() for p in ops_catalog._paths(op)]
     assert len(paths) == len(set(paths))
     assert all(ops_catalog._resolve(p) is not None for p in paths)
+
+
+# devlab/simulated/cuda/amp.py's lists (CUDA autocast's policy), before the catalogue had them.
+OLD_AUTOCAST = {
+    "lower": (
+        "_convolution", "convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",
+        "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "prelu",
+        "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv", "linalg_vecdot", "linear",
+        "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot",
+        "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell",
+        "rnn_tanh_cell", "rnn_relu_cell", "_scaled_dot_product_flash_attention",
+        "scaled_dot_product_attention"),
+    "fp32": (
+        "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+        "reciprocal", "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor",
+        "pow.Scalar", "softplus", "layer_norm", "native_layer_norm", "group_norm",
+        "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim", "cosine_similarity",
+        "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
+        "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
+        "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",
+        "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits",
+        "dist", "pdist", "cdist", "renorm", "logsumexp"),
+    "set_dtype": (
+        "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
+        "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum",
+        "sum.dim_IntList"),
+    "promote": ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler",
+                "index_put", "tensordot", "scatter_add"),
+}
+
+
+def test_the_autocast_policies_are_the_old_lists():
+    expected = {}
+    for policy, names in OLD_AUTOCAST.items():
+        for name in names:
+            base, _, overload = name.partition(".")
+            packet = getattr(aten, base, None)
+            op = getattr(packet, overload or "default", None) if packet is not None else None
+            if op is not None:
+                expected[op] = policy
+    found = {op: entry.autocast for op, entry in ops_catalog.overloads("autocast").items()}
+    assert found == expected
