@@ -1,7 +1,7 @@
 """What an aten op means for placement: copies between devices and ops that make the host wait.
 
 Shared by the placement log (which shows them) and the simulated GPUs' modeled clock (which
-charges them).
+charges them). Which ops these are is `devlab.ops_catalog`'s; here they are torch's overloads.
 """
 
 from __future__ import annotations
@@ -10,16 +10,12 @@ from typing import Any
 
 import torch
 
+from devlab import ops_catalog
+
 aten = torch.ops.aten
 
-COPY_OPS = frozenset({aten._to_copy.default, aten.copy_.default, aten._copy_from.default,
-                      aten._copy_from_and_resize.default})
-SYNC_OPS = {
-    aten._local_scalar_dense.default: "reading a Python number: .item(), float(), int(), bool() or `if tensor:`",
-    aten.nonzero.default: "nonzero: the output size depends on the values",
-    aten.masked_select.default: "masked_select: the output size depends on the values",
-    aten.equal.default: "torch.equal returns a Python bool",
-}
+COPY_OPS = frozenset(ops_catalog.overloads("copy"))
+SYNC_OPS = {func: op.host_sync for func, op in ops_catalog.overloads("host_sync").items()}
 COPY_TO_HOST = "copy to the host: .cpu(), .to('cpu'), .tolist() or .numpy()"
 
 

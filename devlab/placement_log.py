@@ -29,7 +29,7 @@ from typing import IO, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from devlab import simulated
+from devlab import ops_catalog, simulated
 from devlab.aten_ops import COPY_OPS, COPY_TO_HOST, SYNC_OPS, copy_ends
 from devlab.names import DeviceSpec, echo
 from devlab.sizes import format_bytes
@@ -39,29 +39,9 @@ OP, COPY, SYNC, NOTE, COLLECTIVE = "op", "copy", "sync", "note", "collective"
 _CPU = torch.device("cpu")
 
 
-def _collectives() -> dict[Any, tuple[str, int]]:
-    """c10d op -> (its name in a log line, the argument holding the tensors this process sends)."""
-    ops = {"allreduce_": ("All-reduce", 0), "allreduce_coalesced_": ("All-reduce", 0),
-           "broadcast_": ("Broadcast", 0), "reduce_": ("Reduce", 0),
-           "allgather_": ("All-gather", 1), "_allgather_base_": ("All-gather", 1),
-           "allgather_coalesced_": ("All-gather", 1),
-           "allgather_into_tensor_coalesced_": ("All-gather", 1),
-           "reduce_scatter_": ("Reduce-scatter", 1), "_reduce_scatter_base_": ("Reduce-scatter", 1),
-           "reduce_scatter_tensor_coalesced_": ("Reduce-scatter", 1),
-           "gather_": ("Gather", 1), "scatter_": ("Scatter", 1), "alltoall_": ("All-to-all", 1),
-           "alltoall_base_": ("All-to-all", 1), "send": ("Send", 0), "recv_": ("Receive", 0),
-           "recv_any_source_": ("Receive", 0), "barrier": ("Barrier", 0),
-           "monitored_barrier_": ("Barrier", 0)}
-    found: dict[Any, tuple[str, int]] = {}
-    namespace = getattr(torch.ops, "c10d", None)  # a build without torch.distributed has none
-    for name, kind in ops.items():
-        packet = getattr(namespace, name, None) if namespace is not None else None
-        for overload in (packet.overloads() if packet is not None else ()):
-            found[getattr(packet, overload)] = kind
-    return found
-
-
-_COLLECTIVE_OPS = _collectives()
+# c10d op -> (its name in a log line, the argument holding the tensors this process sends).
+_COLLECTIVE_OPS = {func: (op.collective, op.sends)
+                   for func, op in ops_catalog.overloads("collective").items()}
 
 DEFAULT_LIMIT = 60
 

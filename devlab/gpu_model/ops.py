@@ -1,7 +1,8 @@
 """Which rule an op follows, and the shapes its rule reads: `predict(op, shapes, dtype, gpu)`.
 
 Op names are aten's (`mm`, `addmm`, `bmm`, `linear`, `matmul`, `conv2d`, `softmax`, ...),
-with or without the `aten::` prefix and a trailing `_` (in place). Matrix products and
+with or without the `aten::` prefix and a trailing `_` (in place); which family each op is in
+is devlab.ops_catalog's (pure Python too). Matrix products and
 convolutions follow the tile rule; every other op moves its inputs' and output's bytes at the
 achieved bandwidth of its family (softmax and layer-norm kernels have their own; reductions,
 embedding lookups and copies use the element-wise one).
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import prod
+
+from devlab.ops_catalog import added
+from devlab.ops_catalog import family as _catalog_family
 
 from .kernels import (
     COPY,
@@ -28,23 +32,6 @@ from .specs import GpuSpec, gpu
 
 Shape = Sequence[int]
 
-_FAMILIES: dict[str, str] = {
-    **dict.fromkeys(("mm", "addmm", "bmm", "baddbmm", "addbmm", "linear", "matmul", "dot",
-                     "mv", "addmv", "conv1d", "conv2d", "conv3d", "convolution",
-                     "_convolution", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-                     "scaled_dot_product_attention"), GEMM),
-    **dict.fromkeys(("softmax", "_softmax", "log_softmax", "_log_softmax", "cross_entropy",
-                     "cross_entropy_loss", "nll_loss"), SOFTMAX),
-    **dict.fromkeys(("layer_norm", "native_layer_norm", "group_norm", "native_group_norm",
-                     "rms_norm", "batch_norm", "native_batch_norm", "instance_norm"),
-                    LAYER_NORM),
-    **dict.fromkeys(("sum", "mean", "amax", "amin", "max", "min", "norm", "linalg_vector_norm",
-                     "var", "std", "var_mean", "std_mean", "argmax", "argmin", "all", "any",
-                     "prod", "logsumexp", "count_nonzero", "mse_loss", "l1_loss"), REDUCTION),
-    **dict.fromkeys(("embedding", "embedding_bag", "index_select", "gather", "take"),
-                    EMBEDDING),
-    **dict.fromkeys(("copy", "clone", "contiguous", "to", "cat", "stack", "_to_copy"), COPY),
-}
 # The bytes a backward kernel moves for each input that needs a gradient, as a multiple of the
 # forward's (no measurements: from what the kernels read and write). An element-wise op's
 # gradient reads the incoming gradient and the saved input(s) and writes one gradient;
@@ -57,9 +44,9 @@ ITEMSIZE = {"float32": 4, "tf32": 4, "float16": 2, "bfloat16": 2, "float64": 8, 
 
 
 def family(op: str) -> str:
-    """The rule `op` follows (element-wise for any op not listed)."""
-    name = op.removeprefix("aten::").removeprefix("aten.").split(".")[0]
-    return _FAMILIES.get(name, _FAMILIES.get(name.rstrip("_"), ELEMENTWISE))
+    """The rule `op` follows: its family in devlab.ops_catalog (element-wise for any op not
+    listed there)."""
+    return _catalog_family(op) or ELEMENTWISE
 
 
 def gemm_dims(op: str, shapes: Sequence[Shape], out: Shape | None = None
@@ -68,7 +55,7 @@ def gemm_dims(op: str, shapes: Sequence[Shape], out: Shape | None = None
     (m x k) by (k x n). Convolutions are implicit GEMMs: m = output pixels x images,
     n = output channels, k = input channels per group x kernel pixels, one per group."""
     name = op.removeprefix("aten::").split(".")[0].rstrip("_")
-    if name in ("addmm", "baddbmm", "addbmm", "addmv"):
+    if added(name):
         shapes = shapes[1:]
     if name.startswith("conv_transpose"):
         # Its weight is (in, out / groups, *kernel): each input pixel spreads over the

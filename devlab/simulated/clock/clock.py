@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from devlab import ops_catalog
 from devlab.gpu_model.kernels import COPY, QUEUED, kernel_seconds
 
 from ..core import session as _session
@@ -150,11 +151,9 @@ class Clock:
 
 
 # Calls that hand the host a Python value from the device: a copy to the host, and a wait.
-_READS = frozenset({Tensor.item, Tensor.__bool__, Tensor.__float__, Tensor.__int__,
-                    Tensor.__index__, Tensor.__repr__, Tensor.__str__, Tensor.__format__})
+_READS = ops_catalog.callables("reads")
 # Calls whose output size depends on the values: the kernel, then the host learns the size.
-_SIZED_BY_VALUES = frozenset({torch.nonzero, Tensor.nonzero, torch.masked_select,
-                              Tensor.masked_select, torch.equal, Tensor.equal})
+_SIZED_BY_VALUES = ops_catalog.callables("sized_by_values")
 # What the clock makes of a call, by the callable (looked up once per op, so kept by it).
 _READ, _WRITES, _PURE, _SIZED = range(4)
 _kinds: dict[Any, int] = {}
@@ -165,13 +164,12 @@ def _kind_of(func: Callable) -> int:
         return _READ
     if func in _SIZED_BY_VALUES:
         return _SIZED
-    if func is _SETITEM or getattr(func, "__name__", "")[-1:] == "_":  # in place
+    if ops_catalog.in_place(func):
         return _WRITES
     return _PURE
 
 
 _BACKWARD = "devlab_clock"  # a graph node's metadata: the modeled kernels of its backward
-_SETITEM = Tensor.__setitem__
 
 
 class Charges(NoCharges):
@@ -264,8 +262,8 @@ class Charges(NoCharges):
         self.clock.reset(count, queues)
 
 
-_EMPTY = frozenset({torch.empty, torch.empty_like, torch.empty_strided, torch.empty_permuted})
-_FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
+_EMPTY = ops_catalog.callables("empty")
+_FROM_HOST_DATA = ops_catalog.callables("from_host_data")
 
 
 def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime], GpuSpec]:

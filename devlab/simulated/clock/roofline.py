@@ -23,6 +23,7 @@ import torch
 from devlab.gpu_model import Kernel, gemm, memory_bound
 from devlab.gpu_model.kernels import COMPUTE, EMBEDDING, GEMM, LAUNCH, MEMORY, kernel_seconds
 from devlab.gpu_model.ops import BACKWARD_BYTES, family, gemm_backward, gemm_dims
+from devlab.ops_catalog import added, overloads
 
 from .gpu_specs import GpuSpec
 
@@ -31,7 +32,6 @@ __all__ = ["COMPUTE", "LAUNCH", "MEMORY", "OpTime", "call_cost", "call_name", "l
 
 Tensor = torch.Tensor
 F = torch.nn.functional
-aten = torch.ops.aten
 
 
 class OpTime(NamedTuple):
@@ -197,7 +197,7 @@ def call_cost(spec: GpuSpec, index: int, func: Callable, args: tuple, kwargs: di
         if dims is not None:
             back = None
             if grads:
-                first = 1 if name in _ADDED else 0  # addmm(bias, a, b): the bias is not an operand
+                first = 1 if added(name) else 0  # addmm(bias, a, b): the bias is not an operand
                 a, b = tensors[first], tensors[first + 1]
                 operands = (a.requires_grad, b.requires_grad)
                 back = Backward(name, index, dims, mdtype, itemsize, GEMM, out.nbytes,
@@ -217,7 +217,7 @@ def _product(spec: GpuSpec, index: int, name: str, shapes: tuple, out: Tensor, d
              itemsize: int) -> tuple[tuple | None, OpTime | None]:
     """(batch, m, n, k, batched) and the kernel of a product or convolution call, or
     (None, None) if its arguments are not the tensors the rule reads."""
-    if len(shapes) < 2 + (name in _ADDED):
+    if len(shapes) < 2 + added(name):
         return None, None
     try:
         dims = gemm_dims(name, shapes, tuple(out.shape))
@@ -266,9 +266,6 @@ def _family(func: Callable, name: str) -> str:
     return kind
 
 
-_ADDED = frozenset({"aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::addmv"})
-
-
 def _tensor_args(args: tuple, kwargs: dict) -> list[Tensor]:
     tensors = [a for a in args if isinstance(a, Tensor)]
     if kwargs:
@@ -292,15 +289,7 @@ def call_name(func: Callable) -> str:
 
 # --- one aten op ------------------------------------------------------------------------------
 
-_NO_KERNEL = frozenset({
-    aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
-    aten.detach.default, aten.alias.default, aten.lift_fresh.default, aten.set_.source_Storage,
-    aten.set_.source_Storage_storage_offset, aten.set_.source_Tensor, aten.resize_.default,
-    aten._local_scalar_dense.default, aten.is_same_size.default, aten.sym_size.int,
-    aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default,
-    aten._has_compatible_shallow_copy_type.default, aten.is_set_to.default,
-    aten.record_stream.default,
-})
+_NO_KERNEL = frozenset(overloads("no_kernel"))
 
 
 def launches_kernel(func: Any) -> bool:

@@ -30,10 +30,19 @@ class DeviceState:
     its memory up front as TensorFlow does by default (`devlab.config`).
 
     `queued` lists, for each op queued on this GPU's worker (`_workers`), the marks of the
-    storages it holds its own tensors on, one per tensor: a storage the user has let go of is
-    free for CUDA's stream-ordered allocator at once, though its kernel still runs, so `settle`
-    frees its block.
+    storages it holds its own tensors on, one per tensor; `settle` frees the blocks only those
+    still use (See Note [Why queued work's storages are uncounted]).
     """
+
+    # Note [Why queued work's storages are uncounted]
+    # CUDA's caching allocator is stream-ordered: a tensor the user lets go of frees its block
+    # at once, though a kernel queued on the stream still reads or writes it (the block is
+    # reused only by work queued after). A simulated GPU's queued product (`mode/launch.py`)
+    # holds tensors of its own on the user's storages, never the user's tensors, so a storage
+    # used by nothing but queued work is one the user let go of: `settle` frees its block,
+    # counting the storage's uses against the queued work's. A worker takes its op out of
+    # `queued` before the op's tensors go (`core/workers.py`), so the count never takes a
+    # storage for queued work's alone while the user still holds it.
 
     __slots__ = ("allocator", "context", "index", "limit", "opened", "queued", "raw",
                  "reserve_up_front", "torch_device", "watches", "workspace", "workspace_bytes")
@@ -115,10 +124,8 @@ class DeviceState:
             self.workspace = None
 
     def settle(self) -> None:
-        """Free the blocks of storages only queued work still uses (the caller holds the lock).
-
-        A worker takes its op out of `queued` before the op's tensors go, so the tensors
-        counted here are never more than the queued work holds."""
+        """Free the blocks of storages only queued work still uses (the caller holds the lock;
+        See Note [Why queued work's storages are uncounted])."""
         held: dict[int, list] = {}
         for marks in list(self.queued.values()):
             for m in marks:

@@ -5,7 +5,8 @@ sync point (`.item()`, printing, `.cpu()`, `torch.cuda.synchronize()`). `_launch
 ops here; each worker runs its GPU's queue in order with its own share of the CPU cores, so
 work on two simulated GPUs overlaps. An error in queued work surfaces at the next sync, as a
 CUDA error does. At interpreter exit the queues drain and the threads end (a thread left
-inside torch at exit aborts the process); a fork finds every queue drained, and the child
+inside torch at exit aborts the process: See Note [Why a rank waits at exit] in
+distributed/futures.py); a fork finds every queue drained, and the child
 starts with no workers (`_fork`).
 """
 
@@ -75,8 +76,8 @@ class _Worker:
                     _alert = True
             finally:
                 if dev is not None:
-                    # Before the op's tensors go: the count must never take a storage for
-                    # the user's alone while they still hold it (DeviceState.settle).
+                    # Before the op's tensors go. See Note [Why queued work's storages are
+                    # uncounted] in core/session.py.
                     dev.queued.pop(id(fn), None)
                 # Drop the op (and the tensors its closure holds) before waiting for the next
                 # one, so freed tensors leave the device's memory at once.
@@ -119,7 +120,8 @@ class _Worker:
 
 def submit(index: int, fn: Callable[[], None], holds: list | None = None) -> None:
     """Queue fn on simulated GPU `index`'s worker (started on first use). `holds`: the marks of
-    the storages fn holds its own tensors on, one per tensor (`DeviceState.settle`)."""
+    the storages fn holds its own tensors on, one per tensor (See Note [Why queued work's
+    storages are uncounted] in core/session.py)."""
     w = _workers.get(index)
     sess = _session.session
     if w is None:

@@ -14,8 +14,8 @@ and only inside a "cuda" region), and refuses binary_cross_entropy with CUDA's w
 autocast has a rule of its own for an op (cat, stack, prod, the linalg and fft ops, a few
 losses), CPU's rule applies; both put losses in float32.
 
-Policy lists: aten/src/ATen/autocast_mode.h (AT_FORALL_LOWER_PRECISION_FP, AT_FORALL_FP32,
-AT_FORALL_FP32_SET_OPT_DTYPE, AT_FORALL_PROMOTE) and autocast_mode.cpp.
+Which op has which policy is devlab.ops_catalog's (`autocast`, from aten/src/ATen/
+autocast_mode.h and autocast_mode.cpp).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 from torch.amp import autocast_mode
+
+from devlab import ops_catalog
 
 from ..core import errors as _errors
 from ..core import session as _session
@@ -59,28 +61,6 @@ def _exit(self: Any, exc_type: Any, exc_val: Any, exc_tb: Any) -> Any:
 
 
 # --- CUDA's cast policy for the ops CPU autocast passes through -----------------------------
-
-_LOWER = ("_convolution", "convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",
-          "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "prelu",
-          "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv", "linalg_vecdot", "linear",
-          "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot",
-          "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell",
-          "rnn_tanh_cell", "rnn_relu_cell", "_scaled_dot_product_flash_attention",
-          "scaled_dot_product_attention")
-_FP32 = ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
-         "reciprocal", "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor",
-         "pow.Scalar", "softplus", "layer_norm", "native_layer_norm", "group_norm",
-         "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim", "cosine_similarity",
-         "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
-         "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
-         "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",
-         "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits",
-         "dist", "pdist", "cdist", "renorm", "logsumexp")
-_FP32_SET_OPT_DTYPE = ("prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod",
-                       "cumsum", "linalg_vector_norm", "linalg_matrix_norm",
-                       "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList")
-_PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler",
-            "index_put", "tensordot", "scatter_add")
 
 _AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 
@@ -126,11 +106,11 @@ def _kernel(op: torch._ops.OpOverload, policy: str) -> Callable[..., Any]:
     def cuda_policy(*args: Any, **kwargs: Any) -> Any:
         low = _cuda_region()
         if low is not None:
-            if policy == "lower":
+            if policy == ops_catalog.LOWER:
                 args, kwargs = _cast_all(args, kwargs, low)
-            elif policy == "fp32":
+            elif policy == ops_catalog.FP32:
                 args, kwargs = _cast_all(args, kwargs, torch.float32)
-            elif policy == "promote":
+            elif policy == ops_catalog.PROMOTE:
                 widest = low
                 for v in _values(args, kwargs):
                     if _eligible(v):
@@ -148,24 +128,14 @@ def _kernel(op: torch._ops.OpOverload, policy: str) -> Callable[..., Any]:
     return cuda_policy
 
 
-def _overload(name: str) -> torch._ops.OpOverload | None:
-    base, _, overload = name.partition(".")
-    packet = getattr(torch.ops.aten, base, None)
-    return getattr(packet, overload or "default", None) if packet is not None else None
-
-
 def _register(p: Patcher) -> None:
     lib = torch.library.Library("aten", "IMPL")
     p.on_restore(lib._destroy)
-    for policy, names in (("lower", _LOWER), ("fp32", _FP32), ("set_dtype", _FP32_SET_OPT_DTYPE),
-                          ("promote", _PROMOTE)):
-        for name in names:
-            op = _overload(name)
-            if op is None:
-                continue
-            if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "AutocastCPU"):
-                continue  # CPU autocast has its own rule for this op
-            lib.impl(name, _kernel(op, policy), "AutocastCPU")
+    for op, entry in ops_catalog.overloads("autocast").items():
+        name = op._opname if op._overloadname == "default" else f"{op._opname}.{op._overloadname}"
+        if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "AutocastCPU"):
+            continue  # CPU autocast has its own rule for this op
+        lib.impl(name, _kernel(op, entry.autocast), "AutocastCPU")
 
 
 def binary_cross_entropy(func: Callable, args: tuple, kwargs: dict) -> Any:

@@ -15,7 +15,7 @@ here:
   torch binds an NCCL group (torch binds the group it makes before it knows a Python group
   replaces it). NCCL's default timeout (10 minutes) is torch's for "nccl", as in a CUDA build.
 - Futures of collectives run their callbacks routed, and the NCCL group's shutdown and the
-  interpreter's exit wait for gloo's threads (`futures`).
+  interpreter's exit wait for gloo's threads (`futures`; See Note [Why a rank waits at exit]).
 - DDP's buckets: the Reducer makes them in C++, where a simulated GPU is the CPU, so a bucket
   would say `cpu`. A communication hook (`register_comm_hook`) sees its bucket on the GPU of
   the bucket's parameters, as on a real machine (PowerSGD makes its matrices there).
@@ -100,7 +100,7 @@ def _reducer(original: Any) -> Any:
         places = {index_of(p) for p in params}
         if len(places) == 1 and None not in places:
             # The Reducer allocates its gradient buckets in C++, on its parameters' GPU: the
-            # size of the model again, counted there as it is made (`OneGpu`).
+            # size of the model again. See Note [Why ops run watched] in mode/dispatched.py.
             with OneGpu(places.pop()):
                 reducer = original(*args, **kwargs)
         else:

@@ -10,9 +10,8 @@ it chained; a callback may hold a group's last reference (PowerSGD's holds its g
 gloo thread that tears down its own group aborts the process. `settle()`, which the NCCL
 group's shutdown calls, waits until torch has let go of every callback that ran.
 
-At exit, Python finalizes only after gloo's threads are done with Python (`quiet_at_exit`):
-one that takes the GIL during finalization aborts the process, where NCCL, which runs
-callbacks on the caller's thread, never does.
+At exit, Python finalizes only after gloo's threads are done with Python (`quiet_at_exit`;
+See Note [Why a rank waits at exit]).
 """
 
 from __future__ import annotations
@@ -84,18 +83,25 @@ def _running_threads() -> int:
     return running
 
 
-def quiet_at_exit(within: float = 1.0) -> None:
-    """At interpreter exit, before Python finalizes: let gloo's threads finish with Python.
+# Note [Why a rank waits at exit]
+# A thread that takes the GIL once Python has begun to finalize is made to exit on the spot
+# (Python 3.11's runtime); the C++ frames it unwinds end in std::terminate, and the process
+# aborts ("terminate called without an active exception") though the program had finished.
+# A collective's future completes on a gloo thread, which then runs its callbacks and frees
+# what the collective held, some of it Python objects: plain gloo on the CPU aborts so too.
+# NCCL completes a future as its work is queued and runs callbacks on the caller's thread, so
+# a CUDA program never meets this. So a rank waits at exit, before Python finalizes, until
+# gloo's threads are done with Python (`quiet_at_exit`); the simulated GPUs' workers drain
+# and end at exit for the same reason (`core/workers.py`).
 
-    A collective's future completes on a gloo thread, which then runs its callbacks and frees
-    what the collective held, some of it Python objects. A thread that takes the GIL once
-    Python has begun to finalize is made to exit on the spot (Python 3.11's runtime), the C++
-    frames it unwinds end in std::terminate, and the process aborts ("terminate called without
-    an active exception"), though the program had finished: plain gloo on the CPU does so too.
-    NCCL completes a future as its work is queued and runs callbacks on the caller's thread, so
-    a CUDA program never meets this. Wait, with the GIL released, for every callback that ran
-    to be let go (`settle`), then until no other thread has been running for a few checks in a
-    row (gloo's idle threads sleep). Bounded: a thread busy elsewhere only delays the exit."""
+
+def quiet_at_exit(within: float = 1.0) -> None:
+    """At interpreter exit, before Python finalizes: let gloo's threads finish with Python
+    (See Note [Why a rank waits at exit]).
+
+    Wait, with the GIL released, for every callback that ran to be let go (`settle`), then
+    until no other thread has been running for a few checks in a row (gloo's idle threads
+    sleep). Bounded: a thread busy elsewhere only delays the exit."""
     settle(within)
     deadline = time.monotonic() + within
     calm = 0

@@ -95,8 +95,8 @@ def _engine(roots: tuple, grad_roots: Any, retain_graph: bool | None, create_gra
             inputs: tuple, allow_unused: bool, accumulate_grad: bool,
             watched: bool | int) -> tuple:
     """Run the autograd engine with a simulation mode on this thread's stack (`watched`: True,
-    and the marking dispatch mode; a GPU index, and the one-GPU mode; see Note [Why a
-    backward pass is watched] in `dispatched`)."""
+    and the marking dispatch mode; a GPU index, and the one-GPU mode; See Note [Why ops run
+    watched] in `dispatched`)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if retain_graph is None:
         retain_graph = create_graph
@@ -203,15 +203,14 @@ def _graph(roots: tuple) -> tuple[list[Tensor], list[Any]]:
 def _python_inside(leaves: list[Tensor], nodes: list[Any]) -> bool:
     """Whether a backward pass over this graph hands gradients the C++ engine makes to Python
     code before it ends: an autograd Function's backward (module backward hooks, DTensor, FSDP2
-    and flex_attention are such Functions) or a leaf's post-accumulate-grad hook. Such a pass
-    runs watched, each gradient marked as it is made (`_dispatched.marking`); the others, all
-    C++, have their leaves' gradients marked after, which costs far less."""
+    and flex_attention are such Functions) or a leaf's post-accumulate-grad hook (See Note
+    [Why ops run watched] in `dispatched`)."""
     return (any(isinstance(n, _PythonNode) for n in nodes)
             or any(leaf._post_accumulate_grad_hooks for leaf in leaves))
 
 
 def _watch(leaves: list[Tensor], nodes: list[Any], first: int | None) -> bool | int:
-    """How a backward pass runs (Note [Why a backward pass is watched] in `dispatched`): True
+    """How a backward pass runs (See Note [Why ops run watched] in `dispatched`): True
     when Python code receives its gradients, the GPU's index when it is all on one GPU, else
     False."""
     if _python_inside(leaves, nodes):

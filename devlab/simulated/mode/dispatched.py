@@ -14,9 +14,7 @@ gives every such op the device it has on a real GPU:
   machine) is that GPU's: it is marked there.
 
 Ops inside a call the function mode placed keep the device it gave them, unless the call runs
-watched (`marking()`), each op then placed by its own tensors: a backward pass whose gradients
-reach Python code (an autograd Function's backward, module hooks) as the C++ engine makes them,
-and a call whose inner results Python reads before it returns (`_ops.run`).
+watched (See Note [Why ops run watched], below).
 """
 
 from __future__ import annotations
@@ -92,6 +90,29 @@ def run(func: Callable, args: tuple, kwargs: dict) -> tuple[Any, int | None]:
         return out, index
 
 
+# Note [Why ops run watched]
+# Ops inside a call the function mode placed keep the device it gave them: the call's outputs
+# are marked when it returns, which costs one mark per call. Some calls must be watched, each
+# op inside placed (or counted) as it returns, because the tensors it makes are read, or held,
+# before the call ends:
+#
+# - a backward pass: the C++ engine makes its tensors where no function mode sees them. A pass
+#   that hands them to Python code (an autograd Function's backward, module hooks, DTensor,
+#   FSDP2, a post-accumulate-grad hook) runs under `Marking`, each op placed by its own tensors.
+#   A pass all on one GPU with no Python code inside only needs its outputs counted there
+#   (`OneGpu`), so what it allocates (its gradients, its formulas' temporaries) counts in the
+#   GPU's allocator and peak, as on a real GPU. A pass across several GPUs without Python code
+#   runs unwatched: its gradients are marked when it ends (`autograd.backward`), and what it
+#   held in between is not counted.
+# - a call whose inner results Python reads before it returns (`_ops.run`): a subclass's own
+#   dispatch (DTensor's keeps intermediate results for the backward pass, loss parallelism's
+#   total weight), saved-tensor hooks (checkpointing's read the device of what autograd saves
+#   inside the call), a dispatch mode below the simulation's (selective checkpointing's sees
+#   the ops inside and may keep their outputs).
+# - C++ that allocates on a GPU outside any op Python calls: DDP's Reducer makes its gradient
+#   buckets on its parameters' GPU (`OneGpu`, c10d's `_reducer`).
+
+
 class Marking(TorchDispatchMode):
     """Runs each op it sees with `run`: its fresh outputs carry their GPU as they are made."""
 
@@ -129,12 +150,7 @@ class OneGpu(TorchDispatchMode):
     kernels): each op's fresh outputs are that GPU's memory as they are made, so what the pass
     allocates (its gradients, the temporaries of its formulas) counts in the GPU's allocator
     and peak, as on a real GPU. Lighter than `Marking`: there is one device to place on.
-
-    Note [Why a backward pass is watched]: the C++ engine makes a backward pass's tensors
-    where no function mode sees them. A pass that hands them to Python (`Marking`) must place
-    every op by its own tensors; one on a single GPU only needs its outputs counted there. A
-    pass across several GPUs without Python code runs unwatched: its gradients are marked
-    when it ends (`autograd.backward`), and what it held in between is not counted."""
+    See Note [Why ops run watched]."""
 
     marks_simulated = True  # marks as it goes: marking() adds no second mode under it
 

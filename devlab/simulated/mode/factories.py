@@ -10,6 +10,8 @@ from typing import Any
 import torch
 import torch.utils._device as _torch_device
 
+from devlab import ops_catalog
+
 from ..core import devices as _devices
 from ..core import errors as _errors
 from ..core import marks as _marks
@@ -18,16 +20,17 @@ from ..core import workers as _workers
 from ..core.patcher import Patcher
 from . import ops as _ops
 
-CONSTRUCTORS = frozenset(_torch_device._device_constructors())
+CONSTRUCTORS = ops_catalog.factories()
 _DisableTF = torch._C.DisableTorchFunction
 
-_SIZED = {torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn, torch.full}
+_SIZED = ops_catalog.callables("sized")
+# Note [Why empty memory reads as zeros]
 # Memory a simulated GPU hands out reads as zeros, as memory a GPU gives a new process usually
 # does (never another process's data), where the host's would hold whatever the process freed
 # there last: NaNs, in a program that trains on weights it forgot to initialize (pytorch/
 # examples' FSDP2 Transformer leaves its layers as `to_empty` made them). CUDA promises nothing
 # of it, and memory its caching allocator reuses within a program holds that program's values.
-_EMPTY = {torch.empty, torch.empty_like, torch.empty_strided, torch.empty_permuted}
+_EMPTY = ops_catalog.callables("empty")
 
 
 def _nbytes(func: Callable, args: tuple, kwargs: dict) -> int:
@@ -75,7 +78,7 @@ def place(func: Callable, args: tuple, kwargs: dict, device: Any) -> Any:
         if isinstance(out, torch.Tensor) and _meta(out):
             return out  # under a FakeTensorMode (DTensor's sharding propagation): no memory
         if func in _EMPTY and isinstance(out, torch.Tensor):
-            out.zero_()
+            out.zero_()  # See Note [Why empty memory reads as zeros]
     _marks.mark_outputs(out, target)
     _session.session.charges.factory(func, args, out, target)  # type: ignore[union-attr]
     return out

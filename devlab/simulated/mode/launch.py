@@ -106,9 +106,8 @@ def launch(func: Callable, args: tuple, kwargs: dict) -> Any:
     out = torch.empty(shape.shape, dtype=shape.dtype)
     _marks.mark_outputs(out, index)
     _session.session.charges.call(func, args, kwargs, out, index, True)  # type: ignore[union-attr]
-    # The worker holds tensors of its own on the user's storages, never the user's tensors, so
-    # the GPU's count can tell when only queued work still uses a storage: the user's last
-    # reference went, and CUDA's allocator frees it at once (DeviceState.settle).
+    # The worker holds tensors of its own on the user's storages, never the user's tensors.
+    # See Note [Why queued work's storages are uncounted] in core/session.py.
     with _DisableTF():
         wa, wb, wout = a.detach(), b.detach(), out.detach()
         holds = [live_mark(t.untyped_storage()) for t in (wa, wb, wout)]

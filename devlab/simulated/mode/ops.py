@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from devlab import ops_catalog
+
 from ..core import errors as _errors
 from ..core import session as _session
 from ..core import workers as _workers
@@ -36,13 +38,9 @@ _DisableTF = torch._C.DisableTorchFunction
 _tf_stack_len = torch._C._len_torch_function_stack
 _saved_tensor_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 
-# Ops allowed to mix devices, as on real CUDA: copies and indexing with host indices. Queries
-# that only compare metadata (`_has_compatible_shallow_copy_type` in Module._apply) may look at
-# tensors of two devices too. (Attribute setters such as `p.data = t` never come here.)
-_MIXED_OK_NAMES = frozenset({
-    "__setitem__", "__getitem__", "index_put_", "index_put", "set_",
-    "_make_subclass", "backward", "copy_", "_has_compatible_shallow_copy_type", "is_same_size",
-    "is_set_to", "swap_tensors", "_version", "register_hook"})
+# Ops allowed to mix devices, as on real CUDA (copies, indexing with host indices, metadata
+# queries), by name: devlab.ops_catalog's `mixes_devices`.
+_MIXED_OK_NAMES = ops_catalog.names("mixes_devices")
 
 
 def _nonscalar(t: Tensor) -> bool:
@@ -147,7 +145,8 @@ def call(index: int | None, func: Callable, args: tuple, kwargs: dict,
     """func(*args, **kwargs) executing on simulated GPU `index` (None: the host), so
     `current_index()` names it; torch's own errors are marked to end at the user's line.
     `tls.calls` counts these calls in progress: ops inside one were placed (`_dispatched`),
-    unless the call is `watched`, each op inside then placed by its own tensors."""
+    unless the call is `watched`, each op inside then placed by its own tensors (See Note
+    [Why ops run watched] in `dispatched`)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     prev = getattr(tls, "index", None)
     tls.index = index
@@ -204,11 +203,8 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     _workers.wait(index)  # the op may read a queued op's output
     if (wrapped or _saved_tensor_hooks(False) is not None
             or (torch._C._len_torch_dispatch_stack() and _dispatched.unmarking_mode_on_stack())):
-        # Watched (a subclass's own dispatch, DTensor's, keeps intermediate results for the
-        # backward pass, loss parallelism's total weight; saved-tensor hooks, checkpointing's,
-        # read the device of what autograd saves inside the call; a dispatch mode such as
-        # selective checkpointing's sees the ops inside and may keep their outputs): each
-        # inner op's outputs are marked as it returns, not only the call's when it does.
+        # A subclass's dispatch, saved-tensor hooks, a dispatch mode below ours: each inner
+        # op's outputs are marked as it returns. See Note [Why ops run watched].
         with _dispatched.marking():
             out = call(index, func, args, kwargs, watched=True)
     else:
