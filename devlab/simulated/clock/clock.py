@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from devlab.gpu_model.collectives import CollectiveTime, coalesced_time, collective_time
 from devlab.gpu_model.kernels import COPY, QUEUED, kernel_seconds
+from devlab.gpu_model.links import Topology, default_topology
 
 from ..core import session as _session
 from ..core.session import NoCharges
@@ -73,6 +75,8 @@ class Clock:
             self.queue = queue
             self.free = [0.0] * (max(queue) + 1)
             self.busy = [0.0] * (max(queue) + 1)
+            # When each GPU's communication stream (NCCL's own) is done.
+            self.comm = [0.0] * (max(queue) + 1)
 
     def kernel(self, t: OpTime) -> None:
         """A kernel of cost `t`, launched after the host's earlier work."""
@@ -131,11 +135,54 @@ class Clock:
                                       OpTime(name, shown, self._launch, 0.0,  # type: ignore[arg-type]
                                              seconds, 0, nbytes, waited))
 
-    def sync(self, index: int | None = None) -> None:
-        """The host waits for GPU `index`'s queue (every GPU's if None). Waking up after the
-        GPU finishes costs the sync round trip; a GPU already idle answers at once."""
+    def launch_collective(self, index: int) -> float:
+        """The host launches a collective on GPU `index`: when its communication stream could
+        start it (NCCL's stream first waits for the work queued before it, and for its own
+        earlier collectives)."""
         with self.lock:
-            done = max(self.free if index is None else [self.free[self.queue[index]]])
+            q = self.queue[index]
+            self.host += self._launch
+            return max(self.host, self.free[q], self.comm[q])
+
+    def collective(self, index: int, start: float, seconds: float, join: bool,
+                   record: OpTime | None = None) -> float:
+        """A collective on GPU `index`'s communication stream from `start` (every rank's
+        agreed start) for `seconds`; `join`: the GPU's queue waits for it (a blocking
+        collective, or a work waited on). Returns its end."""
+        with self.lock:
+            q = self.queue[index]
+            end = start + seconds
+            self.comm[q] = end
+            if join and end > self.free[q]:
+                self.free[q] = end
+            if record is not None and self.recording is not None:
+                self.recording.append(record)
+            return end
+
+    def join(self, index: int, until: float | None = None) -> None:
+        """GPU `index`'s queue waits for its communication stream (to `until`, else all
+        of it): what `work.wait()` does on a CUDA stream."""
+        with self.lock:
+            q = self.queue[index]
+            end = self.comm[q] if until is None else until
+            if end > self.free[q]:
+                self.free[q] = end
+
+    def ready(self, index: int) -> float:
+        """When GPU `index`'s queue is done (its compute stream)."""
+        with self.lock:
+            return self.free[self.queue[index]]
+
+    def sync(self, index: int | None = None) -> None:
+        """The host waits for GPU `index`'s queue and communication stream (every GPU's if
+        None). Waking up after the GPU finishes costs the sync round trip; a GPU already idle
+        answers at once."""
+        with self.lock:
+            if index is None:
+                done = max(max(self.free), max(self.comm))
+            else:
+                q = self.queue[index]
+                done = max(self.free[q], self.comm[q])
             if done > self.host:
                 self.host = done + self._sync
 
@@ -179,13 +226,19 @@ class Charges(NoCharges):
     routing mode runs on modeled GPUs, and the host's syncs; the one way to the clock (without a
     model, the session's `NoCharges` charges nothing)."""
 
-    __slots__ = ("_costed", "_tf32", "clock", "spec")
+    __slots__ = ("_backward", "_costed", "_pending", "_tf32", "_timed", "clock", "spec",
+                 "topology")
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, topology: Topology | None = None) -> None:
         self.clock = clock
         self.spec = clock.spec
         self._tf32 = bool(clock.spec.tf32_tflops)  # torch's TF32 switch changes its products
         self._costed: dict[tuple, tuple[OpTime, tuple[OpTime, ...]]] = {}
+        # The machine the GPUs are in: how their collectives move (`devlab.gpu_model.links`).
+        self.topology = topology if topology is not None else default_topology(clock.spec)
+        self._timed: dict[tuple, CollectiveTime] = {}
+        self._backward = 0  # backward passes running (the engine runs DDP's buckets inside)
+        self._pending: list[_Pending] = []  # collectives launched during the backward pass
 
     def call(self, func: Callable, args: tuple, kwargs: dict, out: Any, index: int,
              fresh: bool) -> None:
@@ -238,13 +291,119 @@ class Charges(NoCharges):
             return
         self.clock.kernel(memory_cost(self.spec, index, call_name(func), out.nbytes))
 
+    def begin_backward(self) -> None:
+        """A backward pass starts: collectives launched inside it (DDP's buckets) wait until
+        its kernels are charged, to start when their gradients are ready."""
+        self._backward += 1
+
+    def backward_failed(self) -> None:
+        """The backward pass raised: its collectives are not charged."""
+        self._backward = max(0, self._backward - 1)
+        if not self._backward:
+            self._pending.clear()
+
     def backward(self, nodes: list[Any]) -> None:
-        """The kernels the backward pass through these graph nodes ran."""
+        """The kernels the backward pass through these graph nodes ran; then the collectives
+        launched during it, each when its gradients were ready."""
         kernels = self.clock.kernels
+        self._backward = max(0, self._backward - 1)
+        pending = self._pending if not self._backward else None
+        if not pending:
+            for node in nodes:
+                costs = node.metadata.get(_BACKWARD)
+                if costs:
+                    kernels(costs)
+            return
+        # Which gradient (leaf) is written when: after the kernels of the node that feeds it.
+        index = pending[0].index
+        ready: list[tuple[float, int]] = []
         for node in nodes:
             costs = node.metadata.get(_BACKWARD)
             if costs:
                 kernels(costs)
+            leaves = [fn.variable for fn, _ in node.next_functions
+                      if type(fn) is _ACCUMULATE_GRAD]
+            if leaves:
+                done = self.clock.ready(index)
+                ready.extend((done, leaf.numel()) for leaf in leaves)
+        self._pending = []
+        self._place(pending, ready)
+
+    def collective(self, op: str, sizes: tuple[int, ...], ranks: int, index: int,
+                   exchange: Callable[[list[float]], list[float]], group: object, *,
+                   join: bool, numel: int = 0) -> float | None:
+        """A collective of `sizes` bytes (one per tensor; several: one coalesced call) among
+        `ranks` GPUs, launched on GPU `index`. It starts on the GPU's communication stream
+        when every rank has reached it (`exchange`: the latest of each rank's times, over the
+        group's own transport) and lasts what NCCL's model gives it on this machine's
+        topology; `join`: the GPU's queue waits for it (a blocking call). One launched during
+        a backward pass (DDP's buckets) is placed when the pass's kernels are charged: it
+        starts once gradients of `numel` elements are ready, and the queue waits for it at the
+        pass's end, as DDP's reducer makes the stream wait for its buckets. Returns when it
+        ends (None: placed later)."""
+        timed = self._time(op, sizes, ranks)
+        if self._backward:
+            self._pending.append(_Pending(index, timed, exchange, group, numel))
+            return None
+        local = self.clock.launch_collective(index)
+        (start,) = exchange([local])
+        return self.clock.collective(index, max(start, local), timed.seconds, join,
+                                     self._record(timed, index))
+
+    def join(self, index: int, until: float | None = None) -> None:
+        """GPU `index`'s queue waits for its collectives (to `until`): `work.wait()`."""
+        self.clock.join(index, until)
+
+    def _time(self, op: str, sizes: tuple[int, ...], ranks: int) -> CollectiveTime:
+        key = (op, sizes, ranks)
+        timed = self._timed.get(key)
+        if timed is None:
+            topo = self.topology
+            n = min(ranks, topo.max_ranks)  # beyond one machine: timed as the largest
+            timed = (collective_time(op, sizes[0], n, topo) if len(sizes) == 1 else
+                     coalesced_time(op, list(sizes), n, topo))
+            timed = store(key, timed, self._timed)
+        return timed
+
+    def _record(self, timed: CollectiveTime, index: int) -> OpTime | None:
+        if self.clock.recording is None:
+            return None
+        return OpTime(f"nccl:{timed.op} ({timed.topology}, {timed.ranks} GPUs, "
+                      f"{timed.algorithm}/{timed.protocol})", index, self.clock._launch, 0.0,
+                      timed.bandwidth, 0, timed.nbytes, floor=timed.latency)
+
+    def _place(self, pending: list[_Pending], ready: list[tuple[float, int]]) -> None:
+        """Collectives launched during a backward pass, in launch order: each is ready when
+        the gradients it carries are (taken in the order they were written, by elements),
+        starts when every rank's is and the communication stream is free; then each GPU's
+        queue waits for its last one."""
+        clock = self.clock
+        locals_: list[float] = []
+        i, have, at = 0, 0, 0.0  # gradients taken, their elements beyond what buckets carried
+        for p in pending:
+            while have < p.numel and i < len(ready):
+                at, have = ready[i][0], have + ready[i][1]
+                i += 1
+            if have < p.numel:  # more than the pass wrote: ready at its end
+                at = clock.ready(p.index)
+            have = max(0, have - p.numel)
+            locals_.append(at)
+        with clock.lock:  # the first waits for the stream's earlier work too
+            q = clock.queue[pending[0].index]
+            locals_[0] = max(locals_[0], clock.comm[q])
+        agreed: dict[int, list[float]] = {}
+        groups: dict[int, tuple[Callable, list[int]]] = {}
+        for k, p in enumerate(pending):
+            groups.setdefault(id(p.group), (p.exchange, []))[1].append(k)
+        for key, (exchange, members) in groups.items():
+            agreed[key] = list(exchange([locals_[k] for k in members]))
+        last: dict[int, float] = {}
+        for p in pending:
+            start = max(agreed[id(p.group)].pop(0), clock.comm[clock.queue[p.index]])
+            last[p.index] = clock.collective(p.index, start, p.timed.seconds, False,
+                                             self._record(p.timed, p.index))
+        for index, end in last.items():
+            clock.join(index, end)
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
              op: str = "copy") -> None:
@@ -262,6 +421,19 @@ class Charges(NoCharges):
     def reset(self, count: int, queues: list[int] | None = None) -> None:
         """Start the clock again at 0 with `count` idle GPUs."""
         self.clock.reset(count, queues)
+
+
+_ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad  # a leaf's node in a graph
+
+
+class _Pending(NamedTuple):
+    """A collective launched during a backward pass, placed when the pass is charged."""
+
+    index: int
+    timed: CollectiveTime
+    exchange: Callable[[list[float]], list[float]]
+    group: object
+    numel: int
 
 
 _EMPTY = frozenset({torch.empty, torch.empty_like, torch.empty_strided, torch.empty_permuted})

@@ -100,6 +100,8 @@ def _engine(roots: tuple, grad_roots: Any, retain_graph: bool | None, create_gra
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if retain_graph is None:
         retain_graph = create_graph
+    charges = _session.session.charges  # type: ignore[union-attr]
+    charges.begin_backward()  # ended by `_charge`, after the pass
     _push_mode(SimulationMode())
     try:
         grads = _ag._make_grads(roots, _ag._tensor_or_tensors_to_tuple(grad_roots, len(roots)),
@@ -110,8 +112,10 @@ def _engine(roots: tuple, grad_roots: Any, retain_graph: bool | None, create_gra
             return _ag.graph._engine_run_backward(
                 roots, grads, retain_graph, create_graph, inputs, allow_unused,
                 accumulate_grad=accumulate_grad)
-    except Exception as e:  # torch's own (a non-scalar loss...)
-        _errors.torch_error(e)
+    except BaseException as e:  # torch's own (a non-scalar loss...), an interrupt
+        charges.backward_failed()
+        if isinstance(e, Exception):
+            _errors.torch_error(e)
         raise
     finally:
         _pop_mode()
