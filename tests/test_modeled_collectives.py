@@ -214,3 +214,13 @@ def test_an_unmodeled_simulation_charges_and_exchanges_nothing(two) -> None:
         assert got["exchanges"] == 0
         assert got["value"] == [2.0] * 4
         assert got["clock"].startswith("no modeled GPU")
+
+
+def test_explain_names_the_machine_its_collectives_are_timed_in(no_simulation) -> None:
+    simulated.start(1, model="T4")
+    x = torch.ones(8, device="cuda")
+    shown = simulated.explain(lambda: x + 1)
+    assert shown.machine == ("Collectives: PCIe Gen3 x16 without peer-to-peer (through host "
+                             "memory) (pcie3-host, the T4's default; also sold in pcie3-p2p).")
+    assert str(shown).splitlines()[-1] == shown.machine
+    assert shown.machine in shown._repr_html_()

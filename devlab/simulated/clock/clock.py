@@ -440,9 +440,9 @@ _EMPTY = frozenset({torch.empty, torch.empty_like, torch.empty_strided, torch.em
 _FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
 
 
-def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime], GpuSpec]:
-    """fn(), with every charge to the clock recorded (for `explain`), and the GPU the clock
-    models."""
+def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime], GpuSpec, Topology]:
+    """fn(), with every charge to the clock recorded (for `explain`), the GPU the clock
+    models, and the machine its collectives are timed in."""
     sess = _session.session
     clock = sess.charges.clock if sess is not None else None
     if clock is None:
@@ -452,7 +452,7 @@ def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime], GpuSpec]:
         outer, clock.recording = clock.recording, []
         recorded = clock.recording
     try:
-        return fn(), recorded, clock.spec
+        return fn(), recorded, clock.spec, sess.charges.topology  # type: ignore[union-attr]
     finally:
         with clock.lock:
             clock.recording = outer
