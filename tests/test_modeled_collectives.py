@@ -5,6 +5,7 @@ communication stream of its own, and DDP's buckets overlap the backward pass as
 
 from __future__ import annotations
 
+import html
 import os
 
 import pytest
@@ -223,4 +224,4 @@ def test_explain_names_the_machine_its_collectives_are_timed_in(no_simulation) -
     assert shown.machine == ("Collectives: PCIe Gen3 x16 without peer-to-peer (through host "
                              "memory) (pcie3-host, the T4's default; also sold in pcie3-p2p).")
     assert str(shown).splitlines()[-1] == shown.machine
-    assert shown.machine in shown._repr_html_()
+    assert html.escape(shown.machine) in shown._repr_html_()
