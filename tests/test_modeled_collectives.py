@@ -225,3 +225,30 @@ def test_explain_names_the_machine_its_collectives_are_timed_in(no_simulation) -
                              "memory) (pcie3-host, the T4's default; also sold in pcie3-p2p).")
     assert str(shown).splitlines()[-1] == shown.machine
     assert html.escape(shown.machine) in shown._repr_html_()
+
+
+def late_send() -> dict:
+    rank = _init()
+    t = torch.ones(MiB, device=rank)  # 4 MiB
+    a = torch.randn(1024, 1024, device=rank)
+    torch.cuda.synchronize()
+    before = simulated.modeled_time()
+    if rank == 0:
+        for _ in range(8):  # the sender computes first
+            a = a @ a
+        dist.send(t, 1)
+    else:
+        dist.recv(t, 0)
+    torch.cuda.synchronize()
+    out = {"before": before, "after": simulated.modeled_time()}
+    dist.destroy_process_group()
+    return out
+
+
+def test_a_receive_starts_no_earlier_than_its_send(no_simulation) -> None:
+    simulated.start(2, model="T4")
+    sender, receiver = devlab.launch(late_send, nprocs=2, timeout=120)
+    transfer = gpu_model.collective_time("send_recv", 4 * MiB, 2, "pcie3-host").seconds
+    # The receiver waited for the sender's products, then for the transfer.
+    assert receiver["after"] - receiver["before"] > transfer + 8 * 200e-6
+    assert receiver["after"] == pytest.approx(sender["after"], abs=20e-6)

@@ -331,7 +331,7 @@ class Charges(NoCharges):
 
     def collective(self, op: str, sizes: tuple[int, ...], ranks: int, index: int,
                    exchange: Callable[[list[float]], list[float]], group: object, *,
-                   join: bool, numel: int = 0) -> float | None:
+                   join: bool, numel: int = 0, now: bool = False) -> float | None:
         """A collective of `sizes` bytes (one per tensor; several: one coalesced call) among
         `ranks` GPUs, launched on GPU `index`. It starts on the GPU's communication stream
         when every rank has reached it (`exchange`: the latest of each rank's times, over the
@@ -339,10 +339,11 @@ class Charges(NoCharges):
         topology; `join`: the GPU's queue waits for it (a blocking call). One launched during
         a backward pass (DDP's buckets) is placed when the pass's kernels are charged: it
         starts once gradients of `numel` elements are ready, and the queue waits for it at the
-        pass's end, as DDP's reducer makes the stream wait for its buckets. Returns when it
-        ends (None: placed later)."""
+        pass's end, as DDP's reducer makes the stream wait for its buckets (`now`: placed at
+        once all the same, a send or receive, whose clock travels ahead of its message).
+        Returns when it ends (None: placed later)."""
         timed = self._time(op, sizes, ranks)
-        if self._backward:
+        if self._backward and not now:
             self._pending.append(_Pending(index, timed, exchange, group, numel))
             return None
         local = self.clock.launch_collective(index)

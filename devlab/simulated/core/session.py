@@ -190,7 +190,8 @@ class NoCharges:
         """The backward pass through these graph nodes (it has ended)."""
 
     def collective(self, op: str, sizes: tuple[int, ...], ranks: int, index: int,
-                   exchange: Any, group: object, *, join: bool, numel: int = 0) -> float | None:
+                   exchange: Any, group: object, *, join: bool, numel: int = 0,
+                   now: bool = False) -> float | None:
         """A collective of `sizes` bytes among `ranks` GPUs, launched on GPU `index`; when it
         ends, in modeled seconds: unknown."""
         return None

@@ -599,6 +599,54 @@ class ProcessGroupNCCL(dist.ProcessGroup):
                 _flat(out).copy_(_flat(buffer))
         return _done([out])
 
+    # Point to point --------------------------------------------------------------------------
+
+    @_timed
+    def send(self, tensors: Any, dst_rank: int, tag: int = 0) -> Any:
+        """`send`/`isend` (C++ callers too): with modeled GPUs, the sender's clock goes with
+        the message, so the receive starts no earlier than the send."""
+        tensors = _listed(tensors)
+        self._charge_p2p(tensors, dst_rank, tag, sending=True)
+        return self._inner.send(tensors, dst_rank, tag)
+
+    @_timed
+    def recv(self, tensors: Any, src_rank: int, tag: int = 0) -> Any:
+        tensors = _listed(tensors)
+        self._charge_p2p(tensors, src_rank, tag, sending=False)
+        return self._inner.recv(tensors, src_rank, tag)
+
+    def _charge_p2p(self, tensors: list[torch.Tensor], peer: int, tag: int,
+                    sending: bool) -> None:
+        """A send or receive on modeled GPUs: the sender sends its clock to the receiver
+        first, on the same peer and tag (gloo keeps their order), never waiting for it; the
+        receiver's transfer starts at the later of the two clocks."""
+        charges = _session.session.charges if _session.session is not None else None
+        if charges is None or charges.clock is None or not tensors:
+            return
+
+        def exchange(times: list[float]) -> list[float]:
+            with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+                t = torch.tensor(times, dtype=torch.float64)
+                if sending:
+                    work = self._inner.send([t], peer, tag)
+                    sent = getattr(self, "_clocks_sent", None)
+                    if sent is None:
+                        sent = self._clocks_sent = []
+                    sent[:] = [(w, x) for w, x in sent if not w.is_completed()]
+                    sent.append((work, t))  # alive until gloo has sent it
+                    return times
+                self._inner.recv([t], peer, tag).wait()
+                return [max(a, b) for a, b in zip(times, t.tolist(), strict=True)]
+
+        where = tensors[0]
+        index = index_of(where)
+        if index is None:
+            index = _session.current_device()
+        end = charges.collective("send_recv", _total(tensors), 2, index, exchange, None,
+                                 join=False, now=True)
+        if end is not None:
+            _charged.end = (charges, index, end)
+
     @_timed
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           output_split_sizes: Any, input_split_sizes: Any,
