@@ -252,3 +252,26 @@ def test_a_receive_starts_no_earlier_than_its_send(no_simulation) -> None:
     # The receiver waited for the sender's products, then for the transfer.
     assert receiver["after"] - receiver["before"] > transfer + 8 * 200e-6
     assert receiver["after"] == pytest.approx(sender["after"], abs=20e-6)
+
+
+def test_another_machine_the_gpu_is_sold_in_can_be_chosen(no_simulation) -> None:
+    with pytest.raises(ValueError, match="give a model too"):
+        devlab.config.simulate_gpus(2, topology="pcie3-p2p")
+    with pytest.raises(ValueError, match="not sold in a nvswitch-a100 machine"):
+        devlab.config.simulate_gpus(2, model="T4", topology="nvswitch-a100")
+    assert not simulated.is_active()
+    devlab.config.simulate_gpus(2, model="T4", topology="pcie3-p2p")
+    assert simulated.topology() == "pcie3-p2p"
+    x = torch.ones(8, device="cuda")
+    assert simulated.explain(lambda: x + 1).machine == (
+        "Collectives: PCIe Gen3 x16 with peer-to-peer (pcie3-p2p, chosen; the T4's default is "
+        "pcie3-host).")
+    # A spawned rank models the same GPU in the same machine.
+    namespace: dict = {"__name__": "__main__"}  # as a notebook defines a function
+    exec("import devlab\n"
+         "def modeled():\n"
+         "    return devlab.simulated.model().name, devlab.simulated.topology()\n", namespace)
+    assert devlab.launch(namespace["modeled"], nprocs=1, start_method="spawn",
+                         timeout=120) == [("T4", "pcie3-p2p")]
+    devlab.config.stop_simulation()
+    assert simulated.topology() is None
