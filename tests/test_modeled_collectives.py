@@ -275,3 +275,53 @@ def test_another_machine_the_gpu_is_sold_in_can_be_chosen(no_simulation) -> None
                          timeout=120) == [("T4", "pcie3-p2p")]
     devlab.config.stop_simulation()
     assert simulated.topology() is None
+
+
+class Spanning(nn.Module):
+    def __init__(self, first: int, second: int) -> None:
+        super().__init__()
+        self.first, self.second = first, second
+        self.l1 = nn.Linear(WIDTH, WIDTH).to(first)
+        self.l2 = nn.Linear(WIDTH, WIDTH).to(second)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.relu(self.l1(x)).to(self.second))
+
+
+def spanning_step() -> dict:
+    """DDP over a model spanning two GPUs in each rank (a bucket per GPU)."""
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    first, second = 2 * rank, 2 * rank + 1
+    torch.cuda.set_device(first)  # where DDP's own buffers (made in C++) are charged
+    torch.manual_seed(0)
+    net = Spanning(first, second)
+    ddp = nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    x = torch.randn(BATCH, WIDTH, device=first) + rank
+    times = []
+    for _ in range(3):
+        torch.cuda.synchronize(first)
+        torch.cuda.synchronize(second)
+        t0 = simulated.modeled_time()
+        opt.zero_grad()
+        ddp(x).square().mean().backward()
+        opt.step()
+        torch.cuda.synchronize(first)
+        torch.cuda.synchronize(second)
+        times.append(simulated.modeled_time() - t0)
+    out = {"times": times, "weight": net.l1.weight[0, :3].tolist()}
+    dist.destroy_process_group()
+    return out
+
+
+def test_ddp_over_a_model_spanning_two_modeled_gpus_per_rank(no_simulation) -> None:
+    simulated.start(4, model="T4")
+    ranks = devlab.launch(spanning_step, nprocs=2, timeout=120)
+    assert ranks[0]["times"] == pytest.approx(ranks[1]["times"], abs=1e-9)
+    assert ranks[0]["weight"] == ranks[1]["weight"]  # the gradients were all-reduced
+    one_layer = gpu_model.collective_time("all_reduce", (WIDTH * WIDTH + WIDTH) * 4, 2,
+                                          "pcie3-host").seconds
+    # Each step waits for its two buckets (one per GPU, a layer each), one after the other
+    # on the communication stream of the GPU DDP's buffers are charged to.
+    assert all(t > 2 * one_layer for t in ranks[0]["times"])

@@ -31,6 +31,7 @@ from devlab.gpu_model.kernels import COPY, QUEUED, kernel_seconds
 from devlab.gpu_model.links import Topology, default_topology
 
 from ..core import session as _session
+from ..core.marks import index_of
 from ..core.session import NoCharges
 from .gpu_specs import GpuSpec
 from .roofline import (
@@ -314,18 +315,20 @@ class Charges(NoCharges):
                 if costs:
                     kernels(costs)
             return
-        # Which gradient (leaf) is written when: after the kernels of the node that feeds it.
-        index = pending[0].index
-        ready: list[tuple[float, int]] = []
+        # Which gradient (leaf) is written when, on its GPU: after the kernels of the node that
+        # feeds it.
+        first = pending[0].index
+        ready: dict[int, list[tuple[float, int]]] = {}
         for node in nodes:
             costs = node.metadata.get(_BACKWARD)
             if costs:
                 kernels(costs)
-            leaves = [fn.variable for fn, _ in node.next_functions
-                      if type(fn) is _ACCUMULATE_GRAD]
-            if leaves:
-                done = self.clock.ready(index)
-                ready.extend((done, leaf.numel()) for leaf in leaves)
+            for fn, _ in node.next_functions:
+                if type(fn) is _ACCUMULATE_GRAD:
+                    leaf = fn.variable
+                    index = index_of(leaf)
+                    index = first if index is None else index
+                    ready.setdefault(index, []).append((self.clock.ready(index), leaf.numel()))
         self._pending = []
         self._place(pending, ready)
 
@@ -373,25 +376,29 @@ class Charges(NoCharges):
                       f"{timed.algorithm}/{timed.protocol})", index, self.clock._launch, 0.0,
                       timed.bandwidth, 0, timed.nbytes, floor=timed.latency)
 
-    def _place(self, pending: list[_Pending], ready: list[tuple[float, int]]) -> None:
+    def _place(self, pending: list[_Pending],
+               ready: dict[int, list[tuple[float, int]]]) -> None:
         """Collectives launched during a backward pass, in launch order: each is ready when
-        the gradients it carries are (taken in the order they were written, by elements),
-        starts when every rank's is and the communication stream is free; then each GPU's
-        queue waits for its last one."""
+        the gradients it carries are (its GPU's, taken in the order they were written, by
+        elements), starts when every rank's is and the communication stream is free; then
+        each GPU's queue waits for its last one."""
         clock = self.clock
         locals_: list[float] = []
-        i, have, at = 0, 0, 0.0  # gradients taken, their elements beyond what buckets carried
+        # Per GPU: gradients taken, their elements beyond what buckets carried, when.
+        taken: dict[int, list] = {}
         for p in pending:
-            while have < p.numel and i < len(ready):
-                at, have = ready[i][0], have + ready[i][1]
+            written = ready.get(p.index, [])
+            state = taken.get(p.index)
+            if state is None:  # the first on its GPU waits for its stream's earlier work
+                state = taken[p.index] = [0, 0, clock.comm[clock.queue[p.index]]]
+            i, have, at = state
+            while have < p.numel and i < len(written):
+                at, have = max(at, written[i][0]), have + written[i][1]
                 i += 1
             if have < p.numel:  # more than the pass wrote: ready at its end
-                at = clock.ready(p.index)
-            have = max(0, have - p.numel)
+                at = max(at, clock.ready(p.index))
+            state[:] = [i, max(0, have - p.numel), at]
             locals_.append(at)
-        with clock.lock:  # the first waits for the stream's earlier work too
-            q = clock.queue[pending[0].index]
-            locals_[0] = max(locals_[0], clock.comm[q])
         agreed: dict[int, list[float]] = {}
         groups: dict[int, tuple[Callable, list[int]]] = {}
         for k, p in enumerate(pending):
