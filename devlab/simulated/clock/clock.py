@@ -334,7 +334,8 @@ class Charges(NoCharges):
 
     def collective(self, op: str, sizes: tuple[int, ...], ranks: int, index: int,
                    exchange: Callable[[list[float]], list[float]], group: object, *,
-                   join: bool, numel: int = 0, now: bool = False) -> float | None:
+                   join: bool, numel: int = 0,
+                   now: bool = False) -> float | Callable[[], float] | None:
         """A collective of `sizes` bytes (one per tensor; several: one coalesced call) among
         `ranks` GPUs, launched on GPU `index`. It starts on the GPU's communication stream
         when every rank has reached it (`exchange`: the latest of each rank's times, over the
@@ -344,15 +345,26 @@ class Charges(NoCharges):
         starts once gradients of `numel` elements are ready, and the queue waits for it at the
         pass's end, as DDP's reducer makes the stream wait for its buckets (`now`: placed at
         once all the same, a send or receive, whose clock travels ahead of its message).
-        Returns when it ends (None: placed later)."""
+        Returns when it ends (None: placed later). `exchange` may answer with a function
+        that gives the times once they have come (the exchange in flight beside the
+        collective's own transfer): then what is returned is a function that places the
+        collective when called, and returns its end."""
         timed = self._time(op, sizes, ranks)
         if self._backward and not now:
             self._pending.append(_Pending(index, timed, exchange, group, numel))
             return None
         local = self.clock.launch_collective(index)
-        (start,) = exchange([local])
-        return self.clock.collective(index, max(start, local), timed.seconds, join,
-                                     self._record(timed, index))
+        record = self._record(timed, index)
+        agreed = exchange([local])
+        if callable(agreed):
+            def place() -> float:
+                (start,) = agreed()
+                return self.clock.collective(index, max(start, local), timed.seconds, join,
+                                             record)
+
+            return place
+        (start,) = agreed
+        return self.clock.collective(index, max(start, local), timed.seconds, join, record)
 
     def join(self, index: int, until: float | None = None) -> None:
         """GPU `index`'s queue waits for its collectives (to `until`): `work.wait()`."""
@@ -404,7 +416,8 @@ class Charges(NoCharges):
         for k, p in enumerate(pending):
             groups.setdefault(id(p.group), (p.exchange, []))[1].append(k)
         for key, (exchange, members) in groups.items():
-            agreed[key] = list(exchange([locals_[k] for k in members]))
+            got = exchange([locals_[k] for k in members])
+            agreed[key] = list(got() if callable(got) else got)
         last: dict[int, float] = {}
         for p in pending:
             start = max(agreed[id(p.group)].pop(0), clock.comm[clock.queue[p.index]])

@@ -191,7 +191,7 @@ class NoCharges:
 
     def collective(self, op: str, sizes: tuple[int, ...], ranks: int, index: int,
                    exchange: Any, group: object, *, join: bool, numel: int = 0,
-                   now: bool = False) -> float | None:
+                   now: bool = False) -> Any:
         """A collective of `sizes` bytes among `ranks` GPUs, launched on GPU `index`; when it
         ends, in modeled seconds: unknown."""
         return None

@@ -198,7 +198,9 @@ def _blocking(opts: Any) -> bool:
     return opts is not None and not getattr(opts, "asyncOp", True)
 
 
-_charged = threading.local()  # `end`: the asynchronous collective a call just charged
+# `placing`: the collective a call just charged, to place on the clock once its data is on
+# its way (its clock exchange in flight meanwhile)
+_charged = threading.local()
 
 
 class TimedWork(dist.Work):
@@ -254,13 +256,21 @@ def _timed(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-        outer, _charged.end = getattr(_charged, "end", None), None  # a coalesced call's
-        try:
+        outer, _charged.placing = getattr(_charged, "placing", None), None  # a coalesced
+        try:                                                                 # call's
             work = method(self, *args, **kwargs)
-            end = _charged.end
+            placing = _charged.placing
         finally:
-            _charged.end = outer
-        return TimedWork(work, *end) if end is not None and work is not None else work
+            _charged.placing = outer
+        if placing is None:
+            return work
+        placed, charges, index, blocking, host_waits = placing
+        end = placed() if callable(placed) else placed
+        if host_waits:
+            charges.sync(index)
+        elif not blocking and work is not None:
+            return TimedWork(work, charges, index, end)
+        return work
 
     return collective
 
@@ -409,25 +419,30 @@ class ProcessGroupNCCL(dist.ProcessGroup):
             index = bound.index if bound is not None and bound.index is not None else (
                 _session.current_device())
         blocking = host_waits or _blocking(opts)
-        end = charges.collective(op, sizes, self.size(), index, self._latest, self,
-                                 join=blocking, numel=numel)
-        if host_waits:
-            charges.sync(index)
-        elif end is not None and not blocking:
-            _charged.end = (charges, index, end)
+        placed = charges.collective(op, sizes, self.size(), index, self._latest, self,
+                                    join=blocking, numel=numel)
+        if placed is not None:  # (None: in a backward pass, placed at its end)
+            _charged.placing = (placed, charges, index, blocking, host_waits)
 
-    def _latest(self, times: list[float]) -> list[float]:
+    def _latest(self, times: list[float]) -> Any:
         """Each of `times` as the latest any rank of the group has: one small all-reduce
         (MAX) on the group's own gloo, outside the simulation's modes and the placement
-        log."""
+        log. Answers with a function that waits for it: the collective's own transfer is
+        issued meanwhile, so the two round trips overlap."""
         if self.size() == 1:
             return times
         with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
             t = torch.tensor(times, dtype=torch.float64)
             opts = AllreduceOptions()
             opts.reduceOp = ReduceOp(_RED.MAX)
-            self._inner.allreduce([t], opts).wait()
-            return t.tolist()
+            work = self._inner.allreduce([t], opts)
+
+        def agreed() -> list[float]:
+            work.wait()
+            with torch._C.DisableTorchFunction():
+                return t.tolist()
+
+        return agreed
 
     # Collectives -------------------------------------------------------------------------------
 
@@ -624,7 +639,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         if charges is None or charges.clock is None or not tensors:
             return
 
-        def exchange(times: list[float]) -> list[float]:
+        def exchange(times: list[float]) -> Any:
             with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
                 t = torch.tensor(times, dtype=torch.float64)
                 if sending:
@@ -635,17 +650,22 @@ class ProcessGroupNCCL(dist.ProcessGroup):
                     sent[:] = [(w, x) for w, x in sent if not w.is_completed()]
                     sent.append((work, t))  # alive until gloo has sent it
                     return times
-                self._inner.recv([t], peer, tag).wait()
-                return [max(a, b) for a, b in zip(times, t.tolist(), strict=True)]
+                work = self._inner.recv([t], peer, tag)
+
+            def agreed() -> list[float]:
+                work.wait()
+                with torch._C.DisableTorchFunction():
+                    return [max(a, b) for a, b in zip(times, t.tolist(), strict=True)]
+
+            return agreed
 
         where = tensors[0]
         index = index_of(where)
         if index is None:
             index = _session.current_device()
-        end = charges.collective("send_recv", _total(tensors), 2, index, exchange, None,
-                                 join=False, now=True)
-        if end is not None:
-            _charged.end = (charges, index, end)
+        placed = charges.collective("send_recv", _total(tensors), 2, index, exchange, None,
+                                    join=False, now=True)
+        _charged.placing = (placed, charges, index, False, False)
 
     @_timed
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
