@@ -115,6 +115,7 @@ class _Settings:
     simulated_gpus: int = 0
     simulated_memory_mb: int | None = None
     simulated_model: str | None = None
+    simulated_topology: str | None = None
 
 
 _settings = _Settings()
@@ -387,7 +388,8 @@ def set_soft_device_placement(enabled: bool) -> None:
 # --- simulated GPUs -------------------------------------------------------------------------
 
 
-def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None = None) -> None:
+def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None = None,
+                  topology: str | None = None) -> None:
     """Simulate `count` GPUs on the CPU (each with `memory_limit` MB, if given).
 
     Ordinary PyTorch code then sees `count` CUDA devices whose tensors really live in host
@@ -397,7 +399,11 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     (devlab.timing, torch.cuda.Event) reads modeled times, from the GPU's public
     specifications, not measured; each GPU then has that GPU's memory as torch reports it on
     one (a T4's 14.75 GiB, not its datasheet's 16 GB) and a CUDA context, and `memory_limit` is
-    a per-process limit on it. Choose before first use.
+    a per-process limit on it. Their collectives are timed in the machine the GPU is sold in
+    by default (two T4s on PCIe through host memory, A100s on an NVSwitch board: `explain()`
+    names it), or in `topology`, another the GPU is sold in
+    (`devlab.gpu_model.topologies(model)`: "pcie3-p2p", "nvlink3-4gpu", ...). Choose before
+    first use.
     """
     simulated.check_count(count)
     check_memory_limit(memory_limit)
@@ -405,11 +411,19 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     if model is not None:
         spec = simulated.gpu_spec(model)  # an unknown name fails here, naming the models
         model = spec.name
+    if topology is not None:
+        if spec is None:
+            raise ValueError("a topology times a modeled GPU's collectives: give a model too, "
+                             "e.g. simulate_gpus(2, model='T4', topology='pcie3-p2p')")
+        from devlab.gpu_model.links import topology as _topology
+
+        topology = _topology(topology, spec).key  # one the GPU is not sold in fails here
     if (
         simulated.is_active()
         and _settings.simulated_gpus == count
         and _settings.simulated_memory_mb == memory_limit
         and _settings.simulated_model == model
+        and _settings.simulated_topology == topology
     ):
         return
     real = 0 if simulated.is_active() else _real_gpu_count()
@@ -433,8 +447,10 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     _settings.simulated_gpus = count
     _settings.simulated_memory_mb = memory_limit
     _settings.simulated_model = model
+    _settings.simulated_topology = topology
     _settings.visible = None
-    simulated.start(count, [memory_limit] * count, model=spec)  # resolved once, above
+    simulated.start(count, [memory_limit] * count, model=spec,  # resolved once, above
+                    topology=topology)
     _apply_simulation()
 
 
@@ -446,6 +462,7 @@ def stop_simulation() -> None:
     _settings.simulated_gpus = 0
     _settings.simulated_memory_mb = None
     _settings.simulated_model = None
+    _settings.simulated_topology = None
     _settings.visible = None
     for name in [n for n in _settings.logical if "GPU" in n]:
         del _settings.logical[name]
@@ -553,7 +570,8 @@ def _order(d: PhysicalDevice) -> tuple[int, int]:
 def simulate_from_environment() -> bool:
     """Start simulated GPUs if `DEVLAB_SIMULATE_GPUS=N` is set (how a Binder image turns them
     on for everyone); `DEVLAB_SIMULATE_GPU_MEMORY_MB` sets each one's memory and
-    `DEVLAB_SIMULATE_GPU_MODEL` the GPU they model ("T4"). Returns whether it started. A
+    `DEVLAB_SIMULATE_GPU_MODEL` the GPU they model ("T4"), `DEVLAB_SIMULATE_GPU_TOPOLOGY` the
+    machine its collectives are timed in ("pcie3-p2p"). Returns whether it started. A
     malformed value is reported and ignored: importing devlab must not fail."""
     import warnings
 
@@ -562,17 +580,20 @@ def simulate_from_environment() -> bool:
         return False
     raw_mb = os.environ.get("DEVLAB_SIMULATE_GPU_MEMORY_MB", "").strip()
     raw_model = os.environ.get("DEVLAB_SIMULATE_GPU_MODEL", "").strip()
+    raw_topology = os.environ.get("DEVLAB_SIMULATE_GPU_TOPOLOGY", "").strip()
     try:
         count = int(raw)
         memory = int(raw_mb) if raw_mb else None
         if count == 0:
             return False
-        simulate_gpus(count, memory_limit=memory, model=raw_model or None)
+        simulate_gpus(count, memory_limit=memory, model=raw_model or None,
+                      topology=raw_topology or None)
     except (ValueError, RuntimeError) as exc:
         warnings.warn(
             f"devlab ignored DEVLAB_SIMULATE_GPUS={raw!r}"
             + (f", DEVLAB_SIMULATE_GPU_MEMORY_MB={raw_mb!r}" if raw_mb else "")
             + (f", DEVLAB_SIMULATE_GPU_MODEL={raw_model!r}" if raw_model else "")
+            + (f", DEVLAB_SIMULATE_GPU_TOPOLOGY={raw_topology!r}" if raw_topology else "")
             + f": {exc} Set it to a whole number of GPUs, e.g. DEVLAB_SIMULATE_GPUS=2.",
             stacklevel=2,
         )

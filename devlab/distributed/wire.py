@@ -168,6 +168,9 @@ def _ranks_env(method: str) -> dict[str, str]:
     env = {"MASTER_ADDR": addr, "GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface}
     if simulated.is_active():
         env["DEVLAB_SIMULATE_GPUS"] = str(simulated.device_count())
+        spec = simulated.model()  # the modeled GPU and its machine (empty: none)
+        env["DEVLAB_SIMULATE_GPU_MODEL"] = spec.name if spec is not None else ""
+        env["DEVLAB_SIMULATE_GPU_TOPOLOGY"] = simulated.topology() or ""
         limits = {simulated.memory_stats(i)["limit"] for i in range(simulated.device_count())}
         if len(limits) > 1 and method != "fork":
             raise ValueError(

@@ -54,6 +54,7 @@ __all__ = [
     "gpu_spec",
     "model",
     "modeled_time",
+    "topology",
     "models",
     "host_only",
     "index_of",
@@ -124,13 +125,15 @@ def _limits_bytes(count: int, memory_limits_mb: list[int | None] | None) -> list
 
 
 def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
-          asynchronous: bool = True, model: Any = None) -> None:
+          asynchronous: bool = True, model: Any = None, topology: Any = None) -> None:
     """Simulate `count` GPUs (one memory limit in MB per GPU; None = unlimited).
 
     `model` names a real GPU ("T4", "L4", "A100-40GB", "H100", ...: `models()`), or is the
     `GpuSpec` a caller resolved already (`gpu_spec`), whose public specifications the GPUs'
     modeled clock follows (see `modeled_time`, `explain`); each GPU then has that GPU's memory
     as torch reports it, and a CUDA context (a memory limit is a per-process limit on it).
+    `topology` names the machine their collectives are timed in (one the GPU is sold in,
+    `devlab.gpu_model.topologies`; default: its first, which `explain` names).
     Calling it again before any simulated
     tensor exists replaces the configuration. `asynchronous=False` runs every op synchronously
     on the calling thread. Refuses on a machine with real CUDA GPUs, and on a torch that lacks
@@ -139,6 +142,13 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
     global _undo, _start_routing, _start_thread
     check_count(count)
     spec = gpu_spec(model) if model is not None else None
+    machine = None
+    if topology is not None:
+        if spec is None:
+            raise ValueError("a topology times a modeled GPU's collectives: give a model too")
+        from devlab.gpu_model.links import topology as _topology
+
+        machine = _topology(topology, spec)  # one the GPU is not sold in fails here
     limits = _limits_bytes(count, memory_limits_mb)
     with _control_lock:
         if _session.bad_fork:  # the inherited GPUs are initialized: CUDA's rule (_fork)
@@ -189,7 +199,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             if spec is not None:
                 from .clock.clock import Charges, Clock  # only a modeled simulation loads it
 
-                charges = Charges(Clock(spec, count))
+                charges = Charges(Clock(spec, count), machine)
             _session.session = _session.Session(limits, spec=spec, charges=charges)
             _session.forget_thread_state()
             routing = _routing.push_routing()
@@ -320,6 +330,14 @@ def model() -> Any:
     """The `GpuSpec` the running simulation models (None: no model, or no simulation)."""
     sess = _session.session
     return sess.spec if sess is not None else None
+
+
+def topology() -> str | None:
+    """The key of the machine the modeled GPUs' collectives are timed in ("pcie3-host"; None:
+    no model, or no simulation)."""
+    sess = _session.session
+    charges = sess.charges if sess is not None else None
+    return charges.topology.key if charges is not None and charges.clock is not None else None
 
 
 def modeled_time() -> float:

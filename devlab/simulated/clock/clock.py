@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from devlab import ops_catalog
+from devlab.gpu_model.collectives import CollectiveTime, coalesced_time, collective_time
 from devlab.gpu_model.kernels import COPY, QUEUED, kernel_seconds
+from devlab.gpu_model.links import Topology, default_topology
 
 from ..core import session as _session
+from ..core.marks import index_of
 from ..core.session import NoCharges
 from .gpu_specs import GpuSpec
 from .roofline import (
@@ -74,6 +77,8 @@ class Clock:
             self.queue = queue
             self.free = [0.0] * (max(queue) + 1)
             self.busy = [0.0] * (max(queue) + 1)
+            # When each GPU's communication stream (NCCL's own) is done.
+            self.comm = [0.0] * (max(queue) + 1)
 
     def kernel(self, t: OpTime) -> None:
         """A kernel of cost `t`, launched after the host's earlier work."""
@@ -132,11 +137,54 @@ class Clock:
                                       OpTime(name, shown, self._launch, 0.0,  # type: ignore[arg-type]
                                              seconds, 0, nbytes, waited))
 
-    def sync(self, index: int | None = None) -> None:
-        """The host waits for GPU `index`'s queue (every GPU's if None). Waking up after the
-        GPU finishes costs the sync round trip; a GPU already idle answers at once."""
+    def launch_collective(self, index: int) -> float:
+        """The host launches a collective on GPU `index`: when its communication stream could
+        start it (NCCL's stream first waits for the work queued before it, and for its own
+        earlier collectives)."""
         with self.lock:
-            done = max(self.free if index is None else [self.free[self.queue[index]]])
+            q = self.queue[index]
+            self.host += self._launch
+            return max(self.host, self.free[q], self.comm[q])
+
+    def collective(self, index: int, start: float, seconds: float, join: bool,
+                   record: OpTime | None = None) -> float:
+        """A collective on GPU `index`'s communication stream from `start` (every rank's
+        agreed start) for `seconds`; `join`: the GPU's queue waits for it (a blocking
+        collective, or a work waited on). Returns its end."""
+        with self.lock:
+            q = self.queue[index]
+            end = start + seconds
+            self.comm[q] = end
+            if join and end > self.free[q]:
+                self.free[q] = end
+            if record is not None and self.recording is not None:
+                self.recording.append(record)
+            return end
+
+    def join(self, index: int, until: float | None = None) -> None:
+        """GPU `index`'s queue waits for its communication stream (to `until`, else all
+        of it): what `work.wait()` does on a CUDA stream."""
+        with self.lock:
+            q = self.queue[index]
+            end = self.comm[q] if until is None else until
+            if end > self.free[q]:
+                self.free[q] = end
+
+    def ready(self, index: int) -> float:
+        """When GPU `index`'s queue is done (its compute stream)."""
+        with self.lock:
+            return self.free[self.queue[index]]
+
+    def sync(self, index: int | None = None) -> None:
+        """The host waits for GPU `index`'s queue and communication stream (every GPU's if
+        None). Waking up after the GPU finishes costs the sync round trip; a GPU already idle
+        answers at once."""
+        with self.lock:
+            if index is None:
+                done = max(max(self.free), max(self.comm))
+            else:
+                q = self.queue[index]
+                done = max(self.free[q], self.comm[q])
             if done > self.host:
                 self.host = done + self._sync
 
@@ -177,13 +225,19 @@ class Charges(NoCharges):
     routing mode runs on modeled GPUs, and the host's syncs; the one way to the clock (without a
     model, the session's `NoCharges` charges nothing)."""
 
-    __slots__ = ("_costed", "_tf32", "clock", "spec")
+    __slots__ = ("_backward", "_costed", "_pending", "_tf32", "_timed", "clock", "spec",
+                 "topology")
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, topology: Topology | None = None) -> None:
         self.clock = clock
         self.spec = clock.spec
         self._tf32 = bool(clock.spec.tf32_tflops)  # torch's TF32 switch changes its products
         self._costed: dict[tuple, tuple[OpTime, tuple[OpTime, ...]]] = {}
+        # The machine the GPUs are in: how their collectives move (`devlab.gpu_model.links`).
+        self.topology = topology if topology is not None else default_topology(clock.spec)
+        self._timed: dict[tuple, CollectiveTime] = {}
+        self._backward = 0  # backward passes running (the engine runs DDP's buckets inside)
+        self._pending: list[_Pending] = []  # collectives launched during the backward pass
 
     def call(self, func: Callable, args: tuple, kwargs: dict, out: Any, index: int,
              fresh: bool) -> None:
@@ -236,13 +290,139 @@ class Charges(NoCharges):
             return
         self.clock.kernel(memory_cost(self.spec, index, call_name(func), out.nbytes))
 
+    def begin_backward(self) -> None:
+        """A backward pass starts: collectives launched inside it (DDP's buckets) wait until
+        its kernels are charged, to start when their gradients are ready."""
+        self._backward += 1
+
+    def backward_failed(self) -> None:
+        """The backward pass raised: its collectives are not charged."""
+        self._backward = max(0, self._backward - 1)
+        if not self._backward:
+            self._pending.clear()
+
     def backward(self, nodes: list[Any]) -> None:
-        """The kernels the backward pass through these graph nodes ran."""
+        """The kernels the backward pass through these graph nodes ran; then the collectives
+        launched during it, each when its gradients were ready."""
         kernels = self.clock.kernels
+        self._backward = max(0, self._backward - 1)
+        pending = self._pending if not self._backward else None
+        if not pending:
+            for node in nodes:
+                costs = node.metadata.get(_BACKWARD)
+                if costs:
+                    kernels(costs)
+            return
+        # Which gradient (leaf) is written when, on its GPU: after the kernels of the node that
+        # feeds it.
+        first = pending[0].index
+        ready: dict[int, list[tuple[float, int]]] = {}
         for node in nodes:
             costs = node.metadata.get(_BACKWARD)
             if costs:
                 kernels(costs)
+            for fn, _ in node.next_functions:
+                if type(fn) is _ACCUMULATE_GRAD:
+                    leaf = fn.variable
+                    index = index_of(leaf)
+                    index = first if index is None else index
+                    ready.setdefault(index, []).append((self.clock.ready(index), leaf.numel()))
+        self._pending = []
+        self._place(pending, ready)
+
+    def collective(self, op: str, sizes: tuple[int, ...], ranks: int, index: int,
+                   exchange: Callable[[list[float]], list[float]], group: object, *,
+                   join: bool, numel: int = 0,
+                   now: bool = False) -> float | Callable[[], float] | None:
+        """A collective of `sizes` bytes (one per tensor; several: one coalesced call) among
+        `ranks` GPUs, launched on GPU `index`. It starts on the GPU's communication stream
+        when every rank has reached it (`exchange`: the latest of each rank's times, over the
+        group's own transport) and lasts what NCCL's model gives it on this machine's
+        topology; `join`: the GPU's queue waits for it (a blocking call). One launched during
+        a backward pass (DDP's buckets) is placed when the pass's kernels are charged: it
+        starts once gradients of `numel` elements are ready, and the queue waits for it at the
+        pass's end, as DDP's reducer makes the stream wait for its buckets (`now`: placed at
+        once all the same, a send or receive, whose clock travels ahead of its message).
+        Returns when it ends (None: placed later). `exchange` may answer with a function
+        that gives the times once they have come (the exchange in flight beside the
+        collective's own transfer): then what is returned is a function that places the
+        collective when called, and returns its end."""
+        timed = self._time(op, sizes, ranks)
+        if self._backward and not now:
+            self._pending.append(_Pending(index, timed, exchange, group, numel))
+            return None
+        local = self.clock.launch_collective(index)
+        record = self._record(timed, index)
+        agreed = exchange([local])
+        if callable(agreed):
+            def place() -> float:
+                (start,) = agreed()
+                return self.clock.collective(index, max(start, local), timed.seconds, join,
+                                             record)
+
+            return place
+        (start,) = agreed
+        return self.clock.collective(index, max(start, local), timed.seconds, join, record)
+
+    def join(self, index: int, until: float | None = None) -> None:
+        """GPU `index`'s queue waits for its collectives (to `until`): `work.wait()`."""
+        self.clock.join(index, until)
+
+    def _time(self, op: str, sizes: tuple[int, ...], ranks: int) -> CollectiveTime:
+        key = (op, sizes, ranks)
+        timed = self._timed.get(key)
+        if timed is None:
+            topo = self.topology
+            n = min(ranks, topo.max_ranks)  # beyond one machine: timed as the largest
+            timed = (collective_time(op, sizes[0], n, topo) if len(sizes) == 1 else
+                     coalesced_time(op, list(sizes), n, topo))
+            timed = store(key, timed, self._timed)
+        return timed
+
+    def _record(self, timed: CollectiveTime, index: int) -> OpTime | None:
+        if self.clock.recording is None:
+            return None
+        return OpTime(f"nccl:{timed.op} ({timed.topology}, {timed.ranks} GPUs, "
+                      f"{timed.algorithm}/{timed.protocol})", index, self.clock._launch, 0.0,
+                      timed.bandwidth, 0, timed.nbytes, floor=timed.latency)
+
+    def _place(self, pending: list[_Pending],
+               ready: dict[int, list[tuple[float, int]]]) -> None:
+        """Collectives launched during a backward pass, in launch order: each is ready when
+        the gradients it carries are (its GPU's, taken in the order they were written, by
+        elements), starts when every rank's is and the communication stream is free; then
+        each GPU's queue waits for its last one."""
+        clock = self.clock
+        locals_: list[float] = []
+        # Per GPU: gradients taken, their elements beyond what buckets carried, when.
+        taken: dict[int, list] = {}
+        for p in pending:
+            written = ready.get(p.index, [])
+            state = taken.get(p.index)
+            if state is None:  # the first on its GPU waits for its stream's earlier work
+                state = taken[p.index] = [0, 0, clock.comm[clock.queue[p.index]]]
+            i, have, at = state
+            while have < p.numel and i < len(written):
+                at, have = max(at, written[i][0]), have + written[i][1]
+                i += 1
+            if have < p.numel:  # more than the pass wrote: ready at its end
+                at = max(at, clock.ready(p.index))
+            state[:] = [i, max(0, have - p.numel), at]
+            locals_.append(at)
+        agreed: dict[int, list[float]] = {}
+        groups: dict[int, tuple[Callable, list[int]]] = {}
+        for k, p in enumerate(pending):
+            groups.setdefault(id(p.group), (p.exchange, []))[1].append(k)
+        for key, (exchange, members) in groups.items():
+            got = exchange([locals_[k] for k in members])
+            agreed[key] = list(got() if callable(got) else got)
+        last: dict[int, float] = {}
+        for p in pending:
+            start = max(agreed[id(p.group)].pop(0), clock.comm[clock.queue[p.index]])
+            last[p.index] = clock.collective(p.index, start, p.timed.seconds, False,
+                                             self._record(p.timed, p.index))
+        for index, end in last.items():
+            clock.join(index, end)
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
              op: str = "copy") -> None:
@@ -262,13 +442,26 @@ class Charges(NoCharges):
         self.clock.reset(count, queues)
 
 
+_ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad  # a leaf's node in a graph
+
+
+class _Pending(NamedTuple):
+    """A collective launched during a backward pass, placed when the pass is charged."""
+
+    index: int
+    timed: CollectiveTime
+    exchange: Callable[[list[float]], list[float]]
+    group: object
+    numel: int
+
+
 _EMPTY = ops_catalog.callables("empty")
 _FROM_HOST_DATA = ops_catalog.callables("from_host_data")
 
 
-def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime], GpuSpec]:
-    """fn(), with every charge to the clock recorded (for `explain`), and the GPU the clock
-    models."""
+def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime], GpuSpec, Topology]:
+    """fn(), with every charge to the clock recorded (for `explain`), the GPU the clock
+    models, and the machine its collectives are timed in."""
     sess = _session.session
     clock = sess.charges.clock if sess is not None else None
     if clock is None:
@@ -278,7 +471,7 @@ def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime], GpuSpec]:
         outer, clock.recording = clock.recording, []
         recorded = clock.recording
     try:
-        return fn(), recorded, clock.spec
+        return fn(), recorded, clock.spec, sess.charges.topology  # type: ignore[union-attr]
     finally:
         with clock.lock:
             clock.recording = outer

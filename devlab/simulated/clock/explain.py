@@ -16,6 +16,7 @@ from html import escape
 from typing import Any
 
 from devlab.gpu_model import ALONE, QUEUED
+from devlab.gpu_model.links import Topology, topologies
 from devlab.sizes import format_bytes
 
 from .clock import record
@@ -52,6 +53,7 @@ class Explanation:
     ops: list[OpTime]
     result: Any = None
     timing: str = QUEUED  # what the times are: ops queued back to back
+    machine: str = ""  # the topology the GPUs' collectives are timed on, in one line
 
     @property
     def total(self) -> float:
@@ -100,6 +102,8 @@ class Explanation:
         lines = [" | ".join(self.HEADERS)] + [" | ".join(r) for r in self.rows()]
         lines.append(f"total {_us(self.total)} queued ({_us(self.alone)} if each op were "
                      f"timed alone): {self.bound}. {self.note}")
+        if self.machine:
+            lines.append(self.machine)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -112,10 +116,22 @@ class Explanation:
         return (f"<table class='devlab-explain'><thead><tr>{head}</tr></thead><tbody>{body}"
                 f"</tbody></table><p>Total {escape(_us(self.total))} queued "
                 f"({escape(_us(self.alone))} if each op were timed alone: {escape(ALONE)}), "
-                f"{escape(self.bound)}. <i>{escape(self.note)}</i></p>")
+                f"{escape(self.bound)}. <i>{escape(self.note)}</i></p>"
+                + (f"<p>{escape(self.machine)}</p>" if self.machine else ""))
 
 
 def explain(fn: Callable[[], Any]) -> Explanation:
     """Run `fn()` on the modeled GPUs and break its modeled time down, op by op."""
-    result, ops, spec = record(fn)
-    return Explanation(spec.full_name, ops, result)
+    result, ops, spec, topology = record(fn)
+    return Explanation(spec.full_name, ops, result, machine=machine(spec, topology))
+
+
+def machine(spec: Any, topology: Topology) -> str:
+    """One line naming the machine the modeled GPUs' collectives are timed in."""
+    sold = topologies(spec)
+    others = [t.key for t in sold if t.key != topology.key]
+    which = (f"the {spec.name}'s default" if topology.key == sold[0].key else
+             f"chosen; the {spec.name}'s default is {sold[0].key}")
+    return (f"Collectives: {topology.name} ({topology.key}, {which}"
+            + (f"; also sold in {', '.join(others)}" if others and topology.key == sold[0].key
+               else "") + ").")

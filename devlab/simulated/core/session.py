@@ -212,8 +212,24 @@ class NoCharges:
     def factory(self, func: Any, args: tuple, out: Any, index: int) -> None:
         """A factory that made `out` on GPU `index`."""
 
+    def begin_backward(self) -> None:
+        """A backward pass starts."""
+
+    def backward_failed(self) -> None:
+        """The backward pass begun raised."""
+
     def backward(self, nodes: list[Any]) -> None:
-        """The backward pass through these graph nodes."""
+        """The backward pass through these graph nodes (it has ended)."""
+
+    def collective(self, op: str, sizes: tuple[int, ...], ranks: int, index: int,
+                   exchange: Any, group: object, *, join: bool, numel: int = 0,
+                   now: bool = False) -> Any:
+        """A collective of `sizes` bytes among `ranks` GPUs, launched on GPU `index`; when it
+        ends, in modeled seconds: unknown."""
+        return None
+
+    def join(self, index: int, until: float | None = None) -> None:
+        """GPU `index`'s queue waits for its collectives (`work.wait()`)."""
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
              op: str = "copy") -> None:

@@ -21,7 +21,9 @@ outputs their proper shapes.
 from __future__ import annotations
 
 import copy
+import functools
 import os
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -42,6 +44,8 @@ from torch._C._distributed_c10d import (
 )
 
 from ..core import errors as _errors
+from ..core import session as _session
+from ..core.marks import index_of
 from ..core.notice import Notice
 from . import futures as _futures
 from . import stores as _stores
@@ -180,6 +184,97 @@ def _scaled(t: torch.Tensor, factor: Any) -> torch.Tensor:
     return t if factor is None else t * factor
 
 
+def _sizes(tensors: Any) -> tuple[int, ...]:
+    return tuple(t.nbytes for t in tensors)
+
+
+def _total(tensors: Any) -> tuple[int]:
+    return (sum(t.nbytes for t in tensors),)
+
+
+def _blocking(opts: Any) -> bool:
+    """A call its caller does not wait on asynchronously (`async_op=False`): the stream that
+    launched it waits for it at once. C++ callers (DDP's reducer) leave asyncOp at True."""
+    return opts is not None and not getattr(opts, "asyncOp", True)
+
+
+# `placing`: the collective a call just charged, to place on the clock once its data is on
+# its way (its clock exchange in flight meanwhile)
+_charged = threading.local()
+
+
+class TimedWork(dist.Work):
+    """The work of an asynchronous collective on modeled GPUs: `wait()` (and
+    `block_current_stream`, `synchronize`) makes the GPU's queue wait for the collective's
+    modeled end, as NCCL's work makes the current stream wait; the rest is the work's."""
+
+    def __init__(self, work: Any, charges: Any, index: int, end: float) -> None:
+        super().__init__()
+        self._work, self._charges, self._index, self._end = work, charges, index, end
+
+    def _join(self) -> None:
+        self._charges.join(self._index, self._end)
+
+    def wait(self, timeout: Any = None) -> bool:
+        done = self._work.wait() if timeout is None else self._work.wait(timeout)
+        self._join()
+        return done
+
+    def block_current_stream(self) -> None:
+        self._work.wait()
+        self._join()
+
+    def synchronize(self) -> None:
+        self._work.wait()
+        self._join()
+
+    def get_future(self) -> Any:
+        return self._work.get_future()
+
+    def get_future_result(self) -> Any:
+        return self._work.get_future_result()
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def exception(self) -> Any:
+        return self._work.exception()
+
+    def result(self) -> Any:
+        return self._work.result()
+
+    def source_rank(self) -> int:
+        return self._work.source_rank()
+
+
+def _timed(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A collective method whose asynchronous work, on modeled GPUs, is a `TimedWork`."""
+
+    @functools.wraps(method)
+    def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+        outer, _charged.placing = getattr(_charged, "placing", None), None  # a coalesced
+        try:                                                                 # call's
+            work = method(self, *args, **kwargs)
+            placing = _charged.placing
+        finally:
+            _charged.placing = outer
+        if placing is None:
+            return work
+        placed, charges, index, blocking, host_waits = placing
+        end = placed() if callable(placed) else placed
+        if host_waits:
+            charges.sync(index)
+        elif not blocking and work is not None:
+            return TimedWork(work, charges, index, end)
+        return work
+
+    return collective
+
+
 class NCCLBackend:
     """What `group._get_backend(cuda)` answers for our group: NCCL's backend as torch's Python
     code asks about it (its name, options, splitting), gloo's for the rest."""
@@ -306,33 +401,86 @@ class ProcessGroupNCCL(dist.ProcessGroup):
             return None
         return type(self)._around(inner, copy.copy(self._nccl_options))
 
+    # The modeled clock -------------------------------------------------------------------------
+
+    def _charge(self, op: str, sizes: tuple[int, ...], where: torch.Tensor | None,
+                opts: Any, numel: int = 0, host_waits: bool = False) -> None:
+        """With modeled GPUs, charge the collective's modeled time on the GPU of `where`: it
+        starts when every rank of the group has reached it (NCCL's kernels wait for each
+        other), on that GPU's communication stream. A blocking call makes the GPU's queue
+        wait for it; an asynchronous one leaves that to its work's `wait()` (`_timed`);
+        `host_waits`: the host too (a barrier)."""
+        charges = _session.session.charges if _session.session is not None else None
+        if charges is None or charges.clock is None:
+            return
+        index = index_of(where) if where is not None else None
+        if index is None:
+            bound = getattr(self, "bound_device_id", None)
+            index = bound.index if bound is not None and bound.index is not None else (
+                _session.current_device())
+        blocking = host_waits or _blocking(opts)
+        placed = charges.collective(op, sizes, self.size(), index, self._latest, self,
+                                    join=blocking, numel=numel)
+        if placed is not None:  # (None: in a backward pass, placed at its end)
+            _charged.placing = (placed, charges, index, blocking, host_waits)
+
+    def _latest(self, times: list[float]) -> Any:
+        """Each of `times` as the latest any rank of the group has: one small all-reduce
+        (MAX) on the group's own gloo, outside the simulation's modes and the placement
+        log. Answers with a function that waits for it: the collective's own transfer is
+        issued meanwhile, so the two round trips overlap."""
+        if self.size() == 1:
+            return times
+        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+            t = torch.tensor(times, dtype=torch.float64)
+            opts = AllreduceOptions()
+            opts.reduceOp = ReduceOp(_RED.MAX)
+            work = self._inner.allreduce([t], opts)
+
+        def agreed() -> list[float]:
+            work.wait()
+            with torch._C.DisableTorchFunction():
+                return t.tolist()
+
+        return agreed
+
     # Collectives -------------------------------------------------------------------------------
 
+    @_timed
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else AllreduceOptions()
         kind = _reduce_in_place(tensors, opts)
+        self._charge("all_reduce", _total(tensors), tensors[0], opts,
+                     sum(t.numel() for t in tensors))
         return self._inner.allreduce(tensors, _options(AllreduceOptions, opts, kind))
 
+    @_timed
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else AllreduceCoalescedOptions()
         kind = _reduce_in_place(tensors, opts)
+        self._charge("all_reduce", _sizes(tensors), tensors[0], opts,
+                     sum(t.numel() for t in tensors))
         return self._inner.allreduce_coalesced(
             tensors, _options(AllreduceCoalescedOptions, opts, kind))
 
+    @_timed
     def reduce(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else ReduceOptions()
         kind = _reduce_in_place(tensors, opts)
+        self._charge("reduce", _total(tensors), tensors[0], opts)
         return self._inner.reduce(tensors, _options(ReduceOptions, opts, kind,
                                                     rootRank=opts.rootRank,
                                                     rootTensor=opts.rootTensor))
 
+    @_timed
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else BroadcastOptions()
         _check(tensors)
+        self._charge("broadcast", _total(tensors), tensors[0], opts)
         return self._inner.broadcast(tensors, opts)
 
     def barrier(self, opts: Any = None) -> Any:
@@ -342,15 +490,22 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         plain = BarrierOptions()
         if timeout is not None:
             plain.timeout = timeout
+        self._charge("barrier", (4,), None, plain, host_waits=True)
         self._inner.barrier(plain).wait()
         return _done(None)
 
+    @_timed
     def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         """NCCL's all-gather into a list: any shapes of the input's size; outputs of other
         sizes (an uneven gather) are a broadcast from each rank, as NCCL runs them."""
         opts = opts if opts is not None else AllgatherOptions()
         (outs,), (inp,) = outputs, _listed(inputs)
         _check([inp, *outs])
+        self._charge("all_gather", _total(outs), inp, opts)
+        return self._allgather(outs, inp, opts)
+
+    def _allgather(self, outs: list[torch.Tensor], inp: torch.Tensor, opts: Any) -> Any:
+        outputs = [outs]
         if all(o.numel() == inp.numel() for o in outs):
             return self._inner.allgather([[_flat(o) for o in outs]], [_flat(inp)],
                                          _options(AllgatherOptions, opts))
@@ -360,15 +515,23 @@ class ProcessGroupNCCL(dist.ProcessGroup):
                                                   rootTensor=0)).wait()
         return _done(outputs)
 
+    @_timed
     def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        opts = opts if opts is not None else AllgatherOptions()
+        for outs, inp in zip(outputs, inputs, strict=True):
+            _check([inp, *outs])
+        if inputs:
+            self._charge("all_gather", tuple(sum(o.nbytes for o in outs) for outs in outputs),
+                         inputs[0], opts)
         work = None
         for outs, inp in zip(outputs, inputs, strict=True):
-            work = self.allgather([outs], [inp], opts)
+            work = self._allgather(outs, inp, opts)
             work.wait()
         return _done(outputs) if work is None else work
 
+    @_timed
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
-                          opts: Any = None) -> Any:
+                          opts: Any = None, charge: bool = True) -> Any:
         """`all_gather_into_tensor`: NCCL reads the output as a flat buffer of world size
         times the input's elements, whatever its shape."""
         opts = opts if opts is not None else AllgatherOptions()
@@ -378,19 +541,24 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         if input.numel() * self.size() != output.numel():
             raise ValueError("output tensor size must be equal to world_size times input "
                              "tensor size")
+        if charge:
+            self._charge("all_gather", (output.nbytes,), input, opts)
         # torch's older name, which every version binds (2.11 lacks all_gather_single)
         return self._inner._allgather_base(_flat(output), _flat(input),
                                            _options(AllgatherOptions, opts))
 
     _allgather_base = all_gather_single
 
+    @_timed
     def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        return _one_by_one(self.all_gather_single, outputs, inputs, opts)
+        return self._coalesced("all_gather", self.all_gather_single, outputs, inputs, opts,
+                               outputs)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
+    @_timed
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
-                              opts: Any = None) -> Any:
+                              opts: Any = None, charge: bool = True) -> Any:
         """`reduce_scatter_tensor`: NCCL reads the input as a flat buffer of world size times
         the output's elements, whatever its shape."""
         opts = opts if opts is not None else ReduceScatterOptions()
@@ -401,17 +569,31 @@ class ProcessGroupNCCL(dist.ProcessGroup):
             raise ValueError("input tensor must be the same size as output size times world "
                              "size")
         kind, factor = _reduction(opts.reduceOp, input.dtype)
+        if charge:
+            self._charge("reduce_scatter", (input.nbytes,), input, opts)
         return self._inner._reduce_scatter_base(  # every version's name
             _flat(output), _flat(_scaled(input, factor)),
             _options(ReduceScatterOptions, opts, kind))
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @_timed
     def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        return _one_by_one(self.reduce_scatter_single, outputs, inputs, opts)
+        return self._coalesced("reduce_scatter", self.reduce_scatter_single, outputs, inputs,
+                               opts, inputs)
+
+    def _coalesced(self, op: str, single: Callable[..., Any], outputs: Any, inputs: Any,
+                   opts: Any, counted: Any) -> Any:
+        """A coalesced call: charged once, as one NCCL group of its tensors (`counted`: those
+        whose bytes nccl-tests counts), then run as its single collectives."""
+        if inputs:
+            _check([*outputs, *inputs])
+            self._charge(op, _sizes(counted), inputs[0], opts)
+        return _one_by_one(functools.partial(single, charge=False), outputs, inputs, opts)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
+    @_timed
     def reduce_scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         """`reduce_scatter` of lists: inputs of the output's size in any shape; of other sizes,
         a reduce to each rank, as NCCL runs them."""
@@ -419,6 +601,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         (out,), (ins,) = _listed(outputs), inputs
         _check([out, *ins])
         kind, factor = _reduction(opts.reduceOp, out.dtype)
+        self._charge("reduce_scatter", _total(ins), out, opts)
         if all(i.numel() == out.numel() for i in ins):
             return self._inner.reduce_scatter(
                 [_flat(out)], [[_flat(_scaled(i, factor)) for i in ins]],
@@ -431,16 +614,74 @@ class ProcessGroupNCCL(dist.ProcessGroup):
                 _flat(out).copy_(_flat(buffer))
         return _done([out])
 
+    # Point to point --------------------------------------------------------------------------
+
+    @_timed
+    def send(self, tensors: Any, dst_rank: int, tag: int = 0) -> Any:
+        """`send`/`isend` (C++ callers too): with modeled GPUs, the sender's clock goes with
+        the message, so the receive starts no earlier than the send."""
+        tensors = _listed(tensors)
+        self._charge_p2p(tensors, dst_rank, tag, sending=True)
+        return self._inner.send(tensors, dst_rank, tag)
+
+    @_timed
+    def recv(self, tensors: Any, src_rank: int, tag: int = 0) -> Any:
+        tensors = _listed(tensors)
+        self._charge_p2p(tensors, src_rank, tag, sending=False)
+        return self._inner.recv(tensors, src_rank, tag)
+
+    def _charge_p2p(self, tensors: list[torch.Tensor], peer: int, tag: int,
+                    sending: bool) -> None:
+        """A send or receive on modeled GPUs: the sender sends its clock to the receiver
+        first, on the same peer and tag (gloo keeps their order), never waiting for it; the
+        receiver's transfer starts at the later of the two clocks."""
+        charges = _session.session.charges if _session.session is not None else None
+        if charges is None or charges.clock is None or not tensors:
+            return
+
+        def exchange(times: list[float]) -> Any:
+            with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+                t = torch.tensor(times, dtype=torch.float64)
+                if sending:
+                    work = self._inner.send([t], peer, tag)
+                    sent = getattr(self, "_clocks_sent", None)
+                    if sent is None:
+                        sent = self._clocks_sent = []
+                    sent[:] = [(w, x) for w, x in sent if not w.is_completed()]
+                    sent.append((work, t))  # alive until gloo has sent it
+                    return times
+                work = self._inner.recv([t], peer, tag)
+
+            def agreed() -> list[float]:
+                work.wait()
+                with torch._C.DisableTorchFunction():
+                    return [max(a, b) for a, b in zip(times, t.tolist(), strict=True)]
+
+            return agreed
+
+        where = tensors[0]
+        index = index_of(where)
+        if index is None:
+            index = _session.current_device()
+        placed = charges.collective("send_recv", _total(tensors), 2, index, exchange, None,
+                                    join=False, now=True)
+        _charged.placing = (placed, charges, index, False, False)
+
+    @_timed
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           output_split_sizes: Any, input_split_sizes: Any,
                           opts: Any = None) -> Any:
         _check([input, output])
+        self._charge("all_to_all", (input.nbytes,), input, opts)
         return self._inner.alltoall_base(output, input, list(output_split_sizes or []),
                                         list(input_split_sizes or []),
                                         *(() if opts is None else (opts,)))
 
     alltoall_base = all_to_all_single
 
+    @_timed
     def alltoall(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         _check([*outputs, *inputs])
+        if inputs:
+            self._charge("all_to_all", _total(inputs), inputs[0], opts)
         return self._inner.alltoall(outputs, inputs, *(() if opts is None else (opts,)))

@@ -135,13 +135,18 @@ def backward(func: Callable, args: tuple, kwargs: dict) -> Any:
     grad_roots = (kwargs.get("gradient") if func is Tensor.backward
                   else kwargs.get("grad_tensors", kwargs.get("grad_variables")))
     leaves, nodes = _graph(roots)
-    _engine(roots, grad_roots, kwargs.get("retain_graph"),
-            bool(kwargs.get("create_graph", False)), inputs_tuple, allow_unused=True,
-            accumulate_grad=True, watched=_watch(leaves, nodes, first))
-    for leaf in leaves:
-        index = index_of(leaf)
-        if index is not None and leaf.grad is not None:
-            _marks.mark_outputs(leaf.grad, index)
+    charges = _begin()
+    try:
+        _engine(roots, grad_roots, kwargs.get("retain_graph"),
+                bool(kwargs.get("create_graph", False)), inputs_tuple, allow_unused=True,
+                accumulate_grad=True, watched=_watch(leaves, nodes, first))
+        for leaf in leaves:
+            index = index_of(leaf)
+            if index is not None and leaf.grad is not None:
+                _marks.mark_outputs(leaf.grad, index)
+    except BaseException:  # an error or an interrupt: its collectives are not charged
+        charges.backward_failed()
+        raise
     _charge(nodes)
     return None
 
@@ -161,10 +166,15 @@ def grad(func: Callable, args: tuple, kwargs: dict) -> Any:
         create_graph = bool(kwargs.get("create_graph", False))
         leaves, nodes = _graph(outputs)
         first = next((i for i in map(index_of, outputs) if i is not None), None)
-        out = _engine(outputs, kwargs.get("grad_outputs"), kwargs.get("retain_graph"),
-                      create_graph, inputs_tuple,
-                      allow_unused=materialize if allow_unused is None else allow_unused,
-                      accumulate_grad=False, watched=_watch(leaves, nodes, first))
+        charges = _begin()
+        try:
+            out = _engine(outputs, kwargs.get("grad_outputs"), kwargs.get("retain_graph"),
+                          create_graph, inputs_tuple,
+                          allow_unused=materialize if allow_unused is None else allow_unused,
+                          accumulate_grad=False, watched=_watch(leaves, nodes, first))
+        except BaseException:  # an error or an interrupt: its collectives are not charged
+            charges.backward_failed()
+            raise
         _charge(nodes)
         if materialize:
             out = tuple(torch.zeros_like(i, requires_grad=create_graph) if r is None else r
@@ -221,6 +231,14 @@ def _watch(leaves: list[Tensor], nodes: list[Any], first: int | None) -> bool | 
         # which `OneGpu` does not unwrap: such a pass runs as before.)
         return first
     return False
+
+
+def _begin() -> Any:
+    """A backward pass starts: the session's charges (collectives launched inside it, DDP's
+    buckets, are placed by `_charge` after it)."""
+    charges = _session.session.charges  # type: ignore[union-attr]
+    charges.begin_backward()
+    return charges
 
 
 def _charge(nodes: list[Any]) -> None:

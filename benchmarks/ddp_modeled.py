@@ -1,0 +1,131 @@
+"""A modeled DDP step on 1 and 2 modeled GPUs, and what the communication model costs.
+
+Run: .venv/bin/python benchmarks/ddp_modeled.py [--quick]
+
+For a T4 (two PCIe cards through host memory, its default machine) and an A100 (SXM4 80 GB on
+an NVSwitch board), prints the modeled time of one DDP training step of an MLP on 1 GPU and on
+2 GPUs (the same batch per GPU, so the same compute), the difference (the communication the
+backward pass does not hide) beside `gpu_model.data_parallel_step`'s prediction, and all the
+communication. Then the wall-clock time of the same 2-rank step on modeled T4s with the
+communication model and without it (its collectives left uncharged): what agreeing on each
+collective's start across the ranks costs (target: within 10 %). Modeled times are from the
+GPUs' specifications and NCCL's tuning model, not measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+import devlab  # noqa: E402
+from devlab import gpu_model, simulated  # noqa: E402
+from devlab.simulated.distributed import nccl  # noqa: E402
+
+WIDTH, LAYERS, BATCH = 1024, 8, 128  # 8 x (1024 x 1024 + 1024) parameters: 33.6 MB of gradients
+
+
+def ddp_step(steps: int, charge: bool = True) -> dict:
+    """One rank: the modeled time of a DDP step, of its backward pass alone, and the wall
+    time of its fastest step (the least disturbed by other load on this machine's cores);
+    `charge=False` leaves the collectives uncharged."""
+    rank = int(os.environ["RANK"])
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    if not charge:
+        nccl.ProcessGroupNCCL._charge = lambda self, *args, **kwargs: None
+    torch.manual_seed(0)
+    layers = [m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())]
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers).to(rank),
+                                                device_ids=[rank])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(BATCH, WIDTH, device=rank)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+    for _ in range(3):  # the first rebuilds DDP's buckets
+        step()
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = simulated.modeled_time()
+    step()
+    torch.cuda.synchronize()
+    modeled = simulated.modeled_time() - t0
+    with model.no_sync():
+        loss = model(x).square().mean()
+        torch.cuda.synchronize()
+        b0 = simulated.modeled_time()
+        loss.backward()
+        torch.cuda.synchronize()
+        backward = simulated.modeled_time() - b0 - simulated.model().sync_latency_us * 1e-6
+    walls = []
+    dist.barrier()
+    for _ in range(steps):
+        w0 = time.perf_counter()
+        step()
+        walls.append(time.perf_counter() - w0)
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+    return {"modeled": modeled, "backward": backward, "wall": min(walls)}
+
+
+def predicted(gpu: str, backward: float) -> gpu_model.StepTime:
+    """data_parallel_step for this MLP: each layer's gradients written after an equal share
+    of the backward pass, last layer first."""
+    grads = []
+    for j in range(LAYERS):
+        ready = backward * (j + 1) / LAYERS
+        grads += [(ready, WIDTH * 4), (ready, WIDTH * WIDTH * 4)]
+    return gpu_model.data_parallel_step(grads, 2, gpu_model.default_topology(gpu),
+                                        forward=0.0, backward=backward, gpu_name=gpu)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and runs")
+    args = parser.parse_args()
+    steps = 5 if args.quick else 15
+    print(f"DDP step, MLP {LAYERS} x {WIDTH}, batch {BATCH} per GPU, "
+          f"{LAYERS * (WIDTH * WIDTH + WIDTH) * 4 / 1e6:.1f} MB of gradients (modeled):")
+    for gpu in ("T4", "A100"):
+        devlab.config.simulate_gpus(2, model=gpu)
+        (one,) = devlab.launch(ddp_step, 1, nprocs=1, timeout=600)
+        two = devlab.launch(ddp_step, 1, nprocs=2, timeout=600)[0]
+        p = predicted(gpu, one["backward"])
+        topo = gpu_model.default_topology(gpu)
+        print(f"  {simulated.model().full_name}, {topo.key}:")
+        print(f"    1 GPU : {one['modeled'] * 1e3:8.3f} ms")
+        print(f"    2 GPUs: {two['modeled'] * 1e3:8.3f} ms: +{(two['modeled'] - one['modeled']) * 1e3:.3f} "
+              f"ms not hidden (data_parallel_step predicts +{p.exposed * 1e3:.3f} ms; all "
+              f"the communication {p.communication * 1e3:.3f} ms in {len(p.buckets)} buckets)")
+        devlab.config.stop_simulation()
+
+    devlab.config.simulate_gpus(2, model="T4")
+    runs: dict[str, list[float]] = {"with": [], "without": []}
+    for _ in range(2 if args.quick else 4):  # interleaved, best of each: least disturbed
+        runs["with"].append(max(r["wall"] for r in devlab.launch(ddp_step, steps, True,
+                                                                   nprocs=2, timeout=600)))
+        runs["without"].append(max(r["wall"] for r in devlab.launch(ddp_step, steps, False,
+                                                                      nprocs=2, timeout=600)))
+    with_, without = min(runs["with"]), min(runs["without"])
+    print(f"\nWall clock of the 2-rank step on modeled T4s (fastest of {steps} steps, best of "
+          f"{len(runs['with'])} runs, interleaved):")
+    print(f"  with the communication model   : {with_ * 1e3:7.1f} ms")
+    print(f"  without (collectives uncharged): {without * 1e3:7.1f} ms")
+    print(f"  cost: {(with_ / without - 1) * 100:+.1f} % (target: within 10 %)")
+    devlab.config.stop_simulation()
+
+
+if __name__ == "__main__":
+    main()
