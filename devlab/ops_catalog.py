@@ -54,6 +54,7 @@ class Op:
     mixes_devices: bool = False  # may take tensors of two devices, as on CUDA
     in_place: bool = False  # writes its input, beside aten's rule (a name ending in `_`)
     autocast: str = ""  # CUDA autocast's policy for it, where CPU autocast's differs (amp.py)
+    cublas: bool = False  # runs cuBLAS: a GPU's first such op allocates cuBLAS's workspace
     overloads: tuple[str, ...] | None = None  # the overloads its dispatch facts hold for
     callables: tuple[str, ...] = ()  # the torch functions and methods that are this op
 
@@ -210,14 +211,15 @@ def _aten(*names: str) -> tuple[str, ...]:
     return tuple(f"aten::{n}" for n in names)
 
 
-register(*_aten("mm", "bmm", "linear", "matmul", "mv", "conv1d", "conv2d", "conv3d",
-                "convolution", "_convolution", "conv_transpose1d",
+register(*_aten("mm", "bmm", "linear", "matmul", "mv"), family=GEMM, autocast=LOWER,
+         overloads=_DEFAULT, cublas=True)
+register(*_aten("conv1d", "conv2d", "conv3d", "convolution", "_convolution", "conv_transpose1d",
                 "scaled_dot_product_attention"), family=GEMM, autocast=LOWER, overloads=_DEFAULT)
 register(*_aten("conv_transpose2d", "conv_transpose3d"), family=GEMM, autocast=LOWER,
          overloads=("input",))
-register("aten::dot", family=GEMM, autocast=PROMOTE, overloads=_DEFAULT)
+register("aten::dot", family=GEMM, autocast=PROMOTE, overloads=_DEFAULT, cublas=True)
 register(*_aten("addmm", "baddbmm", "addbmm", "addmv"), family=GEMM, added=True, autocast=LOWER,
-         overloads=_DEFAULT)
+         overloads=_DEFAULT, cublas=True)
 # `cross_entropy` is no aten op: the name the clock gives torch.nn.functional.cross_entropy.
 register(*_aten("_softmax", "_log_softmax", "cross_entropy", "cross_entropy_loss"),
          family=SOFTMAX)

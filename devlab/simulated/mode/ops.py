@@ -175,12 +175,20 @@ def placement(func: Callable, args: tuple, kwargs: dict
     return common_device(func, args, kwargs)
 
 
-# The torch calls that run cuBLAS (a GPU's first one allocates its workspace).
-_CUBLAS = frozenset(f for f in (
-    torch.mm, torch.addmm, torch.bmm, torch.baddbmm, torch.addbmm, torch.matmul, torch.dot,
-    torch.mv, torch.addmv, torch.einsum, torch.tensordot, torch.nn.functional.linear,
-    torch._C._nn.linear, Tensor.mm, Tensor.addmm, Tensor.bmm, Tensor.baddbmm, Tensor.matmul,
-    Tensor.dot, Tensor.mv, Tensor.__matmul__, Tensor.__rmatmul__) if f is not None)
+# The ops that run cuBLAS (`ops_catalog`'s `cublas`): a GPU's first one allocates its workspace.
+_CUBLAS_NAMES = ops_catalog.names("cublas")
+_runs_cublas: dict[Callable, bool] = {}
+
+
+def _uses_cublas(func: Callable) -> bool:
+    """Whether this torch call is one of those ops (`Tensor.__matmul__` is `matmul`)."""
+    used = _runs_cublas.get(func)
+    if used is None:
+        name = getattr(func, "__name__", "")
+        if name in ("__matmul__", "__rmatmul__"):
+            name = "matmul"
+        used = _runs_cublas[func] = name in _CUBLAS_NAMES
+    return used
 
 
 def _take_workspace(index: int) -> None:
@@ -210,7 +218,7 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     else:
         out = call(index, func, args, kwargs)
     fresh = mark_outputs(out, index, host)
-    if func in _CUBLAS and _session.session.devices[index].workspace is None:  # type: ignore[union-attr]
+    if _uses_cublas(func) and _session.session.devices[index].workspace is None:  # type: ignore[union-attr]
         _take_workspace(index)
     # A GPU op: a session runs. A modeled GPU's clock is charged for it.
     _session.session.charges.call(func, args, kwargs, out, index, fresh)  # type: ignore[union-attr]
