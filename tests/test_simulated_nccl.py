@@ -404,3 +404,25 @@ def test_a_program_that_ends_during_a_collectives_callback_exits_cleanly() -> No
     assert simulated.returncode == 0, simulated.stderr
     assert simulated.stdout.splitlines() == ["program ends",
                                              "callback ran to its end on gloo's thread"]
+
+
+def ddp_bucket_bytes() -> tuple[int, int]:
+    rank = _rank()
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 10)).to(rank)
+    before = torch.cuda.memory_allocated(rank)
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    grown = torch.cuda.memory_allocated(rank) - before
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    del ddp
+    dist.destroy_process_group()
+    return grown, params
+
+
+def test_ddp_allocates_its_gradient_buckets_on_the_gpu(two) -> None:
+    # DistributedDataParallel's Reducer makes buckets the size of the model in C++ when it
+    # wraps it: on a GPU, memory_allocated grows by the parameters' bytes (each bucket rounded
+    # as CUDA's allocator rounds it). In ranks, not in this process: a process group made here
+    # would leave gloo's threads to the ranks later tests fork from it.
+    for grown, params in devlab.launch(ddp_bucket_bytes, nprocs=2, timeout=120):
+        assert params <= grown < params + 4 * 512

@@ -204,7 +204,7 @@ class _Launch:
                     os.setsid()
                     _die_with_parent(self.spec["parent"])
                     _redirect(out_path, err_path, close=inherited)
-                    code = _rank_main(r, str(self.run_dir), self.spec, self.job)
+                    code = _rank_main(r, str(self.run_dir), self.spec, self.job, forked=True)
                 finally:
                     os._exit(code)
             rank.pid = pid

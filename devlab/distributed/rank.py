@@ -94,9 +94,11 @@ def _spawned_rank(run_dir: str, rank: int) -> None:
         os._exit(code)
 
 
-def _rank_main(rank: int, run_dir: str, spec: dict[str, Any], job: tuple[Any, ...]) -> int:
+def _rank_main(rank: int, run_dir: str, spec: dict[str, Any], job: tuple[Any, ...],
+               forked: bool = False) -> int:
     """What every rank process runs, with stdout and stderr already its files; the process's
-    exit code (0: a result is written; 1: an error is)."""
+    exit code (0: a result is written; 1: an error is). `forked`: a child of the launching
+    process (one thread of torch's: below)."""
     global _watchdog_file
     # A forked rank inherits this process's SIGINT recorder: Ctrl-C (SIGINT) is a
     # KeyboardInterrupt, as in a script, and a rank stopped with SIGTERM just ends.
@@ -121,7 +123,10 @@ def _rank_main(rank: int, run_dir: str, spec: dict[str, Any], job: tuple[Any, ..
             file=_watchdog_file)
     if "OMP_NUM_THREADS" not in os.environ:  # the ranks share this machine's cores
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        torch.set_num_threads(max(1, cpu_cores() // local))
+        # A forked rank keeps one thread: GNU OpenMP (a CPU build of torch's) does not survive
+        # a fork once the parent has used its threads, and the child's first parallel op waits
+        # for ever (DataLoader's forked workers take one thread for the same reason).
+        torch.set_num_threads(1 if forked else max(1, cpu_cores() // local))
     code = 1
     try:
         try:
