@@ -18,8 +18,8 @@ import torch
 
 import devlab
 from devlab import simulated
+from devlab.gpu_model.allocator import AllocatorConfig, round_size
 from devlab.simulated.core import workers as _workers
-from devlab.simulated.core.marks import rounded
 from devlab.simulated.mode import launch as _launch
 from devlab.simulated.mode import ops as _ops
 
@@ -177,7 +177,7 @@ def test_del_while_the_product_is_queued_frees_at_once_three_of_three(monkeypatc
         a = torch.randn(3000, 3000, device="cuda")  # 34.33 MiB
         gate = _hold_queue(0)  # the product is certainly still queued below
         b = a @ a
-        assert torch.cuda.memory_allocated() == 2 * rounded(3000 * 3000 * 4)  # 68.67 MiB
+        assert torch.cuda.memory_allocated() == 2 * round_size(3000 * 3000 * 4, AllocatorConfig())  # 68.67 MiB
         del a, b
         assert not _workers.idle(0)
         assert torch.cuda.memory_allocated() == 0  # CUDA's allocator frees at once

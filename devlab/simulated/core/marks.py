@@ -27,7 +27,6 @@ from .session import DeviceState, Session
 MARK = "_devlab_sim"
 PINNED = "_devlab_pinned"  # a host storage pinned while simulating: its session
 WRAPPER_MARK = "_devlab_sim_wrapper"
-BLOCK = 512
 
 Tensor = torch.Tensor
 
@@ -199,11 +198,6 @@ def index_of(t: torch.Tensor) -> int | None:
     """Simulated GPU index of a tensor; None for a real CPU tensor (or no simulation)."""
     m = mark_of(t)
     return m.index if m is not None else None
-
-
-def rounded(nbytes: int) -> int:
-    """Bytes as CUDA's caching allocator hands them out: whole 512-byte blocks."""
-    return (nbytes + BLOCK - 1) & -BLOCK
 
 
 def _charge(dev: DeviceState, m: Mark, nbytes: int) -> OutOfMemory | None:
