@@ -167,6 +167,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         from .cuda import amp as _amp
         from .cuda import api as _cuda
         from .cuda import build as _build
+        from .cuda import graphs as _graphs
         from .distributed import c10d as _c10d
         from .distributed import dtensor as _dtensor
         from .distributed import parallel as _parallel
@@ -191,7 +192,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                 _routing.remove_mode(old)
         patcher = Patcher()
         try:
-            for module in (_tensor, _wrappers, _cuda, _build, _queries, _factories, _amp,
+            for module in (_tensor, _wrappers, _cuda, _graphs, _build, _queries, _factories, _amp,
                            _threads, _parallel, _serialization, _c10d, _stores, _dtensor,
                            _compile):
                 module.install(patcher)
