@@ -180,6 +180,7 @@ class _Capture:
         self.failed = False
         self.recorder = _Recorder(self)
         self.clock_state: Any = None
+        self.rng_state: Tensor | None = None
 
     def on_gpu(self, t: Tensor) -> bool:
         s = storage_of(t)
@@ -199,8 +200,11 @@ class _Capture:
         from pageable host memory), which CUDA refuses."""
         if func is _aten._to_copy.default:
             src = args[0]
-            index = _session.current_index()
-            to_gpu = index is not None
+            # Inside a call the simulation placed (a move), the current index is its
+            # destination; one C++ issued (autograd's cast back) stays on its source's GPU,
+            # as dispatched.run places it.
+            to_gpu = (_session.current_index() is not None if getattr(_session.tls, "calls", 0)
+                      else isinstance(src, Tensor) and self.on_gpu(src))
         else:
             src = args[1] if len(args) > 1 else kwargs.get("src")
             to_gpu = self.on_gpu(args[0])
@@ -280,6 +284,10 @@ class CUDAGraph:
         cap = _Capture(self, _session.current_device(), capture_error_mode)
         sess = _session.session
         cap.clock_state = sess.charges.begin_capture() if sess is not None else None
+        # Simulated GPUs draw from the CPU's generator. A GPU's capture reserves Philox offsets
+        # without advancing its generator (each replay advances it), so the capture's draws
+        # are given back at its end.
+        cap.rng_state = torch.default_generator.get_state()
         cap.recorder.__enter__()
         self._pool = pool if pool else (next(_pool_ids), 0)
         self._capture = cap
@@ -318,6 +326,8 @@ class CUDAGraph:
             cap.recorder.__exit__(None, None, None)
         finally:
             cap.restore()
+            if cap.rng_state is not None:
+                torch.default_generator.set_state(cap.rng_state)
             sess = _session.session
             kernels = (sess.charges.end_capture(cap.clock_state)
                        if sess is not None and cap.clock_state is not None else ())
