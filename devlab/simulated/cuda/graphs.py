@@ -146,12 +146,14 @@ class _Recorder(TorchDispatchMode):
 
     def __init__(self, capture: _Capture) -> None:
         super().__init__()
-        self.capture = capture
+        self.capture: _Capture | None = capture
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         cap = self.capture
+        if cap is None:  # its capture has ended (a mode object outliving it)
+            return _run_dispatched(func, args, kwargs)[0]
         if func in SYNC_OPS:
             ts = tensors_of(args, kwargs)
             if any(cap.on_gpu(t) for t in ts):
@@ -193,6 +195,7 @@ class _Capture:
         if self.mode != "global" and threading.get_ident() != self.thread:
             return
         self.failed = True
+        self.ops.clear()  # an invalidated capture keeps nothing for a replay
         raise cuda_error(NOT_PERMITTED)
 
     def check_copy(self, func: Any, args: tuple, kwargs: dict) -> None:
@@ -303,10 +306,11 @@ class CUDAGraph:
             raise cuda_error(ILLEGAL_STATE)
         if cap.thread != threading.get_ident():
             raise _torch_check("Capture must end on the same stream it began on.")
+        ops = tuple(cap.ops)
         kernels = self._finish(cap)
         if cap.failed:
             raise cuda_error(INVALIDATED)
-        self._ops = tuple(cap.ops)
+        self._ops = ops
         self._kernels = kernels
         self._device = cap.device
         self._ended = True
@@ -314,7 +318,7 @@ class CUDAGraph:
             import warnings
 
             warnings.warn("The CUDA Graph is empty. This usually means that the graph was "
-                          "attempted to be captured on wrong device or stream.", stacklevel=2)
+                          "attempted to be captured on wrong device or stream.", stacklevel=3)
 
     def _finish(self, cap: _Capture) -> tuple:
         """Take the capture's mode off this thread's stack and put everything back; returns
@@ -325,6 +329,11 @@ class CUDAGraph:
         try:
             cap.recorder.__exit__(None, None, None)
         finally:
+            # The mode and its capture refer to each other: let go of what they hold now, not
+            # at the next garbage collection (a storage returns to its GPU when it dies).
+            cap.recorder.capture = None
+            cap.ops.clear()
+            cap.fresh.clear()
             cap.restore()
             if cap.rng_state is not None:
                 torch.default_generator.set_state(cap.rng_state)
