@@ -16,10 +16,10 @@ and stop() puts torch back exactly.
 
 Limits: a thread started before the simulation is not routed (`thread_routing()` routes it;
 without it, making a GPU tensor there fails with one line saying so).
-CUDA graphs, compiled code (`torch.compile`d code runs uncompiled while simulating,
+Compiled code (`torch.compile`d code runs uncompiled while simulating,
 `mode.compile`), cuDNN, CUDA's own random streams (random ops on simulated GPUs draw from the
 CPU's generators) and sparse tensors are not simulated (sparse ones are refused; a call that
-needs the CUDA runtime fails with an error naming itself). One stream per GPU. As on CUDA, a
+needs the CUDA runtime fails with an error naming itself). One stream per GPU. CUDA graphs are recorded and replayed op by op (`cuda.graphs`). As on CUDA, a
 child forked after the simulated GPUs were initialized may not use them (`core.fork`); at most
 `max_count()` GPUs (torch's device index is 8 bits).
 """
