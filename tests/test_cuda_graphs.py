@@ -279,6 +279,22 @@ def test_casts_and_device_copies_are_capturable(no_simulation) -> None:
     assert on1.device == torch.device("cuda:1") and on1.tolist() == [5.0, 5.0, 5.0]
 
 
+def test_notes_multistream_capture_branches_out_and_rejoins(no_simulation) -> None:
+    devlab.simulated.start(1)
+    x = torch.ones(4, device="cuda")
+    s = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = x + 1
+        s.wait_stream(torch.cuda.current_stream())  # branches out from the capturing stream
+        with torch.cuda.stream(s):
+            z = y * 3
+        torch.cuda.current_stream().wait_stream(s)  # rejoins it before the capture ends
+    x.fill_(2)
+    g.replay()
+    assert z.tolist() == [9.0] * 4
+
+
 def test_graph_memory_lives_until_reset(no_simulation) -> None:
     devlab.simulated.start(1)
     x = torch.ones(1024, 1024, device="cuda")

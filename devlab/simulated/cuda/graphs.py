@@ -28,6 +28,13 @@ private pool, which counts them as reserved, not allocated: that pool is not mod
 shared through `pool=` are accepted and share nothing). External inputs a capture read are kept
 alive too (CUDA would read freed memory). Random ops draw fresh values at each replay from the
 CPU's generator, as a GPU's replay draws fresh Philox offsets.
+
+Not simulated: printing a GPU tensor during capture is not refused (torch prints with dispatch
+modes off; on a GPU it is a host sync); CUDA's rule that a capture begins on a non-default
+stream is not checked (a simulated GPU has one stream; `torch.cuda.graph` and
+`make_graphed_callables` set a side stream anyway); `debug_dump` and the raw cudaGraph handles
+are devlab's own error; a replay is synchronous on this machine (the modeled clock still queues
+it).
 """
 
 from __future__ import annotations
@@ -163,7 +170,7 @@ class _Recorder(TorchDispatchMode):
         cap.save_written(func, args, kwargs)
         out, index = _run_dispatched(func, args, kwargs)
         if index is not None or any(cap.on_gpu(t) for t in tensors_of(args, kwargs)):
-            cap.record(func, args, kwargs, out)
+            cap.record(func, args, kwargs, out, cap.device if index is None else index)
         return out
 
 
@@ -177,6 +184,7 @@ class _Capture:
         self.mode = mode
         self.thread = threading.get_ident()
         self.ops: list[_Op] = []
+        self.devices: set[int] = set()  # the GPUs its ops ran on
         self.fresh: set[int] = set()  # the GPU storages the capture made
         self.saved: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
         self.failed = False
@@ -232,7 +240,8 @@ class _Capture:
             with _DisableTF(), _disable_current_modes():
                 self.saved[k] = (s, s.clone())
 
-    def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, index: int) -> None:
+        self.devices.add(index)
         leaves = _leaves(out)
         flags = _fresh_returns(func, out)
         targets = []
@@ -261,6 +270,7 @@ class CUDAGraph:
         self._ops: tuple[_Op, ...] = ()
         self._kernels: tuple = ()
         self._device: int | None = None
+        self._devices: tuple[int, ...] = ()
         self._pool: tuple[int, int] | None = None
         self._ended = False
         self._capture: _Capture | None = None
@@ -313,6 +323,7 @@ class CUDAGraph:
         self._ops = ops
         self._kernels = kernels
         self._device = cap.device
+        self._devices = tuple(sorted(cap.devices))
         self._ended = True
         if not self._ops:
             import warnings
@@ -359,8 +370,8 @@ class CUDAGraph:
             # Launching a graph into a capturing stream would nest it; devlab does not.
             raise _errors.not_simulated("replaying a CUDA graph during another capture",
                                         "replay it after the capture ends")
-        device = self._device if self._device is not None else 0
-        _workers.wait(device)  # queued work writing its inputs lands first, as stream order
+        for device in self._devices:
+            _workers.wait(device)  # queued work writing its inputs lands first: stream order
         with (_DisableTF(), _disable_current_modes(),
               torch._C._AutoDispatchBelowADInplaceOrView()):
             for op in self._ops:
