@@ -29,7 +29,8 @@ shared through `pool=` are accepted and share nothing). External inputs a captur
 alive too (CUDA would read freed memory). Random ops draw fresh values at each replay from the
 CPU's generator, as a GPU's replay draws fresh Philox offsets.
 
-Not simulated: printing a GPU tensor during capture is not refused (torch prints with dispatch
+Not simulated: work on another GPU than the capturing one (devlab's own error: how CUDA orders
+another device's stream with a capture is not modeled); printing a GPU tensor during capture is not refused (torch prints with dispatch
 modes off; on a GPU it is a host sync); CUDA's rule that a capture begins on a non-default
 stream is not checked (a simulated GPU has one stream; `torch.cuda.graph` and
 `make_graphed_callables` set a side stream anyway); `debug_dump` and the raw cudaGraph handles
@@ -169,8 +170,10 @@ class _Recorder(TorchDispatchMode):
             cap.check_copy(func, args, kwargs)
         cap.save_written(func, args, kwargs)
         out, index = _run_dispatched(func, args, kwargs)
+        if index is not None and index != cap.device:
+            cap.unsimulated(func, index)
         if index is not None or any(cap.on_gpu(t) for t in tensors_of(args, kwargs)):
-            cap.record(func, args, kwargs, out, cap.device if index is None else index)
+            cap.record(func, args, kwargs, out)
         return out
 
 
@@ -184,7 +187,7 @@ class _Capture:
         self.mode = mode
         self.thread = threading.get_ident()
         self.ops: list[_Op] = []
-        self.devices: set[int] = set()  # the GPUs its ops ran on
+        self.refused: Exception | None = None  # devlab's own error, if it gave up the capture
         self.fresh: set[int] = set()  # the GPU storages the capture made
         self.saved: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
         self.failed = False
@@ -205,6 +208,18 @@ class _Capture:
         self.failed = True
         self.ops.clear()  # an invalidated capture keeps nothing for a replay
         raise cuda_error(NOT_PERMITTED)
+
+    def unsimulated(self, func: Any, index: int) -> None:
+        """An op ran on another GPU than the one capturing: how CUDA would order it with the
+        capture (another device's stream joining it, or running outside it) is not simulated,
+        so devlab gives the capture up, in its own words."""
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+        self.ops.clear()
+        self.refused = _errors.not_simulated(
+            f"{func.name()} on cuda:{index} during a CUDA graph capture on cuda:{self.device}",
+            f"capture each GPU's work in a graph of its own, with torch.cuda.device({index}) "
+            "current")
+        raise self.refused
 
     def check_copy(self, func: Any, args: tuple, kwargs: dict) -> None:
         """A copy between the host and a GPU during capture syncs the host (to the host, or
@@ -240,8 +255,7 @@ class _Capture:
             with _DisableTF(), _disable_current_modes():
                 self.saved[k] = (s, s.clone())
 
-    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, index: int) -> None:
-        self.devices.add(index)
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         leaves = _leaves(out)
         flags = _fresh_returns(func, out)
         targets = []
@@ -270,7 +284,6 @@ class CUDAGraph:
         self._ops: tuple[_Op, ...] = ()
         self._kernels: tuple = ()
         self._device: int | None = None
-        self._devices: tuple[int, ...] = ()
         self._pool: tuple[int, int] | None = None
         self._ended = False
         self._capture: _Capture | None = None
@@ -320,10 +333,11 @@ class CUDAGraph:
         kernels = self._finish(cap)
         if cap.failed:
             raise cuda_error(INVALIDATED)
+        if cap.refused is not None:
+            raise _errors.user_error(NotImplementedError(f"capture abandoned: {cap.refused}"))
         self._ops = ops
         self._kernels = kernels
         self._device = cap.device
-        self._devices = tuple(sorted(cap.devices))
         self._ended = True
         if not self._ops:
             import warnings
@@ -370,8 +384,8 @@ class CUDAGraph:
             # Launching a graph into a capturing stream would nest it; devlab does not.
             raise _errors.not_simulated("replaying a CUDA graph during another capture",
                                         "replay it after the capture ends")
-        for device in self._devices:
-            _workers.wait(device)  # queued work writing its inputs lands first: stream order
+        # Queued work writing its inputs lands first, as the stream's order has it.
+        _workers.wait(self._device if self._device is not None else 0)
         with (_DisableTF(), _disable_current_modes(),
               torch._C._AutoDispatchBelowADInplaceOrView()):
             for op in self._ops:
