@@ -29,13 +29,13 @@ shared through `pool=` are accepted and share nothing). External inputs a captur
 alive too (CUDA would read freed memory). Random ops draw fresh values at each replay from the
 CPU's generator, as a GPU's replay draws fresh Philox offsets.
 
-Not simulated: work on another GPU than the capturing one (devlab's own error: how CUDA orders
-another device's stream with a capture is not modeled); printing a GPU tensor during capture is not refused (torch prints with dispatch
-modes off; on a GPU it is a host sync); CUDA's rule that a capture begins on a non-default
-stream is not checked (a simulated GPU has one stream; `torch.cuda.graph` and
-`make_graphed_callables` set a side stream anyway); `debug_dump` and the raw cudaGraph handles
-are devlab's own error; a replay is synchronous on this machine (the modeled clock still queues
-it).
+Not simulated: work on another GPU than the capturing one (devlab's own error: how CUDA
+orders another device's stream with a capture is not modeled); printing a GPU tensor during
+capture is not refused (torch prints with dispatch modes off; on a GPU it is a host sync);
+CUDA's rule that a capture begins on a non-default stream is not checked (a simulated GPU has
+one stream; `torch.cuda.graph` and `make_graphed_callables` set a side stream anyway);
+`debug_dump` and the raw cudaGraph handles are devlab's own error; a replay is synchronous on
+this machine (the modeled clock still queues it).
 """
 
 from __future__ import annotations
