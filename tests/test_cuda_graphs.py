@@ -254,6 +254,8 @@ def test_a_host_sync_in_capture_is_cudas_error_and_changes_nothing(no_simulation
     assert str(caught.value.__context__).startswith(
         "CUDA error: operation not permitted when stream is capturing\n")
     assert isinstance(caught.value, getattr(torch, "AcceleratorError", RuntimeError))
+    (note,) = caught.value.__context__.__notes__  # what devlab adds, below CUDA's own text
+    assert note.startswith("devlab: ") and "while a CUDA graph is being captured" in note
     del caught, y
     assert x.tolist() == [1.0, 1.0, 1.0]
     assert torch._C._len_torch_dispatch_stack() == modes

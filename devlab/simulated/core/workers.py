@@ -179,7 +179,7 @@ def host_sync(index: int | None = None) -> None:
     a CUDA graph's capture it is CUDA's capture error instead (`session.capture`)."""
     capture = _session.capture
     if capture is not None:
-        capture.refuse("a host sync (synchronize())")
+        capture.refuse("synchronize()")
     if index is None:
         wait_all()
     else:

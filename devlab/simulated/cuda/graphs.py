@@ -165,7 +165,7 @@ class _Recorder(TorchDispatchMode):
         if func in SYNC_OPS:
             ts = tensors_of(args, kwargs)
             if any(cap.on_gpu(t) for t in ts):
-                cap.refuse(f"{func.name()}: {SYNC_OPS[func]}")
+                cap.refuse(SYNC_OPS[func])
         elif func in COPY_OPS:
             cap.check_copy(func, args, kwargs)
         cap.save_written(func, args, kwargs)
@@ -207,7 +207,10 @@ class _Capture:
             return
         self.failed = True
         self.ops.clear()  # an invalidated capture keeps nothing for a replay
-        raise cuda_error(NOT_PERMITTED)
+        err = cuda_error(NOT_PERMITTED)
+        err.add_note(f"devlab: the host waits for the GPU here ({what}), which CUDA refuses "
+                     "while a CUDA graph is being captured; do it before or after the capture.")
+        raise err
 
     def unsimulated(self, func: Any, index: int) -> None:
         """An op ran on another GPU than the one capturing: how CUDA would order it with the
