@@ -16,10 +16,10 @@ and stop() puts torch back exactly.
 
 Limits: a thread started before the simulation is not routed (`thread_routing()` routes it;
 without it, making a GPU tensor there fails with one line saying so).
-CUDA graphs, compiled code (`torch.compile`d code runs uncompiled while simulating,
+Compiled code (`torch.compile`d code runs uncompiled while simulating,
 `mode.compile`), cuDNN, CUDA's own random streams (random ops on simulated GPUs draw from the
 CPU's generators) and sparse tensors are not simulated (sparse ones are refused; a call that
-needs the CUDA runtime fails with an error naming itself). One stream per GPU. As on CUDA, a
+needs the CUDA runtime fails with an error naming itself). One stream per GPU. CUDA graphs are recorded and replayed op by op (`cuda.graphs`). As on CUDA, a
 child forked after the simulated GPUs were initialized may not use them (`core.fork`); at most
 `max_count()` GPUs (torch's device index is 8 bits).
 """
@@ -167,6 +167,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         from .cuda import amp as _amp
         from .cuda import api as _cuda
         from .cuda import build as _build
+        from .cuda import graphs as _graphs
         from .distributed import c10d as _c10d
         from .distributed import dtensor as _dtensor
         from .distributed import parallel as _parallel
@@ -191,7 +192,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                 _routing.remove_mode(old)
         patcher = Patcher()
         try:
-            for module in (_tensor, _wrappers, _cuda, _build, _queries, _factories, _amp,
+            for module in (_tensor, _wrappers, _cuda, _graphs, _build, _queries, _factories, _amp,
                            _threads, _parallel, _serialization, _c10d, _stores, _dtensor,
                            _compile):
                 module.install(patcher)

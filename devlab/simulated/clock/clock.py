@@ -197,6 +197,32 @@ class Clock:
         with self.lock:
             return self.host
 
+    def begin_capture(self) -> tuple:
+        """A CUDA graph's capture starts: from now the kernels charged are recorded, not run
+        (the host still pays each launch: capturing one costs about as much). Returns the
+        state `end_capture` puts back."""
+        with self.lock:
+            state = (list(self.free), list(self.busy), list(self.comm), self.recording)
+            self.recording = []
+            return state
+
+    def end_capture(self, state: tuple) -> tuple[OpTime, ...]:
+        """The capture begun with `state` ends: the GPUs' queues are as before it (nothing it
+        recorded ran); returns the kernels and copies it recorded, in order."""
+        with self.lock:
+            recorded = tuple(self.recording or ())
+            self.free, self.busy, self.comm, self.recording = state
+            return recorded
+
+    def replay(self, ts: tuple[OpTime, ...]) -> None:
+        """A CUDA graph of kernels `ts` is launched: the host pays ONE launch for the graph,
+        then its kernels run back to back on their GPU, each with its GPU-side cost (its floor
+        included: a graph removes the host's launches, not the kernels' own time)."""
+        if not ts:
+            return
+        first = ts[0]._replace(launch=self._launch)
+        self.kernels((first, *(t._replace(launch=0.0) for t in ts[1:])))
+
 
 # Calls that hand the host a Python value from the device: a copy to the host, and a wait.
 _READS = ops_catalog.callables("reads")
@@ -440,6 +466,18 @@ class Charges(NoCharges):
     def reset(self, count: int, queues: list[int] | None = None) -> None:
         """Start the clock again at 0 with `count` idle GPUs."""
         self.clock.reset(count, queues)
+
+    def begin_capture(self) -> Any:
+        """A CUDA graph's capture starts: what is charged until `end_capture` is recorded."""
+        return self.clock.begin_capture()
+
+    def end_capture(self, token: Any) -> tuple[OpTime, ...]:
+        """The capture ends: the kernels it recorded; the GPUs' queues as before it."""
+        return self.clock.end_capture(token)
+
+    def replay(self, kernels: tuple[OpTime, ...]) -> None:
+        """A CUDA graph of `kernels` is replayed: one launch for all of them."""
+        self.clock.replay(kernels)
 
 
 _ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad  # a leaf's node in a graph

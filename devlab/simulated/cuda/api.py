@@ -166,11 +166,6 @@ def is_initialized() -> bool:
 
 
 @entry
-def is_current_stream_capturing() -> bool:
-    return False
-
-
-@entry
 @initializes
 def init() -> None:
     """Nothing to initialize for simulated GPUs."""
@@ -463,7 +458,6 @@ _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "get_device_capability": get_device_capability,
     "synchronize": synchronize,
     "is_initialized": is_initialized,
-    "is_current_stream_capturing": is_current_stream_capturing,
     "init": init,
     "manual_seed": manual_seed,
     "manual_seed_all": manual_seed,
