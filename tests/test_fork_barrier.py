@@ -221,3 +221,37 @@ def test_stop_puts_torchs_start_processes_back(no_simulation):
     devlab.simulated.stop()
     assert (mp.start_processes, spawn.start_processes) == originals
     assert mp.start_processes is originals[0] and spawn.start_processes is originals[1]
+
+
+def test_a_hung_notebook_launcher_cell_ends_with_the_report():
+    """Lesson 06's launcher in a real kernel: rank 1 never joins its peer; the cell shows where
+    each rank waits and ends, rather than running for ever."""
+    from nbutil import run_cells, text
+
+    cells = run_cells(
+        "import devlab, torch\n"
+        "lab = devlab.lesson.setup(gpus=2)\n"
+        "devlab.simulated.set_hang_timeout(5)  # seconds; the default is 180",
+        "import os, threading, time\n"
+        "from accelerate import Accelerator, notebook_launcher\n"
+        "\n"
+        "def train():\n"
+        "    accelerator = Accelerator()\n"
+        "    if accelerator.process_index == 1:\n"
+        "        threading.Event().wait()  # rank 1 never comes back\n"
+        "    accelerator.wait_for_everyone()\n"
+        "\n"
+        "start = time.monotonic()\n"
+        "try:\n"
+        "    notebook_launcher(train, num_processes=2)\n"
+        "except Exception as e:\n"
+        "    print('raised', type(e).__name__, 'after', round(time.monotonic() - start), 's')\n"
+        "    time.sleep(1)  # the ranks' last words reach the cell",
+        timeout=180)
+    out = text(cells[1])
+    assert "raised ChildFailedError after" in out, out
+    took = int(out.split("raised ChildFailedError after ")[1].split(" s")[0])
+    assert took < 60, out
+    assert "no process of this launch made progress for 5 s" in out, out
+    assert "rank 1 (pid" in out and "threading.Event().wait()  # rank 1 never comes back" in out
+    assert "rank 0 (pid" in out and "accelerator.wait_for_everyone()" in out

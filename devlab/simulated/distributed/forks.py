@@ -225,11 +225,11 @@ def _watch(slots: mmap.mmap, index: int, count: int, timeout: float, period: flo
         cpu = used
         last = max(_SLOT.unpack_from(slots, i * _SLOT.size)[0] for i in range(count))
         if now - last >= timeout:
-            _report_and_exit(index, timeout)
+            _report_and_exit(index, timeout, period)
         faulthandler.dump_traceback_later(timeout + 3 * period, exit=True, file=2)
 
 
-def _report_and_exit(index: int, timeout: float) -> None:
+def _report_and_exit(index: int, timeout: float, period: float) -> None:
     faulthandler.cancel_dump_traceback_later()
     rank = os.environ.get("RANK")
     who = f"rank {rank}" if rank is not None else f"process {index} of the launch"
@@ -246,13 +246,27 @@ def _report_and_exit(index: int, timeout: float) -> None:
         lines.append(f"Thread {names.get(ident, ident)!s}:\n")
         lines.extend(traceback.format_list(_own_part(traceback.extract_stack(frames[ident]))))
     del frames
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001, S110 - the report goes out whatever the streams do
-        pass
-    os.write(2, "".join(lines).encode("utf-8", "replace"))
+    _say("".join(lines))
+    # The others see the same slots within a period: once this one exits, its launcher stops
+    # them, and their report would be lost.
+    time.sleep(2 * period)
     os._exit(1)
+
+
+def _say(text: str) -> None:
+    """Write to this process's stderr as Python sees it: in a kernel's child that is the
+    kernel's stream, which shows under the cell (its file descriptor 2 goes to the kernel's
+    terminal), elsewhere file descriptor 2."""
+    stream = sys.stderr
+    if stream is not None and stream is not sys.__stderr__:
+        try:
+            sys.stdout.flush()
+            stream.write(text)
+            stream.flush()
+            return
+        except Exception:  # noqa: BLE001, S110 - then straight to the descriptor
+            pass
+    os.write(2, text.encode("utf-8", "replace"))
 
 
 def _own_part(stack: traceback.StackSummary) -> list[traceback.FrameSummary]:
