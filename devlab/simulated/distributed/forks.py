@@ -1,17 +1,17 @@
 """Ranks torch forks while GPUs are simulated: a barrier at their start, a watchdog for hangs.
 
 `torch.multiprocessing.start_processes(start_method="fork")` is how torch elastic's agent
-(accelerate's `notebook_launcher`), Lightning's `ddp_notebook` and `mp.spawn(...,
-start_method="fork")` start their ranks. It forks one child after another from a process that
-has threads, and each child starts at once: rank 0 connects to the agent's TCPStore while the
-parent forks rank 1. The store's server thread names each peer with `getnameinfo` (c10d's
-`formatSockAddr`, which asks for a host name: only `NI_NUMERICSERV`), and glibc's resolver
-takes one process-wide lock there (`resolv_conf.c`'s `lock`, in `__resolv_conf_get_current`,
-from `__resolv_context_get`). glibc's `fork` resets its malloc, stdio, NSS and loader locks in
-the child, not that one (posix/fork.c, glibc 2.34 to 2.42), so a child forked while the server
-thread held it never gets past its own `getnameinfo`, the one its TCPStore client makes on
-connecting (the hang of issue 29). c10d calls `getnameinfo` with a host lookup in every torch
-devlab supports, so the children cannot be kept from it.
+(accelerate's `notebook_launcher`) and Lightning's `ddp_notebook` start their ranks. It forks one
+child after another from a process that has threads, and each child starts at once: rank 0
+connects to the agent's TCPStore while the parent forks rank 1. The store's server thread names
+each peer with `getnameinfo` (c10d's `formatSockAddr`, which asks for a host name: only
+`NI_NUMERICSERV`), and glibc's resolver takes one process-wide lock there (`resolv_conf.c`'s
+`lock`, in `__resolv_conf_get_current`, from `__resolv_context_get`). glibc's `fork` resets its
+malloc, stdio, NSS and loader locks in the child, not that one (posix/fork.c as of glibc 2.34;
+this machine's is 2.36), so a child forked while the server thread held it never gets past its
+own `getnameinfo`, the one its TCPStore client makes on connecting (the hang of issue 29).
+c10d's socket.cpp makes that call on every connect and accept, with no switch to make it
+numeric (it stops only after a lookup fails), so the children cannot be kept from it.
 
 The barrier: while start_processes forks (the fork window), each child waits, before it runs
 anything, until the parent has forked them all. No child can connect to anything of the
