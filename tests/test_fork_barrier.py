@@ -255,3 +255,23 @@ def test_a_hung_notebook_launcher_cell_ends_with_the_report():
     assert "no process of this launch made progress for 5 s" in out, out
     assert "rank 1 (pid" in out and "threading.Event().wait()  # rank 1 never comes back" in out
     assert "rank 0 (pid" in out and "accelerator.wait_for_everyone()" in out
+
+
+def _rank_one_waits_forever() -> int:
+    rank = int(os.environ["RANK"])
+    if rank == 1:
+        threading.Event().wait()  # devlab.launch's rank 1 never returns
+    return rank
+
+
+def test_devlabs_own_forked_ranks_get_the_hang_report(two, hang_timeout, capfd):
+    hang_timeout(2)
+    start = time.monotonic()
+    with pytest.raises(Exception) as raised:
+        devlab.distributed.launch(_rank_one_waits_forever, nprocs=2, start_method="fork")
+    took = time.monotonic() - start
+    out = capfd.readouterr()
+    shown = out.out + out.err + str(raised.value)
+    assert took < 20, took
+    assert "no process of this launch made progress for 2 s" in shown, shown
+    assert "threading.Event().wait()  # devlab.launch's rank 1 never returns" in shown, shown
