@@ -119,7 +119,7 @@ def _one_waits_forever(i: int) -> None:
 def test_a_hung_rank_is_reported_with_its_stack(two, hang_timeout, capfd):
     hang_timeout(2)
     start = time.monotonic()
-    with pytest.raises(mp.ProcessExitedException, match="process 1 terminated with exit code 1"):
+    with pytest.raises(mp.ProcessExitedException, match="process 1 terminated with exit code 124"):
         mp.start_processes(_one_waits_forever, nprocs=2, start_method="fork")
     took = time.monotonic() - start
     err = capfd.readouterr().err
@@ -275,3 +275,4 @@ def test_devlabs_own_forked_ranks_get_the_hang_report(two, hang_timeout, capfd):
     assert took < 20, took
     assert "no process of this launch made progress for 2 s" in shown, shown
     assert "threading.Event().wait()  # devlab.launch's rank 1 never returns" in shown, shown
+    assert "was stopped by devlab's hang report (exit code 124)" in str(raised.value)

@@ -24,9 +24,9 @@ The watchdog: each child of a window starts a thread that watches the processor 
 process uses. A process blocked for good (a lock, a peer that never comes) uses none; one that
 computes or talks to its peers does. The children share one slot each (an anonymous shared
 mapping made before the forks) with the last time they made progress; once none of them has
-for `hang_timeout()` seconds, each writes where its threads wait (faulthandler) to its stderr,
-which a notebook shows under the cell, and exits with status 1, so the launcher in the cell
-raises rather than waiting for ever. faulthandler's own timer backs the thread up, should a
+for `hang_timeout()` seconds, each writes where its threads wait to its stderr, which a
+notebook shows under the cell, and exits with status 124 (HANG_EXIT), so the launcher in the
+cell raises rather than waiting for ever. faulthandler's own timer backs the thread up, should a
 hang keep the thread from Python (the GIL held while blocked).
 """
 
@@ -54,6 +54,8 @@ from ..core.patcher import Patcher
 
 HANG_ENV = "DEVLAB_HANG_TIMEOUT"
 DEFAULT_HANG_TIMEOUT = 180.0
+# A rank the hang report stops exits with this (timeout(1)'s code), so launchers name it.
+HANG_EXIT = 124
 # A child goes on after this long without the parent's word (a parent stuck in its fork loop):
 # the watchdog still reports it if it then hangs.
 BARRIER_WAIT = 120.0
@@ -250,7 +252,7 @@ def _report_and_exit(index: int, timeout: float, period: float) -> None:
     # The others see the same slots within a period: once this one exits, its launcher stops
     # them, and their report would be lost.
     time.sleep(2 * period)
-    os._exit(1)
+    os._exit(HANG_EXIT)
 
 
 def _say(text: str) -> None:
