@@ -223,6 +223,7 @@ def test_stop_puts_torchs_start_processes_back(no_simulation):
     assert mp.start_processes is originals[0] and spawn.start_processes is originals[1]
 
 
+@pytest.mark.notebook
 def test_a_hung_notebook_launcher_cell_ends_with_the_report():
     """Lesson 06's launcher in a real kernel: rank 1 never joins its peer; the cell shows where
     each rank waits and ends, rather than running for ever."""
