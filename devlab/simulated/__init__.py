@@ -43,6 +43,7 @@ from .core import session as _session
 from .core import workers as _workers
 from .core.marks import index_of
 from .core.session import current_index
+from .distributed.forks import hang_timeout, reset_hang_timeout, set_hang_timeout
 from .mode import launch as _launch
 from .mode.dispatched import run as run_dispatched
 
@@ -52,6 +53,7 @@ __all__ = [
     "device_count",
     "explain",
     "gpu_spec",
+    "hang_timeout",
     "model",
     "modeled_time",
     "topology",
@@ -63,10 +65,12 @@ __all__ = [
     "max_count",
     "memory_stats",
     "reconfigure",
+    "reset_hang_timeout",
     "reset_after_fork_for_rank",
     "reset_peak",
     "watch_peak",
     "run_dispatched",
+    "set_hang_timeout",
     "start",
     "stop",
     "synchronize",
@@ -170,6 +174,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         from .cuda import graphs as _graphs
         from .distributed import c10d as _c10d
         from .distributed import dtensor as _dtensor
+        from .distributed import forks as _forks
         from .distributed import parallel as _parallel
         from .distributed import stores as _stores
         from .mode import autograd as _autograd
@@ -192,9 +197,15 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                 _routing.remove_mode(old)
         patcher = Patcher()
         try:
+<<<<<<< HEAD
             for module in (_tensor, _wrappers, _cuda, _graphs, _build, _queries, _factories, _amp,
                            _threads, _parallel, _serialization, _c10d, _stores, _dtensor,
                            _compile):
+=======
+            for module in (_tensor, _wrappers, _cuda, _build, _queries, _factories, _amp,
+                           _threads, _parallel, _serialization, _c10d, _stores, _forks,
+                           _dtensor, _compile):
+>>>>>>> fork
                 module.install(patcher)
             charges = _session.NO_CHARGES
             if spec is not None:
