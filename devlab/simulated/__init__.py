@@ -197,15 +197,9 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                 _routing.remove_mode(old)
         patcher = Patcher()
         try:
-<<<<<<< HEAD
             for module in (_tensor, _wrappers, _cuda, _graphs, _build, _queries, _factories, _amp,
-                           _threads, _parallel, _serialization, _c10d, _stores, _dtensor,
-                           _compile):
-=======
-            for module in (_tensor, _wrappers, _cuda, _build, _queries, _factories, _amp,
                            _threads, _parallel, _serialization, _c10d, _stores, _forks,
                            _dtensor, _compile):
->>>>>>> fork
                 module.install(patcher)
             charges = _session.NO_CHARGES
             if spec is not None:
