@@ -245,7 +245,7 @@ class Timeline:
                     parts.append(f"<rect x='{X(a):.2f}' y='{y0 + 2 * lane - 1}' "
                                  f"width='{max(X(b) - X(a), 0.6):.2f}' height='3' "
                                  f"fill='{'#59a14f' if hidden else '#d62728'}'><title>"
-                                 f"{escape(('hidden behind compute' if hidden else 'exposed'))}"
+                                 f"{escape('hidden behind compute' if hidden else 'exposed')}"
                                  f" {escape(_ms(b - a))}</title></rect>")
         parts.append(f"<line x1='{ml}' x2='{ml + pw}' y1='{bottom}' y2='{bottom}' "
                      "stroke='#666'/></svg>")
