@@ -30,6 +30,7 @@ from devlab import ops_catalog
 from devlab.gpu_model.collectives import CollectiveTime, coalesced_time, collective_time
 from devlab.gpu_model.kernels import COPY, QUEUED, kernel_seconds
 from devlab.gpu_model.links import Topology, default_topology
+from devlab.sizes import format_bytes
 
 from ..core import session as _session
 from ..core.marks import index_of
@@ -186,7 +187,8 @@ class Clock:
             if spans is not None and record is not None:
                 if ready is not None and start > ready:
                     spans.append(Span(index, COMM, WAIT_RANKS, WAIT_RANKS, ready, start))
-                spans.append(Span(index, COMM, COLLECTIVE, record.op, start, end))
+                spans.append(Span(index, COMM, COLLECTIVE,
+                                  f"{record.op}: {format_bytes(record.nbytes)}", start, end))
             self.comm[q] = end
             if join and end > self.free[q]:
                 if spans is not None:
