@@ -10,13 +10,31 @@ communication. Then the wall-clock time of the same 2-rank step on modeled T4s w
 communication model and without it (its collectives left uncharged): what agreeing on each
 collective's start across the ranks costs (target: within 10 %). Modeled times are from the
 GPUs' specifications and NCCL's tuning model, not measured.
+
+Wall time on a shared machine is noisy (two ranks on two busy cores), so the cost is counted in
+instructions too: `--steps with|without N` runs only the 2-rank step on modeled T4s, 3 warm-up
+steps then N inside `operator.call` in each rank, one torch thread per rank, for callgrind
+(valgrind follows the forked ranks; each writes its own file):
+
+    valgrind --tool=callgrind --collect-atstart=no --toggle-collect=_operator_call \
+        --callgrind-out-file=/tmp/cg.with.%p .venv/bin/python benchmarks/ddp_modeled.py --steps with 10
+    # instructions per step and rank = the ranks' "Collected" summed / 10 / 2
+
+`--callgrind N` does both under valgrind and prints the two counts and their ratio. "Without"
+leaves every collective uncharged (the benchmark replaces `ProcessGroupNCCL._charge`, the one
+place collectives reach the clock, with a no-op: a switch for this benchmark only).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import operator
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -80,6 +98,71 @@ def ddp_step(steps: int, charge: bool = True) -> dict:
     return {"modeled": modeled, "backward": backward, "wall": min(walls)}
 
 
+def counted_steps(steps: int, charge: bool) -> None:
+    """One rank: 3 warm-up steps, then `steps` steps inside `operator.call` (what callgrind
+    counts), with or without the communication model."""
+    rank = int(os.environ["RANK"])
+    torch.set_num_threads(1)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    if not charge:
+        nccl.ProcessGroupNCCL._charge = lambda self, *args, **kwargs: None
+    torch.manual_seed(0)
+    layers = [m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())]
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers).to(rank),
+                                                device_ids=[rank])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(BATCH, WIDTH, device=rank)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    dist.barrier()
+
+    def counted() -> None:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+
+    operator.call(counted)
+    dist.destroy_process_group()
+
+
+def steps_only(mode: str, steps: int) -> None:
+    """The 2-rank step on modeled T4s, `steps` times in each rank (for callgrind)."""
+    devlab.config.simulate_gpus(2, model="T4")
+    devlab.launch(counted_steps, steps, mode == "with", nprocs=2, timeout=3600)
+    devlab.config.stop_simulation()
+
+
+def callgrind(steps: int) -> None:
+    """Both modes under callgrind: instructions per step and rank, with and without."""
+    counts = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("with", "without"):
+            out = os.path.join(tmp, f"cg.{mode}.%p")
+            subprocess.run(["valgrind", "--tool=callgrind", "--trace-children=yes",
+                            "--collect-atstart=no",
+                            "--toggle-collect=_operator_call", f"--callgrind-out-file={out}",
+                            sys.executable, __file__, "--steps", mode, str(steps)],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            total = 0
+            for f in glob.glob(os.path.join(tmp, f"cg.{mode}.*")):
+                with open(f) as fh:
+                    found = re.search(r"^summary: (\d+)", fh.read(), re.M)
+                total += int(found.group(1)) if found else 0
+            counts[mode] = total / steps / 2
+    print(f"Instructions per step and rank (callgrind, {steps} steps, 2 ranks on modeled T4s):")
+    print(f"  with the communication model   : {counts['with'] / 1e6:9.2f} M")
+    print(f"  without (collectives uncharged): {counts['without'] / 1e6:9.2f} M")
+    print(f"  cost: {(counts['with'] / counts['without'] - 1) * 100:+.2f} % (target: within 10 %)")
+
+
 def predicted(gpu: str, backward: float) -> gpu_model.StepTime:
     """data_parallel_step for this MLP: each layer's gradients written after an equal share
     of the backward pass, last layer first."""
@@ -94,7 +177,18 @@ def predicted(gpu: str, backward: float) -> gpu_model.StepTime:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and runs")
+    parser.add_argument("--steps", nargs=2, metavar=("MODE", "N"),
+                        help="only run N steps of the 2-rank step, MODE with or without the "
+                             "communication model (for callgrind)")
+    parser.add_argument("--callgrind", type=int, metavar="N",
+                        help="count instructions of N steps with and without, under callgrind")
     args = parser.parse_args()
+    if args.steps:
+        steps_only(args.steps[0], int(args.steps[1]))
+        return
+    if args.callgrind:
+        callgrind(args.callgrind)
+        return
     steps = 5 if args.quick else 15
     print(f"DDP step, MLP {LAYERS} x {WIDTH}, batch {BATCH} per GPU, "
           f"{LAYERS * (WIDTH * WIDTH + WIDTH) * 4 / 1e6:.1f} MB of gradients (modeled):")
