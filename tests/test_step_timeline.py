@@ -70,7 +70,7 @@ def test_the_clock_records_when_each_stream_ran_what() -> None:
     assert (ran.kind, ran.start, ran.end) == (clk.COLLECTIVE, later, end)
     assert ran.name.startswith("nccl:all_reduce (pcie3-host, 2 GPUs")
     assert (joined.kind, joined.stream, joined.end) == (clk.WAIT_COMM, clk.COMPUTE, end)
-    assert ran.name == f"{clock.recording[0].op}: 64 MiB"
+    assert ran.name == f"{clock.recording[0].op}: 64.0 MiB"
 
 
 WIDTH, LAYERS, BATCH = 1024, 4, 256
