@@ -75,6 +75,8 @@ __all__ = [
     "stop",
     "synchronize",
     "thread_routing",
+    "timeline",
+    "Timeline",
 ]
 
 _control_lock = threading.RLock()
@@ -438,3 +440,22 @@ def explain(fn: Any) -> Any:
     from .clock.explain import explain as _explain
 
     return _explain(fn)
+
+
+def timeline(fn: Any) -> Any:
+    """Run `fn()` on the modeled GPUs and return one step's timeline per GPU (a `Timeline`,
+    modeled): kernels on each GPU's queue, collectives on its communication stream, how much
+    communication compute hid, and what waited (a rank for the slowest one, compute for a
+    collective). In a distributed run, return it from each rank and put the ranks' together
+    with `Timeline.merge`."""
+    from .clock.timeline import timeline as _timeline
+
+    return _timeline(fn)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Timeline":  # imported on use: the clock's modules load torch's internals
+        from .clock.timeline import Timeline
+
+        return Timeline
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
