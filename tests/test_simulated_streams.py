@@ -267,3 +267,24 @@ def test_backward_ops_run_on_their_forward_ops_stream() -> None:
     # and the default stream waited for it
     assert on_s_before.elapsed_time(after) >= on_s_before.elapsed_time(on_s_after)
     assert torch.allclose(w.grad, x.t() @ torch.ones(1024, 1024, device="cuda"))
+
+
+def test_backward_called_on_a_side_stream_runs_the_ops_on_their_forward_stream() -> None:
+    devlab.config.simulate_gpus(1, model="T4")
+    w = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+    x = torch.randn(1024, 1024, device="cuda")
+    loss = (x @ w).sum()  # forward on the default stream
+    s = torch.cuda.Stream()
+    product = _ms(lambda: x @ x, s)
+    torch.cuda.synchronize()
+    default_before, default_after, on_s = _event(), _event(), _event()
+    default_before.record()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        loss.backward()
+        on_s.record()  # "use grads" in the same stream context: safe
+    default_after.record()
+    torch.cuda.synchronize()
+    # the backward product ran on the default stream, and s (the caller's) waited for it
+    assert default_before.elapsed_time(default_after) >= 0.9 * product
+    assert default_before.elapsed_time(on_s) >= default_before.elapsed_time(default_after)

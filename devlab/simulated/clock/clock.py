@@ -388,7 +388,8 @@ class Charges(NoCharges):
         on_clock = self.clock.kernels
         self._backward = max(0, self._backward - 1)
         pending = self._pending if not self._backward else None
-        if any(node.metadata.get(_STREAM) for node in nodes):
+        if any(_session.current_streams().values()) or any(
+                node.metadata.get(_STREAM) for node in nodes):
             kernels = self._on_streams(nodes)
         else:
             def kernels(costs: tuple[OpTime, ...], node: Any) -> None:
@@ -417,10 +418,11 @@ class Charges(NoCharges):
         self._place(pending, ready)
 
     def _on_streams(self, nodes: list[Any]) -> Callable[..., None]:
-        """What charges a backward pass's nodes when some forward ops ran on other streams
-        than the caller's: each node's kernels on its forward's stream, after the nodes that
-        feed it its gradients; the caller's streams wait for the others at the end (the
-        engine's syncs, PyTorch's "backward-pass stream semantics")."""
+        """What charges a backward pass's nodes when streams are in play (forward ops ran on a
+        side stream, or backward() was called on one): each node's kernels on its forward's
+        stream, after the nodes that feed it its gradients (the first ones after the caller's
+        stream, where the initial gradient was made); the caller's streams wait for the others
+        at the end (the engine's syncs: PyTorch's "stream semantics of backward passes")."""
         clock = self.clock
         caller = dict(_session.current_streams())
         ready: dict[Any, float] = {}
@@ -428,8 +430,12 @@ class Charges(NoCharges):
 
         def charge(costs: tuple[OpTime, ...], node: Any) -> None:
             index = costs[0].device
-            stream = node.metadata.get(_STREAM) or caller.get(index, 0)
-            clock.wait_for(index, stream, ready.get(node, 0.0))
+            stream = node.metadata.get(_STREAM) or 0
+            mine = caller.get(index, 0)
+            until = ready.get(node)
+            if until is None and stream != mine:  # fed by the caller's initial gradient
+                until = clock.reached(index, mine)
+            clock.wait_for(index, stream, until or 0.0)
             clock.kernels(costs, stream)
             end = clock.reached(index, stream)
             used.add((index, stream))
