@@ -398,12 +398,13 @@ class Stream(torch._C.Stream):
 
     @entry
     def __enter__(self) -> Stream:  # `with stream:` makes it current, as torch.Stream does
-        self._outer = StreamContext(self)
-        self._outer.__enter__()
+        ctx = StreamContext(self)
+        ctx.__enter__()
+        self.__dict__.setdefault("_contexts", []).append(ctx)  # `with s:` may nest
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._outer.__exit__(*exc)
+        self.__dict__["_contexts"].pop().__exit__(*exc)
 
     def __repr__(self) -> str:
         return (f"<simulated torch.cuda.Stream device=cuda:{self.device_index} "
