@@ -859,11 +859,12 @@ def test_device_generic_events_and_streams_wait_for_simulated_work(two) -> None:
     threading.Timer(0.2, gate.set).start()
     torch.accelerator.synchronize()
     assert end.query() and start.elapsed_time(end) >= 150
-    stream = torch.Stream("cuda:1")
-    assert stream.device_index == 1 and stream == torch.cuda.current_stream(1)
+    stream = torch.Stream("cuda:1")  # a new stream of GPU 1's pool, as on CUDA
+    assert stream.device_index == 1 and stream != torch.cuda.current_stream(1)
     # what a GPU's default stream says of itself, as FSDP2 (torch 2.15) passes it to its ops
     cuda_type = int(torch._C._autograd.DeviceType.CUDA)
-    assert (stream.stream_id, stream.device_type, stream.cuda_stream) == (0, cuda_type, 0)
+    default = torch.cuda.current_stream(1)
+    assert (default.stream_id, default.device_type, default.cuda_stream) == (0, cuda_type, 0)
     gate.clear()
     _workers.submit(1, lambda: gate.wait(10))
     assert not stream.query()

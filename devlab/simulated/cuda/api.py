@@ -3,7 +3,6 @@ program asks about its GPUs, their memory, streams, events and random state."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 import threading
@@ -271,35 +270,117 @@ def _lazy_init() -> None:
         "on the CPU, or on a machine with a real GPU."))
 
 
-class Stream:
-    """A simulated GPU's one stream: its worker's queue (no capture, no priorities)."""
+# CUDA's stream ids, as c10/cuda/CUDAStream.cpp numbers them (Note [StreamId assignment]): the
+# default stream is 0; a stream from a pool is (index << 5) | (type << 1) | 1, where type is
+# 1 + the priority's place (0 for priority 0, up to 3 for the highest) and index runs round
+# the pool's 32 streams. So `torch.cuda.Stream()` gives 3, 35, 67, ... and, after 32 streams,
+# 3 again: the same CUDA stream, as on a GPU.
+_STREAM_TYPE_BITS = 4
+_STREAMS_PER_POOL = 32
+_PRIORITIES = 4  # c10::cuda::max_compile_time_stream_priorities
+_CUDA = 1  # c10's DeviceType::CUDA
+_pool_counters: dict[tuple[int, int], int] = {}  # (GPU, priority's place) -> streams handed out
 
-    # What torch.cuda.Stream says of a GPU's default stream (c10's DeviceType 1 is CUDA), which
-    # code passes on to ops (FSDP2's record_grad_output_stream, torch 2.15).
-    stream_id = 0
-    device_type = 1
-    cuda_stream = 0
-    native_handle = 0
+
+def _pool_stream_id(index: int, priority: int) -> int:
+    """The next stream of GPU `index`'s pool for `priority` (getStreamFromPool's round robin)."""
+    place = min(max(-int(priority), 0), _PRIORITIES - 1)
+    with _session.lock:
+        n = _pool_counters.get((index, place), 0)
+        _pool_counters[(index, place)] = n + 1
+    return ((n % _STREAMS_PER_POOL) << (_STREAM_TYPE_BITS + 1)) | ((place + 1) << 1) | 1
+
+
+def _cuda_stream(stream: Any) -> bool:
+    return isinstance(stream, torch._C.Stream) and stream.device_type == _CUDA
+
+
+class Stream(torch._C.Stream):
+    """torch.cuda.Stream for a simulated GPU: a real `torch.Stream` (so torch's C++ argument
+    parser takes it: `Tensor.record_stream`, ops given a stream), with CUDA's stream ids.
+
+    `Stream(device=None, priority=0)` takes the next stream of the device's pool, as CUDA's
+    does; `Stream(stream_id=, device_index=, device_type=)` names an existing one.
+    Values are computed on the CPU in program order, so a program's results are those of the
+    same program correctly synchronized (on a GPU an unsynchronized one's are undefined)."""
+
+    @entry
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Any:
+        if kwargs:  # an existing stream, as torch.cuda.Stream(stream_id=...) names one
+            unknown = set(kwargs) - {"stream_id", "device_index", "device_type", "stream_ptr"}
+            if unknown or "stream_id" not in kwargs or "stream_ptr" in kwargs:
+                raise _errors.user_error(TypeError(
+                    "a simulated GPU's Stream takes (device=None, priority=0), or stream_id=, "
+                    f"device_index=, device_type= of an existing stream; got {sorted(kwargs)}"))
+            index = _devices.cuda_index(kwargs.get("device_index"))
+            if kwargs.get("device_type", _CUDA) != _CUDA:
+                raise _errors.user_error(ValueError(
+                    f"device_type={kwargs['device_type']} is not CUDA's ({_CUDA})"))
+            stream_id = int(kwargs["stream_id"])
+        else:
+            index = _devices.cuda_index(device)
+            stream_id = _pool_stream_id(index, priority)
+        _fork.initialize()
+        return super().__new__(cls, stream_id=stream_id, device_index=index,
+                               device_type=_CUDA)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass  # __new__ made it
+
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        """(lowest, highest) priority, as torch.cuda.Stream.priority_range() reports."""
+        return (0, -(_PRIORITIES - 1))
+
+    @property
+    def priority(self) -> int:
+        return -(((self.stream_id >> 1) & ((1 << _STREAM_TYPE_BITS) - 1)) - 1) \
+            if self.stream_id else 0
+
+    @property
+    def cuda_stream(self) -> int:  # type: ignore[override]
+        """The stream's handle: 0 for the default (legacy) stream, as CUDA's; a number of its
+        own for the others (no real cudaStream_t exists)."""
+        return self.stream_id
+
+    @property
+    def native_handle(self) -> int:  # type: ignore[override]
+        return self.stream_id
 
     @entry
     @initializes
-    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.device_index = _devices.cuda_index(device)
-        self.device = torch.device("cuda", self.device_index)
-        self.priority = priority
-
-    @entry
     def synchronize(self) -> None:
-        _workers.host_sync(self.device_index)
+        """The host waits for this stream's work (on a modeled GPU, this stream's only)."""
+        _workers.wait(self.device_index)
+        sess = _session.session
+        if sess is not None:
+            sess.charges.sync_stream(self.device_index, self.stream_id)
 
     def query(self) -> bool:
         return _workers.idle(self.device_index)
 
+    @entry
+    @initializes
     def wait_stream(self, stream: Any) -> None:
-        """One stream per device: ordering across devices is kept by the host syncs."""
+        """Work queued on this stream from now on starts after what `stream` has queued."""
+        if not _cuda_stream(stream):
+            raise _errors.user_error(TypeError(
+                f"wait_stream expects a CUDA stream, got {type(stream).__name__}"))
+        sess = _session.session
+        if sess is not None and stream != self:
+            sess.charges.wait_for(self.device_index, self.stream_id,
+                                  sess.charges.reached(stream.device_index, stream.stream_id))
 
+    @entry
+    @initializes
     def wait_event(self, event: Any) -> None:
-        """As wait_stream."""
+        """Work queued on this stream from now on starts after the work `event` recorded."""
+        if not isinstance(event, Event):
+            raise _errors.user_error(TypeError(
+                f"wait_event expects a torch.cuda.Event, got {type(event).__name__}"))
+        sess = _session.session
+        if sess is not None and event.time is not None and event.modeled:
+            sess.charges.wait_for(self.device_index, self.stream_id, event.time)
 
     @entry
     def record_event(self, event: Any = None) -> Event:
@@ -310,20 +391,19 @@ class Stream:
     def is_capturing(self) -> bool:
         return False
 
-    def __enter__(self) -> Stream:  # `with stream:` - the device's only stream
+    @entry
+    def __enter__(self) -> Stream:  # `with stream:` makes it current, as torch.Stream does
+        ctx = StreamContext(self)
+        ctx.__enter__()
+        self.__dict__.setdefault("_contexts", []).append(ctx)  # `with s:` may nest
         return self
 
     def __exit__(self, *exc: object) -> None:
-        pass
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream) and other.device_index == self.device_index
-
-    def __hash__(self) -> int:
-        return hash(("devlab-simulated-stream", self.device_index))
+        self.__dict__["_contexts"].pop().__exit__(*exc)
 
     def __repr__(self) -> str:
-        return f"<simulated Stream device=cuda:{self.device_index}>"
+        return (f"<simulated torch.cuda.Stream device=cuda:{self.device_index} "
+                f"stream_id={self.stream_id}>")
 
 
 class Event:
@@ -337,16 +417,25 @@ class Event:
                  interprocess: bool = False, **kwargs: Any) -> None:
         self.enable_timing = enable_timing
         self.time: float | None = None
+        self.modeled = False  # `time` is the modeled clock's, not this machine's
         self.device_index: int | None = None
 
     @entry
     @initializes
     def record(self, stream: Any = None) -> None:
-        i = stream.device_index if isinstance(stream, Stream) else _devices.cuda_index(None)
+        if stream is None:  # the current stream of the current device, as CUDA's
+            i = _devices.cuda_index(None)
+            sid = _session.current_stream(i)
+        elif _cuda_stream(stream):
+            i, sid = stream.device_index, stream.stream_id
+        else:
+            raise _errors.user_error(TypeError(
+                f"Event.record expects a CUDA stream, got {type(stream).__name__}"))
         self.device_index = i
         self.time = None
         sess = _session.session
-        self.time = sess.charges.reached(i) if sess is not None else None
+        self.time = sess.charges.reached(i, sid) if sess is not None else None
+        self.modeled = self.time is not None
         if self.time is None:  # no model: this machine's time when the GPU's queue gets here
             _workers.at_queue_end(i, self._stamp)
 
@@ -358,11 +447,18 @@ class Event:
 
     @entry
     def synchronize(self) -> None:
-        if self.device_index is not None:
-            _workers.host_sync(self.device_index)
+        """The host waits for the work the event recorded (on a modeled GPU, to its time)."""
+        if self.device_index is None:
+            return
+        _workers.wait(self.device_index)
+        sess = _session.session
+        if sess is not None and self.modeled:
+            sess.charges.host_wait(self.time)
 
+    @entry
     def wait(self, stream: Any = None) -> None:
-        """See Stream.wait_stream."""
+        """`stream` (the current one if None) waits for the work the event recorded."""
+        (stream if stream is not None else current_stream()).wait_event(self)
 
     @entry
     def elapsed_time(self, end_event: Event) -> float:
@@ -409,42 +505,96 @@ class AcceleratorEvent(Event):
         return f"<simulated Event{where}>"
 
 
-class AcceleratorStream(Stream):
-    """torch.Stream(device=None, *, priority=0)."""
+class _GenericStream(type):
+    """torch.Stream's class while simulating: every stream is still a `torch.Stream`
+    (`isinstance(torch.cuda.current_stream(), torch.Stream)`, as in torch)."""
 
-    def __new__(cls, device: Any = None, **kwargs: Any) -> Any:
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, torch._C.Stream) if cls is AcceleratorStream else \
+            type.__instancecheck__(cls, obj)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, torch._C.Stream) if cls is AcceleratorStream else \
+            type.__subclasscheck__(cls, sub)
+
+
+class AcceleratorStream(Stream, metaclass=_GenericStream):
+    """torch.Stream(device=None, *, priority=0): a new stream of the GPU's pool."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Any:
         if not _cuda_or_none(device) and _orig_stream is not None:
-            return _orig_stream(device, **kwargs)
-        return super().__new__(cls)
-
-    @entry
-    def __init__(self, device: Any = None, *, priority: int = 0) -> None:
-        super().__init__(device, priority)
+            return _orig_stream(device, priority=priority, **kwargs)
+        return super().__new__(cls, device, priority, **kwargs)
 
 
 @entry
 @initializes
 def current_stream(device: Any = None) -> Stream:
-    return Stream(device)
-
-
-class _NoStream(contextlib.nullcontext):
-    """torch.cuda.stream(s): every simulated GPU has one stream, so nothing to switch."""
-
-
-@entry
-def stream(stream: Any) -> contextlib.AbstractContextManager:
-    return _NoStream()
+    """The thread's current stream on `device` (its default stream unless one was set)."""
+    index = _devices.cuda_index(device)
+    return Stream(stream_id=_session.current_streams().get(index, 0), device_index=index)
 
 
 @entry
-def set_stream(stream: Stream) -> None:
-    """Make `stream` current: with one stream per GPU, that makes its device current."""
-    if not isinstance(stream, Stream):
+@initializes
+def default_stream(device: Any = None) -> Stream:
+    """`device`'s default stream (stream id 0)."""
+    return Stream(stream_id=0, device_index=_devices.cuda_index(device))
+
+
+class StreamContext:
+    """`with torch.cuda.stream(s):` s is the current stream (and its device the current
+    device) inside; the streams and device before it come back after, as torch's
+    StreamContext does. `None` changes nothing."""
+
+    def __init__(self, stream: Any) -> None:
+        if stream is not None and not _cuda_stream(stream):
+            raise _errors.user_error(TypeError(
+                "expected a stream of a simulated GPU (torch.cuda.Stream), "
+                f"got {type(stream).__name__}"))
+        self.stream = stream
+        self._before: list[tuple[int, int]] = []
+        self._device = -1
+
+    @entry
+    def __enter__(self) -> Any:
+        s = self.stream
+        if s is None:
+            return None
+        ids = _session.current_streams()
+        self._device = _session.current_device()
+        self._before = [(i, ids.get(i, 0)) for i in {self._device, s.device_index}]
+        set_stream(s)
+        return s
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stream is None:
+            return
+        ids = _session.current_streams()
+        for i, stream_id in self._before:
+            ids[i] = stream_id
+        _session.tls.device = self._device
+
+
+@entry
+def stream(stream: Any) -> StreamContext:
+    return StreamContext(stream)
+
+
+@entry
+def set_stream(stream: Any) -> None:
+    """Make `stream` current on its device, and its device the current device (as
+    torch._C._cuda_setStream does). None changes nothing."""
+    if stream is None:
+        return
+    if not _cuda_stream(stream):
         raise _errors.user_error(TypeError(
             "expected the stream of a simulated GPU (torch.cuda.current_stream()), "
             f"got {type(stream).__name__}"))
-    _session.tls.device = _devices.checked_ordinal(stream.device_index)
+    index = _devices.checked_ordinal(stream.device_index)
+    _fork.initialize()
+    _session.current_streams()[index] = stream.stream_id
+    _session.tls.device = index
 
 
 _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
@@ -472,8 +622,9 @@ _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "Stream": Stream,
     "Event": Event,
     "current_stream": current_stream,
-    "default_stream": current_stream,
+    "default_stream": default_stream,
     "stream": stream,
+    "StreamContext": StreamContext,
     "set_stream": set_stream,
     "device_of": device_of,
     "can_device_access_peer": can_device_access_peer,
@@ -548,6 +699,7 @@ _ACCEL_FUNCS: dict[str, Callable[..., Any] | type] = {
 
 def install(p: Patcher) -> None:
     _memory.install(p)
+    _pool_counters.clear()  # a new simulation's GPUs hand out their pools from the start
     if _orig_event is not None and _orig_stream is not None:
         p.set(torch, "Event", AcceleratorEvent)
         p.set(torch, "Stream", AcceleratorStream)

@@ -241,7 +241,28 @@ def as_tensor(func: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 def record_stream(func: Callable, args: tuple, kwargs: dict) -> None:
-    """A simulated GPU has one stream, so there is no other stream to record a tensor on."""
+    """`t.record_stream(s)`: t's block is in use on stream s too, so the caching allocator
+    does not hand it out again, once t is freed, until s's work queued by then is done
+    (`CachingAllocator.record_stream`). A host tensor gets torch's own error."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    self = args[0]
+    stream = args[1] if len(args) > 1 else kwargs["s"]
+    m = _marks.mark_of(self)
+    if m is None:
+        _ops.call(None, func, args, kwargs)  # a host tensor: torch's error for the CPU
+        return
+    if stream.device_type != 1:  # c10's DeviceType::CUDA
+        raise _errors.user_error(RuntimeError(
+            f"record_stream: expected a CUDA stream, got one of {stream.device}"))
+    # A wrapper (DTensor) records the blocks of the tensors it wraps.
+    marks = [m] if isinstance(m, _marks.Mark) else [
+        inner for t in _marks.inner_tensors(self)
+        if isinstance(inner := _marks.mark_of(t), _marks.Mark)]
+    sess = _session.session
+    with _session.lock:
+        for mk in marks:
+            if mk.block is not None and sess is not None:
+                sess.devices[mk.index].allocator.record_stream(mk.block, stream.stream_id)
 
 
 HANDLERS: dict[Callable, Callable] = {
