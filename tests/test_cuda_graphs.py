@@ -287,9 +287,12 @@ def test_casts_are_captured_and_other_gpus_work_is_devlabs_own_error(no_simulati
                                         "CUDA graph capture on cuda:0 is not simulated")
     assert "torch.cuda.device(1)" in str(caught.value)
     assert x.tolist() == [5.0, 5.0, 5.0] and _session.capture is None
+    # torch.cuda.graph's default capture stream is on the GPU of the first capture (cuda:0):
+    # GPU 1's work is captured on a stream of GPU 1, as on CUDA.
+    assert torch.cuda.graph.default_capture_stream.device == torch.device("cuda", 0)
     with torch.cuda.device(1):
         on1 = torch.ones(3, device="cuda")
-        with torch.cuda.graph(other):
+        with torch.cuda.graph(other, stream=torch.cuda.Stream()):
             on1.add_(1)
     other.replay()
     assert on1.tolist() == [2.0, 2.0, 2.0]

@@ -320,7 +320,7 @@ def claims_03(nb: nbformat.NotebookNode, env: Env) -> None:
         assert speedup <= 1.1, scaling
         assert "Both are logical devices of one physical GPU" in scaling
         assert "A split GPU does not scale" in scaling
-    # 5. Streams: a copy on a side stream runs beside the product, on the modeled clock (a
+    # 6. Streams: a copy on a side stream runs beside the product, on the modeled clock (a
     # T4's 64 MB copy from pinned memory takes about as long as its 2048 x 2048 product).
     streams = text(cell_with(nb, "def two_streams():"))
     got = re.fullmatch(r"one stream: ([0-9.]+) ms, two streams: ([0-9.]+) ms, (.*)\n", streams)

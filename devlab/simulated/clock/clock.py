@@ -142,7 +142,7 @@ class Clock:
         streams = _session.current_streams() if stream is None else None
         with self.lock:
             free, busy, queue, recording = self.free, self.busy, self.queue, self.recording
-            compute, side = self.compute, self.side
+            compute, side, spans = self.compute, self.side, self.spans
             host = self.host
             for t in ts:
                 device = queue[t.device]
@@ -159,8 +159,8 @@ class Clock:
                 busy[device] += work
                 if recording is not None:
                     recording.append(t)
-                    self.spans.append(  # type: ignore[union-attr]
-                        Span(t.device, COMPUTE, KERNEL, t.op, start, start + work))
+                if spans is not None:
+                    spans.append(Span(t.device, COMPUTE, KERNEL, t.op, start, start + work))
             self.host = host
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
@@ -205,11 +205,12 @@ class Clock:
                 # cudaMemcpy from pageable host memory, or to the host: the host waits for it
                 # (and wakes up after a copy to the host, as after any sync).
                 self.host = end + waited
-            if self.recording is not None:
-                name = f"{op} ({where})"
-                self.spans.extend(  # type: ignore[union-attr]
+            name = f"{op} ({where})"
+            if self.spans is not None:
+                self.spans.extend(
                     Span(g, COMPUTE, COPY_SPAN, name, start, end)
                     for g in dict.fromkeys(i for i in (src_i, dst_i) if i is not None))
+            if self.recording is not None:
                 self.recording.append(within._replace(op=name) if within is not None else
                                       OpTime(name, shown, self._launch, 0.0,  # type: ignore[arg-type]
                                              seconds, 0, nbytes, waited))
@@ -318,8 +319,9 @@ class Clock:
         (the host still pays each launch: capturing one costs about as much). Returns the
         state `end_capture` puts back."""
         with self.lock:
-            state = (list(self.free), list(self.busy), list(self.comm), self.recording)
-            self.recording = []
+            state = (list(self.free), list(self.busy), list(self.comm), list(self.compute),
+                     dict(self.side), self.recording, self.spans)
+            self.recording, self.spans = [], None  # a timeline shows the replays, not this
             return state
 
     def end_capture(self, state: tuple) -> tuple[OpTime, ...]:
@@ -327,7 +329,8 @@ class Clock:
         recorded ran); returns the kernels and copies it recorded, in order."""
         with self.lock:
             recorded = tuple(self.recording or ())
-            self.free, self.busy, self.comm, self.recording = state
+            (self.free, self.busy, self.comm, self.compute, self.side, self.recording,
+             self.spans) = state
             return recorded
 
     def replay(self, ts: tuple[OpTime, ...]) -> None:

@@ -487,6 +487,9 @@ def install(p: Patcher) -> None:
         for name, fn in _FUNCS.items():
             p.set(mod, name, fn)
     p.set(_api.Stream, "is_capturing", _stream_is_capturing)
+    # torch.cuda.graph makes its default capture stream once per process, on the current GPU
+    # of the first capture: a simulated stream must not outlive the simulation in torch.
+    p.set(torch_graphs.graph, "default_capture_stream", None)
     if not hasattr(torch._C, "_host_emptyCache"):  # a CPU build; torch.cuda.graph calls it
         p.set(torch._C, "_host_emptyCache", _host_empty_cache)
     p.on_restore(_abort_capture)
