@@ -14,10 +14,10 @@ In an observed process, once the program has imported torch, two global optimize
 registered (`torch.optim.optimizer.register_optimizer_step_pre_hook` and `..._post_hook`,
 public API). Before the process's first optimizer step the pre-hook records the rank
 (`torch.distributed.get_rank()`) and the optimizer's parameters: the weights training starts
-from, after DDP's broadcast from rank 0 (a DTensor parameter gathered whole, every rank taking
-part, as each steps its optimizer at the same time). The post-hook keeps a reference to the
+from, after DDP's broadcast from rank 0 (a DTensor parameter, or an FSDP1 flat parameter's
+shard, gathered whole, every rank taking part, as each steps its optimizer at the same time). The post-hook keeps a reference to the
 optimizer last stepped, whose parameters are read at exit: the weights training ended with
-(DTensor parameters are gathered after each step instead, while the group lives). At exit the
+(sharded parameters are gathered after each step instead, while the group lives). At exit the
 process writes `<pid>.json` in the folder: rank, whether devlab's simulated GPUs were used, each
 GPU's peak bytes (`memory_stats(i)["peak"]`), the initial and final parameters (flattened, in
 the optimizer's order; beyond `LIMIT` numbers, each parameter's digest), the RANK its launcher
@@ -58,18 +58,42 @@ def _parameters(optimizer: Any) -> list[float] | list[str]:
 
 
 def _whole(p: Any) -> Any:
-    """A parameter's whole value: a DTensor's (FSDP2, tensor parallelism) gathered from the
-    ranks, a collective every rank makes in its own hook at the same step."""
+    """A parameter's whole value: a DTensor's (FSDP2, tensor parallelism) or an FSDP1 flat
+    parameter's gathered from the ranks, a collective every rank makes in its own hook at the
+    same step."""
     if not _sharded(p):
         return p
     import torch
 
     with torch.no_grad():
+        if _flat_shard(p):
+            return _gather_flat(p)
         return p.full_tensor()
 
 
+def _flat_shard(p: Any) -> bool:
+    """An FSDP1 FlatParameter holding this rank's shard: the ranks' shards, each padded to one
+    size, concatenated in rank order and cut to the unpadded size, are the flat parameter,
+    which is the wrapped module's parameters flattened in their order."""
+    return (bool(getattr(p, "_is_flat_param", False))
+            and getattr(p, "_unpadded_unsharded_size", None) is not None
+            and p.numel() < p._unpadded_unsharded_size.numel())
+
+
+def _gather_flat(p: Any) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    shard = p.detach()
+    if shard.device.type == "cpu":  # CPU offload: NCCL gathers GPU tensors only
+        shard = shard.to(torch.device("cuda", torch.cuda.current_device()))
+    whole = shard.new_empty(shard.numel() * dist.get_world_size())
+    dist.all_gather_into_tensor(whole, shard.contiguous())
+    return whole[:p._unpadded_unsharded_size.numel()].cpu()
+
+
 def _sharded(p: Any) -> bool:
-    return callable(getattr(p, "full_tensor", None))
+    return callable(getattr(p, "full_tensor", None)) or _flat_shard(p)
 
 
 class _Observer:
