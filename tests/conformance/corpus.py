@@ -876,6 +876,35 @@ FRAMEWORKS: tuple[Program, ...] = (
         ranks=Ranks(world=2, trains=False),
     ),
     Program(
+        name="accelerate_test_merge_weights",
+        title="accelerate's FSDP sharded-checkpoint merge test (`accelerate launch --multi_gpu`, "
+              "FSDP1)",
+        repo=ACCELERATE,
+        files=(SourceFile(ACCELERATE_SCRIPTS + "test_merge_weights.py",
+                          "b0d8fa95f4eebc359bf41b73cae91d2737cde338", "test_merge_weights.py",
+                          5982, "af5a2a3ce30ea8b7b9cd67a75964f297d7036db90525a76934d88f341960475f"),),
+        licence=APACHE_ACCELERATE,
+        entry="test_merge_weights.py",
+        launch=ACCELERATE_LAUNCH,
+        standins=(),
+        exercises="accelerate's FSDP plugin (FSDP version 1: `FullyShardedDataParallel`, "
+                  "`FULL_SHARD`, size-based auto wrap) with `StateDictType.SHARDED_STATE_DICT`: "
+                  "3 epochs of SGD through `accelerator.prepare`/`backward`, flat parameters "
+                  "unsharded and resharded on every forward and backward (`record_stream` on "
+                  "simulated streams), gradients reduce-scattered; `save_fsdp_model` writes the "
+                  "sharded state dict with `torch.distributed.checkpoint` (DCP) from both "
+                  "ranks, then `merge_fsdp_weights` and `accelerate merge-weights` read the "
+                  "checkpoint back with DCP in one process into safetensors and "
+                  "pytorch_model.bin",
+        compare_note="no CPU run: the script asserts itself that each merged file loads into a "
+                     "fresh `TinyModel` equal to the trained FSDP model's state dict "
+                     "(`torch.allclose`) and unequal to an untrained one",
+        gpus_used=2,
+        ranks=Ranks(world=2, trains=False),
+        notes="Its sizes are fixed (a 16-16-16 model, 128 samples, 3 epochs); it has no flags. "
+              "It writes and removes test_merge_weights_fsdp_weights/ in the run's folder.",
+    ),
+    Program(
         name="accelerate_notebook_launcher",
         title="accelerate's notebook_launcher test (in a Jupyter kernel)",
         repo=ACCELERATE,
