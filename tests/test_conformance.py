@@ -280,6 +280,9 @@ def test_a_tutorials_program_is_its_python_blocks_in_order(tmp_path: Path) -> No
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=60)
     assert done.stdout == os.sep + "\n"
+    assert run_program.rst_code(RST, blocks=1) == "import os\n\ndef f():\n   return os.sep\n"
+    with pytest.raises(ValueError, match="has 2 python blocks, not 3"):
+        run_program.rst_code(RST, blocks=3)
 
 
 OBSERVED_FORK = """

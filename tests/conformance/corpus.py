@@ -139,7 +139,8 @@ class Program:
     `standins`: the folders (under tests/conformance) put on the import path. `own_network`: the
     program listens on fixed TCP ports (its own or its launcher's default); where the machine
     allows it, the run gets a network namespace of its own (loopback only), so that two runs at
-    once cannot take each other's ports.
+    once cannot take each other's ports. `rst_blocks`: a reStructuredText tutorial whose program
+    is its first that many python blocks (its later ones show variants of the program's lines).
     """
 
     name: str
@@ -176,6 +177,7 @@ class Program:
     package: str | None = None
     machine_gpus: int = 2
     reference_gpus: int = 0
+    rst_blocks: int = 0
 
     @property
     def folder(self) -> Path:
@@ -1083,6 +1085,57 @@ NCCL_PROGRAMS: tuple[Program, ...] = (
 )
 
 CORPUS += NCCL_PROGRAMS
+
+# --- FSDP version 1 (issue 29) -------------------------------------------------------------------
+CORPUS += (
+    Program(
+        name="fsdp1_tutorial",
+        title="Getting Started with Fully Sharded Data Parallel (FSDP1 tutorial, mp.spawn, "
+              "2 ranks)",
+        repo=TUTORIALS,
+        files=(SourceFile("intermediate_source/FSDP1_tutorial.rst",
+                          "7f42e47c32a45b1142de7336c44f8ecbf5275037", "FSDP1_tutorial.rst",
+                          19599, "1a666097ba78cf58e8ad626453d451aae31c3c2ab9aa4d7c0479f32151a33da8"),),
+        licence=BSD3_TUTORIALS,
+        entry="FSDP1_tutorial.rst",
+        rst_blocks=7,
+        argv=("--epochs", "1", "--save-model"),
+        standin=TORCHVISION_MNIST,
+        exercises="FSDP version 1 (`FullyShardedDataParallel(model)`, one flat parameter "
+                  "sharded over the two GPUs) from `mp.spawn` with `init_process_group(\"nccl\")` "
+                  "and `torch.cuda.set_device(rank)`: all-gather before forward and backward, "
+                  "`record_stream` and reshard after them on simulated streams, gradient "
+                  "reduce-scatter, Adadelta on the shards, DataLoader workers with pinned "
+                  "memory, `dist.all_reduce` of the losses, CUDA events' elapsed time, the "
+                  "FSDP module's repr, a full state dict (`model.state_dict()`, "
+                  "`FULL_STATE_DICT`) saved by rank 0",
+        compare=Compare(rf"^(?:Train Epoch: 1 \tLoss|Test set: Average loss): ({FLOAT})",
+                        rtol=1e-4),
+        compare_note="the CPU run is a replay (references.fsdp1_tutorial): the tutorial's Net "
+                     "built from a fresh process's generator as each spawned rank builds it, "
+                     "one epoch of Adadelta on the mean of the two ranks' gradients (FSDP's "
+                     "reduce-scatter), each rank's batches (its DistributedSampler) and dropout "
+                     "masks drawn from that rank's generator; compared: the epoch's training "
+                     "loss and the test loss the program prints (rtol 1e-4), the initial and "
+                     "final parameters (the observer gathers the flat parameter's shards); the "
+                     "ranks must start and end equal and mnist_cnn.pt hold rank 0's final "
+                     "parameters",
+        expect_stdout=(r"^CUDA event elapsed time: [0-9.e-]+sec$",
+                       r"^FullyShardedDataParallel\($",
+                       r"^  \(_fsdp_wrapped_module\): Net\($"),
+        gpus_used=2,
+        own_network=True,
+        ranks=Ranks(world=2, checkpoint="mnist_cnn.pt", replay="fsdp1_tutorial", rtol=1e-4,
+                    atol=1e-6),
+        timeout=360.0,
+        notes="The tutorial's program is the first seven python blocks, which it tells its "
+              "reader to put into FSDP_mnist.py; its later blocks show variants of lines of "
+              "`fsdp_main` (an auto-wrap policy, CPU offload, DDP instead). `--epochs 1` "
+              "(its default is 10): with the stand-in's 1280 training samples and batch size "
+              "64 each rank takes 10 steps. It listens on its fixed MASTER_PORT, 12355.",
+    ),
+)
+
 
 # --- torch.distributed.pipelining (wp-corpus2) -----------------------------------------------
 CORPUS += (

@@ -139,13 +139,15 @@ def _run_notebook(path: Path) -> list[dict[str, Any]]:
     return cells
 
 
-def rst_code(text: str) -> str:
+def rst_code(text: str, blocks: int = 0) -> str:
     """The program a reStructuredText tutorial shows: its `.. code:: python` (or `code-block`)
-    blocks, dedented, in order, as its reader puts them into one file."""
+    blocks, dedented, in order, as its reader puts them into one file; with `blocks`, the
+    first that many only (a tutorial whose later blocks are variants of lines in the program,
+    not more of it)."""
     import textwrap
 
     lines = text.splitlines()
-    blocks: list[str] = []
+    found: list[str] = []
     i = 0
     while i < len(lines):
         if re.match(r"^\s*\.\. (?:code|code-block|sourcecode)::\s*python\s*$", lines[i]):
@@ -154,17 +156,19 @@ def rst_code(text: str) -> str:
             while i < len(lines) and (not lines[i].strip() or lines[i][:1].isspace()):
                 block.append(lines[i])
                 i += 1
-            blocks.append(textwrap.dedent("\n".join(block)).strip("\n"))
+            found.append(textwrap.dedent("\n".join(block)).strip("\n"))
         else:
             i += 1
-    return "\n\n".join(blocks) + "\n"
+    if blocks > len(found):
+        raise ValueError(f"the tutorial has {len(found)} python blocks, not {blocks}")
+    return "\n\n".join(found[:blocks or len(found)]) + "\n"
 
 
-def script_from_rst(path: Path) -> Path:
+def script_from_rst(path: Path, blocks: int = 0) -> Path:
     """Write the program of tutorial `path` (see rst_code) beside it as `<name>.py`, the file
     the tutorial tells its reader to run."""
     script = path.with_suffix(".py")
-    script.write_text(rst_code(path.read_text(encoding="utf-8")), encoding="utf-8")
+    script.write_text(rst_code(path.read_text(encoding="utf-8"), blocks), encoding="utf-8")
     return script
 
 
@@ -377,7 +381,7 @@ def run_here(name: str, simulate: int, replay: str | None = None,
         sys.path.insert(0, str(workdir))
         entry = workdir / program.entry
         if entry.suffix == ".rst":
-            entry = script_from_rst(entry)
+            entry = script_from_rst(entry, program.rst_blocks)
         argv = program.argv if own or program.cpu_argv is None else program.cpu_argv
         target = ("-m", program.module) if program.module else (str(entry),)
         sys.argv = [target[-1], *argv]

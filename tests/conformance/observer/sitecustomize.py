@@ -116,6 +116,11 @@ class _Observer:
             if dist.is_available() and dist.is_initialized():
                 self.record["rank"] = dist.get_rank()
                 self.record["world_size"] = dist.get_world_size()
+            import torch
+
+            # the seed this process's generator started from (a replay of ranks that draw
+            # unseeded, each from its own, draws theirs)
+            self.record["seed"] = torch.initial_seed()
             self.record["initial"] = _parameters(optimizer)
         except Exception as e:
             self.record["errors"].append(f"pre-step: {type(e).__name__}: {e}")
