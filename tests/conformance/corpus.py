@@ -1127,7 +1127,7 @@ CORPUS += (
         own_network=True,
         ranks=Ranks(world=2, checkpoint="mnist_cnn.pt", replay="fsdp1_tutorial", rtol=1e-4,
                     atol=1e-6),
-        timeout=360.0,
+        timeout=600.0,  # three processes and four DataLoader workers: minutes on loaded cores
         notes="The tutorial's program is the first seven python blocks, which it tells its "
               "reader to put into FSDP_mnist.py; its later blocks show variants of lines of "
               "`fsdp_main` (an auto-wrap policy, CPU offload, DDP instead). `--epochs 1` "
