@@ -71,6 +71,19 @@ class Lesson:
         """The logical GPUs' TensorFlow names (`/GPU:0`, `/GPU:1`), for magics and `devlab.device`."""
         return [d.name.replace("/device:", "/") for d in config.logical_devices("GPU")]
 
+    @property
+    def times(self) -> str:
+        """Where the GPU times the lesson's cells show come from, in words: measured on real
+        GPUs, or modeled (on which GPU), or neither (simulated without a timing model)."""
+        if not simulated.is_active():
+            return "measured with CUDA events on the real GPUs"
+        spec = simulated.model()
+        if spec is None:
+            return ("simulated without a timing model: CPU time, nothing a GPU would show "
+                    "(devlab.lesson.setup(model=\"T4\") models one)")
+        return (f"modeled on {spec.full_name} (from its specifications and NCCL's tuning model, "
+                "not measured)")
+
     def __str__(self) -> str:
         return "\n".join((self.said, *self.notes))
 

@@ -137,3 +137,16 @@ def test_mistakes_are_named(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         lesson.setup(**kwargs)
     assert not simulated.is_active()
+
+
+def test_it_says_whether_the_lessons_gpu_times_are_modeled(capsys) -> None:
+    """`Lesson.times`, the first line of the cells that time GPUs: modeled on the lesson's GPU,
+    or, simulated without a model, no GPU's time at all."""
+    lab = lesson.setup(gpus=2, model="T4")
+    assert lab.times == ("modeled on NVIDIA T4 (16 GB, PCIe) (from its specifications and "
+                         "NCCL's tuning model, not measured)")
+    assert simulated.model().full_name in lab.times
+    config.stop_simulation()
+    lab = lesson.setup(gpus=2)
+    assert simulated.is_active() and simulated.model() is None
+    assert lab.times.startswith("simulated without a timing model: CPU time")

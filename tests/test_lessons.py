@@ -349,6 +349,7 @@ def claims_04(nb: nbformat.NotebookNode, env: Env) -> None:
     for gpu in (GPU0, GPU1):  # 4x16 + 16 + 16x1 + 1 float32 parameters: 388 bytes
         assert f"Broadcast 388 B on {gpu} (c10d::broadcast_)" in step
         assert f"All-reduce 388 B on {gpu} (c10d::allreduce_)" in step
+    claims_ddp_scaling(nb)
 
 
 def claims_05(nb: nbformat.NotebookNode, env: Env) -> None:
@@ -371,6 +372,49 @@ def claims_05(nb: nbformat.NotebookNode, env: Env) -> None:
     out = cells["net(X)"]
     assert out.startswith("tensor([[") and out.endswith("device='cuda:0', grad_fn=<AddmmBackward0>)")
     assert cells["net[0].weight.data.device"] == "device(type='cuda', index=0)"
+
+
+def claims_ddp_scaling(nb: nbformat.NotebookNode) -> None:
+    """Lessons 04 and 06: a DDP step on one and on two modeled T4s, as the communication model
+    predicts it from the one-GPU times; the model's explanation and its what-ifs agree with it."""
+    from devlab import gpu_model
+
+    timed = stream(cell_with(nb, "def ddp_step("))
+    assert "GPU times: modeled on NVIDIA T4 (16 GB, PCIe)" in timed and "not measured" in timed
+    steps = {int(n): [float(v) for v in parts] for n, *parts in re.findall(
+        r"^(\d) GPUs?\s*: step\s+([\d.]+) ms = forward ([\d.]+) \+ backward ([\d.]+) \+ "
+        r"optimizer ([\d.]+), [\d,]+ samples/s$", timed, re.M)}
+    assert sorted(steps) == [1, 2], timed
+    (t1, f, b, o), (t2, f2, b2, o2) = steps[1], steps[2]
+    assert (f2, o2) == (f, o) and b2 > b  # each GPU computes as much; the backward waits
+    # The model, from the one-GPU times the cell printed (to the µs): the same step on two.
+    layer = 4 * 1024 * 1024, 4 * 1024  # a Linear(1024, 1024)'s gradients, as backward writes them
+    sizes = [layer[1], layer[0]] * 8
+    step = gpu_model.data_parallel_step(
+        gpu_model.evenly_ready(sizes, b / 1e3), 2, "pcie3-host", forward=f / 1e3,
+        backward=b / 1e3, optimizer=o / 1e3, gpu_name="T4")
+    assert step.seconds * 1e3 == pytest.approx(t2, abs=0.01), (step, timed)
+    why = text(cell_with(nb, "ring = gpu_model.bus_factor"))
+    buckets = [sum(sizes[i] for i in k) / 2**20 for k in gpu_model.bucket_sizes(sizes)]
+    assert f"gradients: {sum(sizes) / 1e6:.1f} MB, all-reduced at every step, in " \
+           f"{len(buckets)} buckets ({', '.join(f'{k:.1f}' for k in buckets)} MiB)" in why, why
+    topo = gpu_model.topology("pcie3-host")
+    assert f"{topo.duplex:.1%} of it when both GPUs send at once: " \
+           f"{topo.bus_gbs * topo.duplex:.2f} GB/s" in why, why
+    assert "2(n-1)/n = 1 x the gradients" in why
+    assert f"modeled: {step.communication * 1e3:.3f} ms of all-reduce, {step.hidden:.0%} of it " \
+           f"hidden" in why, why
+    assert f"2 GPUs are {2 * t1 / t2:.2f} x as fast as 1 (modeled)" in why, why
+    rows = dict(re.findall(r"^(.+?)\s+[\d.]+ ms\s+[\d.]+ ms\s+([\d.]+) x$",
+                           text(cell_with(nb, "def modeled(")), re.M))
+    speed = {k.split(" (")[0].strip(): float(v) for k, v in rows.items()}
+    assert speed["as above"] == pytest.approx(2 * t1 / t2, abs=0.01)
+    # A larger batch, P2P and NVLink hide or shorten the all-reduce; a larger MLP gains nothing.
+    assert speed["as above"] < speed["PCIe with peer-to-peer"] < speed["NVLink bridge"] <= 2
+    assert speed["batch x 4"] > speed["as above"]
+    assert speed["model x 4"] == pytest.approx(speed["as above"], abs=0.1)
+    assert speed["4 micro-batches per step"] == pytest.approx(  # 3 of 4 without an all-reduce
+        2 * (4 * (f + b) + o) / (3 * (f + b) + step.seconds * 1e3), abs=0.01), rows
 
 
 def _replay_06() -> tuple[torch.nn.Module, list[float]]:
@@ -432,6 +476,7 @@ def claims_06(nb: nbformat.NotebookNode, env: Env) -> None:
     assert "both ranks hold the same weights: True" in same
     assert re.search(r"^same as one process on batches of 32: True \(largest difference "
                      r"\d\.\de-\d\d\)$", same, re.M), same
+    claims_ddp_scaling(nb)
 
 
 CLAIMS: dict[str, Callable[[nbformat.NotebookNode, Env], None]] = {

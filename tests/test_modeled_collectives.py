@@ -325,3 +325,66 @@ def test_ddp_over_a_model_spanning_two_modeled_gpus_per_rank(no_simulation) -> N
     # Each step waits for its two buckets (one per GPU, a layer each), one after the other
     # on the communication stream of the GPU DDP's buffers are charged to.
     assert all(t > 2 * one_layer for t in ranks[0]["times"])
+
+
+def other_collectives() -> dict:
+    """gather, scatter, all_gather_object and the functional collectives DTensor and tensor
+    parallelism call, each timed with CUDA events from an idle GPU."""
+    import torch.distributed._functional_collectives as funcol
+
+    rank = _init()
+    t = torch.ones(MiB, device=rank)  # 4 MiB
+    parts = [torch.full_like(t, 1.0), torch.full_like(t, 2.0)] if rank == 0 else None
+    gathered = [torch.empty_like(t) for _ in range(2)] if rank == 0 else None
+    scattered = torch.empty_like(t)
+    out: dict = {}
+
+    def timed(name: str, fn) -> None:
+        torch.cuda.synchronize()
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        out[name] = start.elapsed_time(end)
+
+    world = dist.group.WORLD
+    timed("gather", lambda: dist.gather(t, gathered, dst=0))
+    timed("scatter", lambda: dist.scatter(scattered, parts, src=0))
+    timed("all_reduce", lambda: funcol.all_reduce(t, "sum", world).wait())
+    timed("all_gather", lambda: funcol.all_gather_tensor(t, 0, world).wait())
+    timed("reduce_scatter", lambda: funcol.reduce_scatter_tensor(t, "sum", 0, world).wait())
+    timed("all_gather_object", lambda: dist.all_gather_object([None, None], {"rank": rank}))
+    out["scattered"] = scattered[0].item()
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_gather_scatter_and_functional_collectives_take_the_models_time(no_simulation) -> None:
+    simulated.start(2, model="T4")
+    root, other = devlab.launch(other_collectives, nprocs=2, timeout=300)
+    launch_ms = simulated.model().launch_latency_us * 1e-3
+
+    def model_ms(op: str, nbytes: int) -> float:
+        return gpu_model.collective_time(op, nbytes, 2, "pcie3-host").seconds * 1e3 + launch_ms
+
+    # Gather and scatter: the root's whole buffer, half of it crossing the root's link.
+    assert root["gather"] == pytest.approx(model_ms("gather", 8 * MiB), rel=1e-9)
+    assert other["gather"] >= root["gather"] - 1e-9
+    for rank in (root, other):
+        assert rank["scatter"] == pytest.approx(model_ms("scatter", 8 * MiB), rel=1e-9)
+        # torch.distributed._functional_collectives (DTensor's) as the c10d ones.
+        assert rank["all_reduce"] == pytest.approx(model_ms("all_reduce", 4 * MiB), rel=1e-9)
+        assert rank["all_gather"] == pytest.approx(model_ms("all_gather", 8 * MiB), rel=1e-9)
+        assert rank["reduce_scatter"] == pytest.approx(model_ms("reduce_scatter", 4 * MiB),
+                                                       rel=1e-9)
+        # all_gather_object: an all-gather of the sizes, then one of the pickled bytes.
+        assert rank["all_gather_object"] > 2 * gpu_model.collective_time(
+            "all_gather", 16, 2, "pcie3-host").seconds * 1e3
+    assert (root["scattered"], other["scattered"]) == (1.0, 2.0)
+    # The model itself: gather and scatter are one-way, at the link's full bus bandwidth.
+    gather = gpu_model.collective_time("gather", 1 << 30, 2, "pcie3-host")
+    assert gather.busbw_gbs == pytest.approx(gpu_model.topology("pcie3-host").bus_gbs, rel=0.01)
+    assert gpu_model.bus_factor("scatter", 4) == 0.75

@@ -154,6 +154,22 @@ def test_with_enough_real_gpus_a_lesson_uses_them_and_hides_the_rest(real_gpus, 
     assert lab.gpus == [CUDA0, torch.device("cuda", 1)]
 
 
+def test_on_kaggles_two_t4s_the_lessons_use_both_and_their_times_are_measured(real_gpus,
+                                                                              capsys) -> None:
+    """Kaggle's "GPU T4 x2": lesson 06's set-up call, as written, takes both real T4s (each its
+    own CUDA device, so the DDP cells run), simulates nothing, and says its cells' times are
+    measured, not modeled on the T4 it names."""
+    real_gpus(2)
+    lab = lesson.setup(gpus=2, model="T4", cells={
+        "separate_gpus": "the training cell and the cell that times a DDP step on two GPUs"})
+    line, *notes = capsys.readouterr().out.splitlines()
+    assert line == ("devlab.lesson: 2 real GPUs (/GPU:0: Tesla T4, /GPU:1: Tesla T4). GPUs: "
+                    "/GPU:0 = cuda:0, /GPU:1 = cuda:1."), line
+    assert notes == ["Times on a real GPU are measured, not modeled on the T4."]
+    assert lab.gpus == [CUDA0, torch.device("cuda", 1)] and not simulated.is_active()
+    assert lab.times == "measured with CUDA events on the real GPUs"
+
+
 def test_once_cuda_has_started_a_gpu_cannot_be_split_and_the_lesson_says_so(real_gpus, capsys,
                                                                             monkeypatch) -> None:
     real_gpus(1)

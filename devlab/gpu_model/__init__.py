@@ -34,6 +34,11 @@ from .links import TOPOLOGIES, Topology, default_topology, topologies, topology 
 __all__ += ["OPS", "TOPOLOGIES", "CollectiveTime", "Topology", "algbw_to_busbw", "bus_factor",
             "busbw_to_algbw", "coalesced_time", "collective_time", "default_topology",
             "topologies", "topology"]
-from .data_parallel import StepTime, bucket_sizes, data_parallel_step  # noqa: E402
+from .data_parallel import (  # noqa: E402
+    StepTime,
+    bucket_sizes,
+    data_parallel_step,
+    evenly_ready,
+)
 
-__all__ += ["StepTime", "bucket_sizes", "data_parallel_step"]
+__all__ += ["StepTime", "bucket_sizes", "data_parallel_step", "evenly_ready"]

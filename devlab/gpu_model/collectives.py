@@ -27,7 +27,7 @@ peer-to-peer) two-way traffic gets 0.3 of the link (`links.HOST_DUPLEX`); the NV
 bridge of H100 PCIe cards is taken at what it was measured at (`links.H100_BRIDGE_FRACTION`).
 
 Sizes are as nccl-tests counts them: an all-reduce's, broadcast's or reduce's buffer, an
-all-gather's output (all ranks' parts), a reduce-scatter's input, an all-to-all's buffer on
+all-gather's or gather's output (all ranks' parts), a reduce-scatter's or scatter's input, an all-to-all's buffer on
 each rank, a send's message. Times are GPU-side, as nccl-tests measures them (operations
 queued back to back); the host's launch latency is not in them.
 """
@@ -44,8 +44,12 @@ from .specs import GpuSpec, gpu
 ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV, BARRIER = (
     "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
     "send_recv", "barrier")
+# NCCL has no gather or scatter kernel: torch's ProcessGroupNCCL runs them as grouped sends
+# and receives to or from the root (ncclGroupStart, one ncclSend/ncclRecv per peer), as
+# nccl-tests' gather_perf and scatter_perf do.
+GATHER, SCATTER = "gather", "scatter"
 OPS = (ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV,
-       BARRIER)
+       BARRIER, GATHER, SCATTER)
 # torch.distributed's names for the same NCCL operations.
 OP_ALIASES = {
     "allreduce": ALL_REDUCE, "all_reduce_coalesced": ALL_REDUCE,
@@ -86,13 +90,13 @@ BARRIER_BYTES = 4
 
 def bus_factor(op: str, ranks: int) -> float:
     """busbw / algbw for `op` on `ranks` GPUs, as nccl-tests defines it ([nccl-tests-perf]):
-    2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for
-    broadcast, reduce and send/recv."""
+    2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter, all-to-all, gather and
+    scatter (nccl-tests' gather.cu and scatter.cu), 1 for broadcast, reduce and send/recv."""
     op = canonical(op)
     _check_ranks(ranks)
     if op in (ALL_REDUCE, BARRIER):
         return 2 * (ranks - 1) / ranks
-    if op in (ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL):
+    if op in (ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER, SCATTER):
         return (ranks - 1) / ranks
     return 1.0
 
@@ -176,8 +180,8 @@ def _generation(topo: Topology, spec: GpuSpec | None) -> str:
 
 def _two_way(op: str, ranks: int) -> bool:
     """Every GPU sends and receives at once (a ring, or a broadcast/reduce chain of 3+)."""
-    if op == SEND_RECV:
-        return False
+    if op in (SEND_RECV, GATHER, SCATTER):  # the root only receives (sends); the others
+        return False                         # only send (receive)
     if op in (BROADCAST, REDUCE):
         return ranks > 2
     return True
@@ -189,9 +193,10 @@ def _candidates(op: str, ranks: int, topo: Topology, generation: str) -> list[tu
     ll_cap = LL_MAX_GBS.get(generation, LL_MAX_GBS["7"])
     protocols = [(0, LL), (2, SIMPLE)] + ([(1, LL128)] if topo.ll128 else [])
     out = []
-    if op in (ALL_TO_ALL, SEND_RECV):
-        # Point-to-point transfers to every peer at once (NCCL runs all-to-all as grouped
-        # sends and receives): one step, Simple protocol, each GPU's link full.
+    if op in (ALL_TO_ALL, SEND_RECV, GATHER, SCATTER):
+        # Point-to-point transfers to every peer at once (NCCL runs all-to-all, gather and
+        # scatter as grouped sends and receives): one step, Simple protocol, each GPU's link
+        # full; a gather's or scatter's (n-1)/n of the buffer crosses the root's link.
         latency = BASE_US[RING][2] + STEP_US[topo.hw][RING][2]
         out.append((DIRECT, SIMPLE, 1, latency * 1e-6, link,
                     busbw_to_algbw(op, ranks, link)))

@@ -149,3 +149,13 @@ def data_parallel_step(gradients: Sequence[tuple[float, int]], ranks: int,
         free = bucket.end
         buckets.append(bucket)
     return StepTime(float(forward), float(backward), float(optimizer), tuple(buckets))
+
+
+def evenly_ready(gradient_bytes: Sequence[int], backward: float) -> list[tuple[float, int]]:
+    """(ready seconds, bytes) for `data_parallel_step`, when all that is known of a backward
+    pass is its length: the gradients, in the order the backward pass writes them (last
+    layer first), written at even intervals through it, the last at its end."""
+    if not isinstance(backward, (int, float)) or isinstance(backward, bool) or backward < 0:
+        raise ValueError(f"backward must be a time in seconds, 0 or more; got {backward!r}")
+    sizes = list(gradient_bytes)
+    return [(backward * (i + 1) / len(sizes), n) for i, n in enumerate(sizes)]

@@ -36,10 +36,12 @@ from torch._C._distributed_c10d import (
     AllreduceOptions,
     BarrierOptions,
     BroadcastOptions,
+    GatherOptions,
     ProcessGroupGloo,
     ReduceOp,
     ReduceOptions,
     ReduceScatterOptions,
+    ScatterOptions,
     _create_work_from_future,
 )
 
@@ -493,6 +495,24 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         self._charge("barrier", (4,), None, plain, host_waits=True)
         self._inner.barrier(plain).wait()
         return _done(None)
+
+    @_timed
+    def gather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        """Every rank's tensor to the root's list (NCCL: grouped sends and receives): charged
+        as the root's whole output, as nccl-tests counts a gather."""
+        opts = opts if opts is not None else GatherOptions()
+        ins = _listed(inputs)
+        self._charge("gather", (ins[0].nbytes * self.size(),), ins[0], opts)
+        return self._inner.gather(outputs, ins, opts)
+
+    @_timed
+    def scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        """The root's list, one tensor to each rank (NCCL: grouped sends and receives):
+        charged as the root's whole input, as nccl-tests counts a scatter."""
+        opts = opts if opts is not None else ScatterOptions()
+        outs = _listed(outputs)
+        self._charge("scatter", (outs[0].nbytes * self.size(),), outs[0], opts)
+        return self._inner.scatter(outs, inputs, opts)
 
     @_timed
     def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
