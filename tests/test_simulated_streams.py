@@ -107,3 +107,184 @@ def test_record_stream_holds_the_block_until_the_stream_is_done() -> None:
     assert (stats["active_bytes.all.current"], stats["reserved_bytes.all.current"]) == (
         4 * MIB, reserved)
     del y
+
+
+# --- the modeled clock: a T4 -----------------------------------------------------------------
+
+def _event() -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=True)
+
+
+def _ms(work, side: torch.cuda.Stream) -> float:
+    """Modeled milliseconds from an idle GPU until `work()` is done, the default stream
+    waiting for `side` at the end."""
+    torch.cuda.synchronize()
+    start, end = _event(), _event()
+    start.record()
+    work()
+    torch.cuda.current_stream().wait_stream(side)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
+def test_a_copy_on_a_side_stream_overlaps_a_product_on_the_default_stream() -> None:
+    devlab.config.simulate_gpus(1, model="T4")
+    a = torch.randn(1024, 1024, device="cuda")
+    host = torch.empty(16 * MIB, dtype=torch.uint8, pin_memory=True)
+    s = torch.cuda.Stream()
+    product = _ms(lambda: a @ a, s)
+    copy = _ms(lambda: host.to("cuda", non_blocking=True), s)
+
+    def overlapped() -> None:
+        with torch.cuda.stream(s):
+            host.to("cuda", non_blocking=True)
+        a @ a
+
+    def serial() -> None:
+        host.to("cuda", non_blocking=True)
+        a @ a
+
+    both, one_stream = _ms(overlapped, s), _ms(serial, s)
+    assert max(product, copy) <= both < 0.9 * (product + copy)
+    assert one_stream >= 0.99 * (product + copy)  # one stream: one after the other
+
+
+def test_work_on_a_stream_starts_after_what_it_waits_for() -> None:
+    devlab.config.simulate_gpus(1, model="T4")
+    a = torch.randn(1024, 1024, device="cuda")
+    host = torch.empty(MIB, dtype=torch.uint8, pin_memory=True)
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    begin, product_done, copied, waited = _event(), _event(), _event(), _event()
+    begin.record()
+    a @ a
+    product_done.record()
+    with torch.cuda.stream(s):
+        host.to("cuda", non_blocking=True)  # no wait: runs beside the product
+        copied.record()
+        s.wait_stream(torch.cuda.default_stream())
+        host.to("cuda", non_blocking=True)  # after the product
+        waited.record(s)
+    torch.cuda.synchronize()  # waits for every stream
+    product_ms = begin.elapsed_time(product_done)
+    assert begin.elapsed_time(copied) < product_ms  # events on two streams compare
+    assert begin.elapsed_time(waited) > product_ms
+    assert copied.elapsed_time(waited) > 0
+    # wait_event: the same, from an event
+    e = torch.cuda.Event()
+    a @ a
+    e.record()
+    after = _event()
+    with torch.cuda.stream(s):
+        s.wait_event(e)
+        host.to("cuda", non_blocking=True)
+        after.record()
+    torch.cuda.synchronize()
+    assert product_done.elapsed_time(after) > product_ms
+
+
+def test_synchronize_waits_for_every_stream_and_a_stream_for_its_own() -> None:
+    devlab.config.simulate_gpus(1, model="T4")
+    host = torch.empty(64 * MIB, dtype=torch.uint8, pin_memory=True)
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    start, side_done = _event(), _event()
+    start.record()
+    with torch.cuda.stream(s):
+        host.to("cuda", non_blocking=True)
+        side_done.record()
+    torch.cuda.default_stream().synchronize()  # the default stream has nothing queued
+    early = _event()
+    early.record()
+    torch.cuda.synchronize()
+    late = _event()
+    late.record()
+    assert start.elapsed_time(early) < start.elapsed_time(side_done) <= start.elapsed_time(late)
+    s.synchronize()
+
+
+def test_allocations_on_a_side_stream_come_from_its_own_pool() -> None:
+    devlab.config.simulate_gpus(1)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        x = torch.empty(MIB, dtype=torch.uint8, device="cuda")
+    segments = torch.cuda.memory_snapshot()
+    assert [seg["stream"] for seg in segments] == [s.stream_id]
+    reserved = torch.cuda.memory_reserved()
+    del x  # cached in s's pool: an allocation on the default stream takes a new segment
+    y = torch.empty(MIB, dtype=torch.uint8, device="cuda")
+    assert torch.cuda.memory_reserved() == 2 * reserved
+    del y
+    with torch.cuda.stream(s):  # on s again, the cached block is reused
+        z = torch.empty(MIB, dtype=torch.uint8, device="cuda")
+    assert torch.cuda.memory_reserved() == 2 * reserved
+    del z
+
+
+def test_record_stream_delays_reuse_until_the_streams_modeled_work_is_done() -> None:
+    devlab.config.simulate_gpus(1, model="T4")
+    host = torch.empty(64 * MIB, dtype=torch.uint8, pin_memory=True)
+    a = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda")
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        host.to("cuda", non_blocking=True)  # ~5 ms of modeled work queued on s
+        a.add_(1)  # then a is used on s
+    a.record_stream(s)
+    del a
+    # s has not reached its work yet: the block is held back, the next one is another
+    b = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda")
+    stats = torch.cuda.memory_stats()
+    assert (stats["allocated_bytes.all.current"], stats["active_bytes.all.current"]) == (
+        4 * MIB, 8 * MIB)
+    del b
+    torch.cuda.synchronize()  # the host has waited for s: the next allocation frees it
+    c = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda")
+    assert torch.cuda.memory_stats()["active_bytes.all.current"] == 4 * MIB
+    del c
+
+
+def test_backward_ops_run_on_their_forward_ops_stream() -> None:
+    devlab.config.simulate_gpus(1, model="T4")
+    w = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+    x = torch.randn(1024, 1024, device="cuda")
+    s = torch.cuda.Stream()
+    product = _ms(lambda: x @ x, s)
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        loss = (x @ w).sum()
+    torch.cuda.synchronize()
+    on_s_before, on_s_after, after = _event(), _event(), _event()
+    on_s_before.record(s)
+    loss.backward()  # from the default stream: the engine syncs it with s at the end
+    on_s_after.record(s)
+    after.record()
+    torch.cuda.synchronize()
+    # the product's backward (a product for w's gradient) ran on s, where its forward ran
+    assert on_s_before.elapsed_time(on_s_after) >= 0.9 * product
+    # and the default stream waited for it
+    assert on_s_before.elapsed_time(after) >= on_s_before.elapsed_time(on_s_after)
+    assert torch.allclose(w.grad, x.t() @ torch.ones(1024, 1024, device="cuda"))
+
+
+def test_backward_called_on_a_side_stream_runs_the_ops_on_their_forward_stream() -> None:
+    devlab.config.simulate_gpus(1, model="T4")
+    w = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+    x = torch.randn(1024, 1024, device="cuda")
+    loss = (x @ w).sum()  # forward on the default stream
+    s = torch.cuda.Stream()
+    product = _ms(lambda: x @ x, s)
+    torch.cuda.synchronize()
+    default_before, default_after, on_s = _event(), _event(), _event()
+    default_before.record()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        loss.backward()
+        on_s.record()  # "use grads" in the same stream context: safe
+    default_after.record()
+    torch.cuda.synchronize()
+    # the backward product ran on the default stream, and s (the caller's) waited for it
+    assert default_before.elapsed_time(default_after) >= 0.9 * product
+    assert default_before.elapsed_time(on_s) >= default_before.elapsed_time(default_after)

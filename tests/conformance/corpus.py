@@ -64,13 +64,16 @@ FLOAT = r"-?\d+\.\d+(?:e[-+]?\d+)?"
 
 @dataclass(frozen=True)
 class SourceFile:
-    """One stored file: its repository path and commit, our copy's name, length and digest."""
+    """One stored file: its repository path and commit, our copy's name, length and digest.
+    `excerpt`: the copy is one literal block of that file (an example of a document), found
+    after the line quoted here, byte for byte."""
 
     path: str
     commit: str
     local: str
     chars: int
     sha256: str
+    excerpt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,12 @@ class Program:
     install packages or fetch files from the internet), or a script's text as one cell, or, with
     `cells`, the script loaded as a module (`%run -n`, which does not run its `__main__` block)
     and then `cells`, which call what that block would (to leave out a part of the program).
-    `standins`: the folders (under tests/conformance) put on the import path. `own_network`: the
+    `standins`: the folders (under tests/conformance) put on the import path. A document's
+    examples (PyTorch's notes) are a program of excerpts (`SourceFile.excerpt`): the runner
+    writes `prelude` (what the examples assume is defined: a `loss`, a `Network`), then each
+    excerpt's code followed by its `steps` entry (the runner's lines printing what the document
+    says of the example: a tensor's device, a gradient), with each line of pseudo-code in
+    `pseudo` (`use grads`) replaced by the Python given for it. `own_network`: the
     program listens on fixed TCP ports (its own or its launcher's default); where the machine
     allows it, the run gets a network namespace of its own (loopback only), so that two runs at
     once cannot take each other's ports. `rst_blocks`: a reStructuredText tutorial whose program
@@ -178,6 +186,9 @@ class Program:
     machine_gpus: int = 2
     reference_gpus: int = 0
     rst_blocks: int = 0
+    prelude: str = ""
+    steps: tuple[str, ...] = ()
+    pseudo: tuple[tuple[str, str], ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -1244,6 +1255,181 @@ CORPUS += (
               "`torch.distributed.set_timeout`); torchtitan imports Triton (its MoE kernels), "
               "which the test extra installs (import only: nothing compiles). Its sizes come "
               "from its own flags (3 steps, 64-token sequences, the debug model).",
+    ),
+)
+
+# PyTorch's "CUDA semantics" notes (docs/source/notes/cuda.rst): their examples, each block kept
+# byte for byte, run as the notes' reader runs them, printing what the notes say of them.
+PYTORCH = "pytorch/pytorch"
+NOTES = "docs/source/notes/cuda.rst"
+NOTES_COMMIT = "68e217b9e71fcecbd34d831dd3e3e5a4ea9028fd"
+BSD3_PYTORCH = "BSD-3-Clause (pytorch/pytorch LICENSE, © Facebook, Inc. and its affiliates)"
+
+
+def _notes(local: str, chars: int, sha256: str, after: str) -> SourceFile:
+    return SourceFile(NOTES, NOTES_COMMIT, local, chars, sha256, excerpt=after)
+
+
+_DEVICES = ("x", "y", "a", "b", "b2", "c", "z", "d", "e", "f")
+_SAME = "print('B == torch.sum(A):', torch.allclose(B.cpu(), A.cpu().sum()))\n"
+
+CORPUS += (
+    Program(
+        name="notes_cuda_devices",
+        title="CUDA semantics (PyTorch notes): devices and the torch.cuda.device context",
+        repo=PYTORCH,
+        files=(_notes("devices.rst", 1240,
+                      "51b90d6ba53cb9f4835cb4e2d072c1c35c4c2d32fcfe839a0600dd2370ae2f3c",
+                      "Below you can find a small example showcasing this::"),
+               _notes("device_context.rst", 212,
+                      "1daa7d2545fd39dcdbc43e540c653c96ca6f4801771fa28893f425c45910f4cf",
+                      "on, the best practice is to use a :any:`torch.cuda.device` context "
+                      "manager.")),
+        licence=BSD3_PYTORCH,
+        entry="devices.rst",
+        prelude="import torch",
+        steps=("".join(f"print('{n}.device is', repr({n}.device))\n" for n in _DEVICES),
+               "print('current device after the context:', torch.cuda.current_device())"),
+        exercises="`torch.device('cuda')`/`'cuda:0'`/`'cuda:2'`, `with torch.cuda.device(1):` "
+                  "choosing where `device=cuda`, `.cuda()` and `.to(device=cuda)` place tensors, "
+                  "an op's result on its operands' GPU whatever the current device, "
+                  "`.cuda(cuda2)`",
+        compare_note="no CPU run: the notes use three GPUs by name; checked: each tensor's "
+                     "device is the one the notes' comments give",
+        expect_stdout=(*(rf"^{n}\.device is device\(type='cuda', index=0\)$" for n in "xyz"),
+                       *(rf"^{n}\.device is device\(type='cuda', index=1\)$"
+                         for n in ("a", "b", "b2", "c")),
+                       *(rf"^{n}\.device is device\(type='cuda', index=2\)$" for n in "def"),
+                       r"^Outside device is 0\nInside device is 1\nOutside device is still 0\n"
+                       r"current device after the context: 0\n",),
+        gpus_used=3,
+        machine_gpus=3,
+        notes="The notes' first example names GPU 2, so it runs on three simulated GPUs.",
+    ),
+    Program(
+        name="notes_cuda_streams",
+        title="CUDA semantics (PyTorch notes): asynchronous execution, events and streams",
+        repo=PYTORCH,
+        files=(_notes("event_timing.rst", 311,
+                      "76ed9013d5eb8b2f03c2366176c6e9c24f1cacdf589f9914280a57b398e3cf31",
+                      "to record times as following::"),
+               _notes("streams_incorrect.rst", 266,
+                      "a5f74188f2cbb36076a2d2746575d14c7098b41bb23f5a3c5d8fef73ddf91d34",
+                      "used.  For example, the following code is incorrect::"),
+               _notes("streams_fixed.rst", 293,
+                      "d99ab7d516f8c2e0db27a5989be503dd823579319ec6b5937504509501130904",
+                      "ensure proper synchronization.  The fixed version of this example is::"),
+               _notes("streams_no_read_dependency.rst", 285,
+                      "6719f2ab892a391685187abce0ea26f00f991cb007d7f38d7e3e0f20d300a421",
+                      "read dependency, e.g., as seen in this example::")),
+        licence=BSD3_PYTORCH,
+        entry="event_timing.rst",
+        prelude="import torch",
+        steps=("print('elapsed_time_ms:', type(elapsed_time_ms).__name__, "
+               "elapsed_time_ms >= 0)",
+               "print('s is a new stream:', s.stream_id != torch.cuda.default_stream().stream_id)"
+               "\n" + _SAME,
+               _SAME + "print('A in use on s:', torch.cuda.memory_stats()"
+               "['active_bytes.all.current'] >= A.nbytes)",
+               "print('A written on s:', A.device, bool(A.abs().sum() > 0))"),
+        exercises="`torch.cuda.Event(enable_timing=True)`, `record()`, `synchronize()`, "
+                  "`elapsed_time`; `torch.cuda.Stream()`, `with torch.cuda.stream(s):`, "
+                  "`s.wait_stream(torch.cuda.default_stream(cuda))`, `A.record_stream(s)`",
+        compare_note="no CPU run: the notes' examples use cuda unconditionally; checked: each "
+                     "runs, the side stream is another stream than the default, sum(A) is "
+                     "the sum of A (a simulated GPU computes in program order, so the "
+                     "incorrect example gives what its fixed version gives: on a GPU its "
+                     "result is undefined), A written on the side stream",
+        expect_stdout=(r"^elapsed_time_ms: float True$",
+                       r"^s is a new stream: True\nB == torch.sum\(A\): True\n"
+                       r"B == torch.sum\(A\): True\nA in use on s: True\n"
+                       r"A written on s: cuda:0 True\n",),
+    ),
+    Program(
+        name="notes_cuda_backward_streams",
+        title="CUDA semantics (PyTorch notes): stream semantics of backward passes",
+        repo=PYTORCH,
+        files=(_notes("backward_streams.rst", 1056,
+                      "c6256fcd8838ff1778df467fa764df0be006e4609e45e7f9d7e37abd2743fa2b",
+                      "have the same stream-semantics relationship as any group of ops::"),
+               _notes("backward_bc_note.rst", 116,
+                      "2e2585e24b9fe1324127438bf3f3e8330cb50f6ed7c36c7c063dd6d003463094",
+                      "and ``use grads`` are in different stream contexts, you must sync the "
+                      "streams::")),
+        licence=BSD3_PYTORCH,
+        entry="backward_streams.rst",
+        prelude=("import torch\n"
+                 "w = torch.full((3,), 2.0, device='cuda', requires_grad=True)\n"
+                 "loss = (w + w).sum()  # d loss / d w = 2; nothing saved: backward again\n"
+                 "def use_grads():\n"
+                 "    print('w.grad:', w.grad.tolist(), w.grad.device)\n"),
+        pseudo=(("use grads", "use_grads()"),),
+        steps=("use_grads()", ""),
+        exercises="`loss.backward()` and `loss.backward(gradient=...)` inside "
+                  "`with torch.cuda.stream(s):`, `torch.cuda.current_stream().wait_stream(s)`, "
+                  "`s.wait_stream(torch.cuda.current_stream())`, "
+                  "`initial_grad.record_stream(s)`",
+        compare_note="no CPU run: the notes use cuda unconditionally; checked: the gradients "
+                     "accumulate 2 per backward pass (the unsafe patterns give the safe ones' "
+                     "values: a simulated GPU computes in program order)",
+        expect_stdout=(r"\A" + "".join(rf"w\.grad: \[{v}, {v}, {v}\] cuda:0\n"
+                                       for v in ("2.0", "4.0", "6.0", "12.0", "14.0"))
+                       + r"\Z",),
+        notes="The notes write `use grads` for the code that reads the gradients; the prelude "
+              "defines a `loss` with a graph that stays (no saved tensors are freed, so it may "
+              "be backpropagated again, as the notes do) and `use_grads()`, which prints them.",
+    ),
+    Program(
+        name="notes_cuda_best_practices",
+        title="CUDA semantics (PyTorch notes): device-agnostic code and new_* methods",
+        repo=PYTORCH,
+        files=(_notes("agnostic_argparse.rst", 423,
+                      "31ba798fa522f62fae7dc76758e79d4757886dac2224bb8860fc8f3ca15f85b5",
+                      ":class:`torch.device` object that can be used to move tensors to CPU "
+                      "or CUDA."),
+               _notes("agnostic_tensors.rst", 92,
+                      "c27310220def7482bb6ea8bfb1f378482e98d869ae36f324c718fe711c2467a6",
+                      "desired device."),
+               _notes("agnostic_loader.rst", 114,
+                      "a3eed278ef1e96084d063c05c01cac7908f1793585cd988f7bdfcfc690d805cb",
+                      "is an example when using a dataloader:"),
+               _notes("new_methods.rst", 631,
+                      "5d58f5931385b83d163af3a946bb6c62526d44f0a471bbe8eac53bf2e16accbb",
+                      "tensors need to be created internally during the forward pass."),
+               _notes("like_helpers.rst", 132,
+                      "83c6dc25a204a453b95c8c53ee033830f5e46dc5be21ed7c74dba8efcfe6f12b",
+                      "also preserve :class:`torch.device` and :class:`torch.dtype` of a "
+                      "Tensor).")),
+        licence=BSD3_PYTORCH,
+        entry="agnostic_argparse.rst",
+        prelude=("import torch\n"
+                 "Network = lambda: torch.nn.Linear(42, 2)\n"
+                 "train_loader = torch.utils.data.DataLoader(torch.randn(8, 42), batch_size=4)\n"),
+        steps=("print('args.device:', args.device)",
+               "print('x:', x.device, 'net:', next(net.parameters()).device)",
+               "print('last batch:', x.device, tuple(x.shape))",
+               "",
+               "print('ones_like:', y_cpu.device, 'zeros_like:', y_gpu.device)"),
+        exercises="`torch.cuda.is_available()` choosing `args.device`, `torch.empty(..., "
+                  "device=args.device)`, `Module.to(device=...)`, batches moved with "
+                  "`.to(cuda0)`, `new_full`/`new_tensor` keeping the device, "
+                  "`ones_like`/`zeros_like`",
+        compare_note="no CPU run: `args.device` is cuda where CUDA is available; checked: "
+                     "devices and values as the notes show them (torch 2.13 prints "
+                     "`-5.` where the notes, printed by an older torch, show `-5.0000`)",
+        expect_stdout=(r"\Aargs.device: cuda\nx: cuda:0 net: cuda:0\n"
+                       r"last batch: cuda:0 \(4, 42\)\n"
+                       r"tensor\(\[\[0.3000, 0.3000\],\n\s+\[0.3000, 0.3000\],\n\s+"
+                       r"\[0.3000, 0.3000\]\]\)\n"
+                       r"tensor\(\[\[-5., -5.\],\n\s+\[-5., -5.\],\n\s+\[-5., -5.\]\], "
+                       r"device='cuda:0'\)\n"
+                       r"tensor\(\[\[1, 2, 3\]\]\)\n"
+                       r"ones_like: cpu zeros_like: cpu\n",),
+        notes="The notes' `Network` and `train_loader` are the prelude's (a Linear layer, a "
+              "DataLoader of 8 random rows); the output the notes show inside the `new_*` "
+              "block is left out of the code and checked as its printed output. The notes' "
+              "`like` example makes `x_gpu` without a device, so both results are on the CPU, "
+              "as on a GPU.",
     ),
 )
 

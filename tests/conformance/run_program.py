@@ -164,6 +164,52 @@ def rst_code(text: str, blocks: int = 0) -> str:
     return "\n\n".join(found[:blocks or len(found)]) + "\n"
 
 
+def literal_block(text: str, pseudo: tuple[tuple[str, str], ...] = ()) -> str:
+    """The code of a document's literal block (an example of PyTorch's notes), dedented, as
+    its reader runs it: the output the document shows inside the block (lines indented under
+    a line that opens nothing) left out, and each line of pseudo-code (`use grads`) replaced
+    by the Python `pseudo` gives for it."""
+    import textwrap
+
+    lines = textwrap.dedent(text).splitlines()
+    kept: list[str] = []
+    shown_at: int | None = None  # the indentation of the code above a shown output
+    for line in lines:
+        indent = len(line) - len(line.lstrip())
+        if not line.strip():
+            kept.append(line)
+            continue
+        if shown_at is not None and indent > shown_at:
+            continue
+        shown_at = None
+        code = [k for k in kept if k.strip()]
+        above = code[-1] if code else None
+        if above is not None and indent > len(above) - len(above.lstrip()) and not (
+                above.rstrip().endswith((":", "(", "[", "{", ",", "\\"))):
+            shown_at = len(above) - len(above.lstrip())
+            continue
+        for old, new in pseudo:
+            if line.strip() == old:
+                line = line[:indent] + new
+        kept.append(line)
+    return "\n".join(kept).strip("\n") + "\n"
+
+
+def script_from_example(program: corpus.Program, workdir: Path) -> Path:
+    """Write an example program of a document (`program.steps`) as `<name>.py`: the
+    runner's `prelude` (what the examples assume is defined), then each stored block's code
+    (`literal_block`) followed by its step, the runner's lines that print what the document
+    says of it."""
+    parts = [program.prelude]
+    for f, step in zip(program.files, program.steps, strict=True):
+        parts.append(literal_block((workdir / f.local).read_text(encoding="utf-8"),
+                                   program.pseudo))
+        parts.append(step)
+    script = workdir / f"{program.name}.py"
+    script.write_text("\n".join(p.strip("\n") + "\n" for p in parts if p), encoding="utf-8")
+    return script
+
+
 def script_from_rst(path: Path, blocks: int = 0) -> Path:
     """Write the program of tutorial `path` (see rst_code) beside it as `<name>.py`, the file
     the tutorial tells its reader to run."""
@@ -380,7 +426,9 @@ def run_here(name: str, simulate: int, replay: str | None = None,
         os.chdir(workdir)
         sys.path.insert(0, str(workdir))
         entry = workdir / program.entry
-        if entry.suffix == ".rst":
+        if program.steps:
+            entry = script_from_example(program, workdir)
+        elif entry.suffix == ".rst":
             entry = script_from_rst(entry, program.rst_blocks)
         argv = program.argv if own or program.cpu_argv is None else program.cpu_argv
         target = ("-m", program.module) if program.module else (str(entry),)

@@ -1,7 +1,7 @@
 """The modeled clock of simulated GPUs that carry a performance model of a named real GPU.
 
-One timeline for the simulation: the host's time, and for each GPU the time its queue (its one
-stream) will be done. Launching a kernel costs the host the launch latency; the kernel starts
+One timeline for the simulation: the host's time, and for each GPU the time each of its streams
+will be done (the default stream, the streams a program makes, NCCL's communication stream). Launching a kernel costs the host the launch latency; the kernel starts
 on its GPU when both the host has launched it and the GPU is free, and runs for the time the GPU
 model gives it (`devlab.gpu_model`, through `_roofline`). So ops queue asynchronously, and two
 GPUs with two queues work at the same time. This is the first of the model's two ways of timing
@@ -9,7 +9,13 @@ GPUs with two queues work at the same time. This is the first of the model's two
 which `explain()` lists beside it. A copy runs over the host link (PCIe) or between GPUs; a blocking copy to or from the host
 makes the host wait for it. A host sync (`.item()`, printing, `.cpu()`, `synchronize()`) makes
 the host wait until the GPU's queue is done, and pays the round trip of waking up (nothing if
-the GPU was already idle). Events read the time at which a GPU's queue reaches them.
+the GPU was already idle). Events read the time at which a stream reaches them.
+
+Streams (See Note [Streams on the modeled clock]): each stream of a GPU keeps its own position;
+work queued on a stream starts after the stream's earlier work and what it was made to wait
+for (`wait_for`: `wait_stream`, `wait_event`). Kernels of one GPU use its compute one at a time,
+whichever stream queued them; copies between the host and a GPU use its copy engine, so a copy
+on one stream overlaps kernels on another, which is what streams are for.
 
 The clock is bookkeeping beside the real computation: the CPU still computes every value, and
 `time.perf_counter` is untouched. `Charges` charges what the simulation's routing mode runs on
@@ -67,6 +73,18 @@ class Clock:
         self._launch = spec.launch_latency_us * 1e-6
         self._sync = spec.sync_latency_us * 1e-6
 
+    # Note [Streams on the modeled clock]
+    # `free[q]` is when GPU q's default stream is done; `side[(i, id)]` when simulated GPU i's
+    # stream `id` (a stream a program made) is; `compute[q]` when GPU q's compute is free.
+    # A kernel starts once the host launched it, its stream is done with earlier work, and
+    # the GPU's compute is free: a real GPU may run small kernels of two streams at once, but
+    # kernels that fill the GPU, the ones the model times, run one after the other. Copies
+    # between the host and a GPU use the copy engine, not the compute. A program using only
+    # the default stream is timed as with one queue per GPU (compute is never later than
+    # free). The values are the CPU's, computed in program order: they are what a correctly
+    # synchronized program gives; where a program forgot a wait, a GPU's result is undefined
+    # and nothing here imitates the race.
+
     def reset(self, count: int, queues: list[int] | None = None) -> None:
         """Start again at 0 with `count` idle GPUs (reconfigured before first use)."""
         queue = list(range(count)) if queues is None else list(queues)
@@ -77,23 +95,45 @@ class Clock:
             self.queue = queue
             self.free = [0.0] * (max(queue) + 1)
             self.busy = [0.0] * (max(queue) + 1)
+            self.compute = [0.0] * (max(queue) + 1)
+            self.side: dict[tuple[int, int], float] = {}
             # When each GPU's communication stream (NCCL's own) is done.
             self.comm = [0.0] * (max(queue) + 1)
+
+    def _pos(self, index: int, stream: int) -> float:
+        """When stream `stream` of simulated GPU `index` is done (the caller holds the lock)."""
+        return self.free[self.queue[index]] if stream == 0 else self.side.get((index, stream), 0.0)
+
+    def _set(self, index: int, stream: int, t: float) -> None:
+        if stream == 0:
+            self.free[self.queue[index]] = t
+        else:
+            self.side[(index, stream)] = t
 
     def kernel(self, t: OpTime) -> None:
         """A kernel of cost `t`, launched after the host's earlier work."""
         self.kernels((t,))
 
-    def kernels(self, ts: tuple[OpTime, ...] | list[OpTime]) -> None:
-        """Kernels launched one after the other."""
+    def kernels(self, ts: tuple[OpTime, ...] | list[OpTime], stream: int | None = None) -> None:
+        """Kernels launched one after the other, on `stream` (None: this thread's current
+        stream on each kernel's GPU)."""
+        streams = _session.current_streams() if stream is None else None
         with self.lock:
             free, busy, queue, recording = self.free, self.busy, self.queue, self.recording
+            compute, side = self.compute, self.side
             host = self.host
             for t in ts:
                 device = queue[t.device]
                 work = kernel_seconds(t.floor, t.compute, t.memory)
                 host += t.launch
-                free[device] = (free[device] if free[device] > host else host) + work
+                sid = streams.get(t.device, 0) if streams is not None else stream
+                at = free[device] if not sid else side.get((t.device, sid), 0.0)
+                start = max(at, host, compute[device])
+                end = compute[device] = start + work
+                if sid:
+                    side[(t.device, sid)] = end
+                else:
+                    free[device] = end
                 busy[device] += work
                 if recording is not None:
                     recording.append(t)
@@ -106,6 +146,7 @@ class Clock:
         where = (f"GPU:{src}→GPU:{dst}" if src is not None and dst is not None else
                  f"host→GPU:{dst}" if src is None else f"GPU:{src}→host")
         shown = src if src is not None else dst  # the GPU `explain` names
+        src_i, dst_i = src, dst
         src = None if src is None else self.queue[src]
         dst = None if dst is None else self.queue[dst]
         within = None
@@ -119,12 +160,21 @@ class Clock:
         else:
             ends = [src if src is not None else dst]
             seconds = nbytes / (spec.host_link_gbs * 1e9)
+        # On each GPU end, the thread's current stream there (a copy between two GPUs runs
+        # on the source's and waits for the destination's, as the copy kernels do).
+        streams = _session.current_streams()
+        sides = [(i, streams.get(i, 0)) for i in dict.fromkeys((src_i, dst_i)) if i is not None]
         with self.lock:
             self.host += self._launch
-            start = max(self.host, *(self.free[e] for e in ends))  # type: ignore[index]
+            start = max(self.host, *(self._pos(i, s) for i, s in sides))
+            if within is not None:  # a copy kernel: the GPU's compute
+                start = max(start, self.compute[ends[0]])  # type: ignore[index]
             end = start + seconds
+            if within is not None:
+                self.compute[ends[0]] = end  # type: ignore[index]
+            for i, s in sides:
+                self._set(i, s, end)
             for e in ends:
-                self.free[e] = end  # type: ignore[index]
                 self.busy[e] += seconds  # type: ignore[index]
             waited = self._sync if blocking and dst is None else 0.0
             if blocking and (src is None or dst is None):
@@ -176,22 +226,49 @@ class Clock:
             return self.free[self.queue[index]]
 
     def sync(self, index: int | None = None) -> None:
-        """The host waits for GPU `index`'s queue and communication stream (every GPU's if
-        None). Waking up after the GPU finishes costs the sync round trip; a GPU already idle
-        answers at once."""
+        """The host waits for every stream of GPU `index` (every GPU's if None), its
+        communication stream too. Waking up after the GPU finishes costs the sync round trip;
+        a GPU already idle answers at once."""
         with self.lock:
             if index is None:
-                done = max(max(self.free), max(self.comm))
+                done = max(max(self.free), max(self.comm), *self.side.values())
             else:
                 q = self.queue[index]
-                done = max(self.free[q], self.comm[q])
+                done = max(self.free[q], self.comm[q],
+                           *(t for (i, _), t in self.side.items() if self.queue[i] == q))
             if done > self.host:
                 self.host = done + self._sync
 
-    def reached(self, index: int) -> float:
-        """When GPU `index`'s queue reaches work enqueued now (an Event's time)."""
+    def sync_stream(self, index: int, stream: int) -> None:
+        """The host waits for one stream of GPU `index` (`Stream.synchronize`)."""
         with self.lock:
-            return max(self.free[self.queue[index]], self.host)
+            done = self._pos(index, stream)
+            if done > self.host:
+                self.host = done + self._sync
+
+    def host_wait(self, until: float) -> None:
+        """The host waits until the GPU reaches `until` (`Event.synchronize`)."""
+        with self.lock:
+            if until > self.host:
+                self.host = until + self._sync
+
+    def reached(self, index: int, stream: int | None = None) -> float:
+        """When GPU `index`'s `stream` (None: this thread's current one there) reaches work
+        enqueued now (an Event's time)."""
+        sid = _session.current_stream(index) if stream is None else stream
+        with self.lock:
+            return max(self._pos(index, sid), self.host)
+
+    def wait_for(self, index: int, stream: int, until: float) -> None:
+        """Stream `stream` of GPU `index` starts later work no earlier than `until`."""
+        with self.lock:
+            if until > self._pos(index, stream):
+                self._set(index, stream, until)
+
+    def done(self, until: float) -> bool:
+        """Whether work ending at `until` has ended by the host's time now (an event query)."""
+        with self.lock:
+            return until <= self.host
 
     def now(self) -> float:
         with self.lock:
@@ -218,6 +295,7 @@ def _kind_of(func: Callable) -> int:
 
 
 _BACKWARD = "devlab_clock"  # a graph node's metadata: the modeled kernels of its backward
+_STREAM = "devlab_clock_stream"  # ... and the stream its forward ran on, if not the default
 
 
 class Charges(NoCharges):
@@ -271,6 +349,9 @@ class Charges(NoCharges):
                 metadata = node.metadata
                 earlier = metadata.get(_BACKWARD)
                 metadata[_BACKWARD] = back if earlier is None else earlier + back
+                stream = _session.current_stream(index)
+                if stream:  # its backward runs on the forward's stream, as CUDA's engine does
+                    metadata[_STREAM] = stream
 
     def _cost(self, key: tuple, func: Callable, args: tuple, kwargs: dict, out: Any,
               index: int) -> tuple[OpTime, tuple[OpTime, ...]]:
@@ -304,14 +385,20 @@ class Charges(NoCharges):
     def backward(self, nodes: list[Any]) -> None:
         """The kernels the backward pass through these graph nodes ran; then the collectives
         launched during it, each when its gradients were ready."""
-        kernels = self.clock.kernels
+        on_clock = self.clock.kernels
         self._backward = max(0, self._backward - 1)
         pending = self._pending if not self._backward else None
+        if any(_session.current_streams().values()) or any(
+                node.metadata.get(_STREAM) for node in nodes):
+            kernels = self._on_streams(nodes)
+        else:
+            def kernels(costs: tuple[OpTime, ...], node: Any) -> None:
+                on_clock(costs)
         if not pending:
             for node in nodes:
                 costs = node.metadata.get(_BACKWARD)
                 if costs:
-                    kernels(costs)
+                    kernels(costs, node)
             return
         # Which gradient (leaf) is written when, on its GPU: after the kernels of the node that
         # feeds it.
@@ -320,7 +407,7 @@ class Charges(NoCharges):
         for node in nodes:
             costs = node.metadata.get(_BACKWARD)
             if costs:
-                kernels(costs)
+                kernels(costs, node)
             for fn, _ in node.next_functions:
                 if type(fn) is _ACCUMULATE_GRAD:
                     leaf = fn.variable
@@ -329,6 +416,43 @@ class Charges(NoCharges):
                     ready.setdefault(index, []).append((self.clock.ready(index), leaf.numel()))
         self._pending = []
         self._place(pending, ready)
+
+    def _on_streams(self, nodes: list[Any]) -> Callable[..., None]:
+        """What charges a backward pass's nodes when streams are in play (forward ops ran on a
+        side stream, or backward() was called on one): each node's kernels on its forward's
+        stream, after the nodes that feed it its gradients (the first ones after the caller's
+        stream, where the initial gradient was made); the caller's streams wait for the others
+        at the end (the engine's syncs: PyTorch's "stream semantics of backward passes")."""
+        clock = self.clock
+        caller = dict(_session.current_streams())
+        ready: dict[Any, float] = {}
+        used: set[tuple[int, int]] = set()
+
+        def charge(costs: tuple[OpTime, ...], node: Any) -> None:
+            index = costs[0].device
+            stream = node.metadata.get(_STREAM) or 0
+            mine = caller.get(index, 0)
+            until = ready.get(node)
+            if until is None and stream != mine:  # fed by the caller's initial gradient
+                until = clock.reached(index, mine)
+            clock.wait_for(index, stream, until or 0.0)
+            clock.kernels(costs, stream)
+            end = clock.reached(index, stream)
+            used.add((index, stream))
+            for fn, _ in node.next_functions:
+                if fn is not None and ready.get(fn, 0.0) < end:
+                    ready[fn] = end
+
+        def charge_and_join(costs: tuple[OpTime, ...], node: Any) -> None:
+            charge(costs, node)
+            if node is last:
+                for index, stream in used:
+                    mine = caller.get(index, 0)
+                    if stream != mine:
+                        clock.wait_for(index, mine, clock.reached(index, stream))
+
+        last = next((n for n in reversed(nodes) if n.metadata.get(_BACKWARD)), None)
+        return charge_and_join
 
     def collective(self, op: str, sizes: tuple[int, ...], ranks: int, index: int,
                    exchange: Callable[[list[float]], list[float]], group: object, *,
@@ -433,9 +557,27 @@ class Charges(NoCharges):
         """The host waits for GPU `index`'s queue (every GPU's if None)."""
         self.clock.sync(index)
 
-    def reached(self, index: int) -> float | None:
-        """When GPU `index`'s queue reaches work enqueued now (an Event's time)."""
-        return self.clock.reached(index)
+    def reached(self, index: int, stream: int | None = None) -> float | None:
+        """When GPU `index`'s `stream` (None: the current one) reaches work enqueued now."""
+        return self.clock.reached(index, stream)
+
+    def wait_for(self, index: int, stream: int, until: float | None) -> None:
+        """GPU `index`'s `stream` starts later work no earlier than `until`."""
+        if until is not None:
+            self.clock.wait_for(index, stream, until)
+
+    def sync_stream(self, index: int, stream: int) -> None:
+        """The host waits for one stream of GPU `index`."""
+        self.clock.sync_stream(index, stream)
+
+    def host_wait(self, until: float | None) -> None:
+        """The host waits until `until`."""
+        if until is not None:
+            self.clock.host_wait(until)
+
+    def done(self, until: float | None) -> bool:
+        """Whether the GPUs have reached `until` by the host's time now."""
+        return until is None or self.clock.done(until)
 
     def reset(self, count: int, queues: list[int] | None = None) -> None:
         """Start the clock again at 0 with `count` idle GPUs."""

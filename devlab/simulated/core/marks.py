@@ -213,7 +213,9 @@ def _charge(dev: DeviceState, m: Mark, nbytes: int) -> OutOfMemory | None:
     if not dev.opened:
         dev.open()  # the GPU's first tensor: its CUDA context is made
     old = m.block
-    block: Block | OutOfMemory | None = a.allocate(nbytes) if nbytes else None
+    # On the thread's current stream of the GPU: blocks are cached per stream, as CUDA's.
+    block: Block | OutOfMemory | None = (
+        a.allocate(nbytes, _session.current_stream(dev.index)) if nbytes else None)
     if isinstance(block, OutOfMemory):
         return block
     m.block = block
@@ -253,11 +255,11 @@ def check_fits(index: int, nbytes: int) -> None:
     with _session.lock:
         if not dev.opened:
             dev.open()
-        fits = a.refusal(nbytes) is None
+        fits = a.refusal(nbytes, _session.current_stream(index)) is None
     if not fits:
         _workers.drain(index)
         with _session.lock:
-            oom = a.refusal(nbytes)
+            oom = a.refusal(nbytes, _session.current_stream(index))
         if oom is not None:
             raise _errors.out_of_memory(dev, oom)
 

@@ -238,9 +238,25 @@ class NoCharges:
     def sync(self, index: int | None = None) -> None:
         """The host waits for GPU `index`'s queue (every GPU's if None)."""
 
-    def reached(self, index: int) -> float | None:
-        """When GPU `index`'s queue reaches work enqueued now, in modeled seconds: unknown."""
+    def reached(self, index: int, stream: int | None = None) -> float | None:
+        """When GPU `index`'s `stream` (this thread's current one if None) reaches work
+        enqueued now (an Event's time), in modeled seconds: unknown."""
         return None
+
+    def wait_for(self, index: int, stream: int, until: float | None) -> None:
+        """GPU `index`'s `stream` starts later work no earlier than `until` (a time `reached`
+        gave: `wait_event`, `wait_stream`)."""
+
+    def sync_stream(self, index: int, stream: int) -> None:
+        """The host waits for one stream of GPU `index` (`Stream.synchronize`)."""
+
+    def host_wait(self, until: float | None) -> None:
+        """The host waits until `until` (`Event.synchronize`)."""
+
+    def done(self, until: float | None) -> bool:
+        """Whether the GPUs have reached `until` by the host's time now (an event's query as
+        the caching allocator makes it): without a model, always."""
+        return True
 
     def reset(self, count: int, queues: list[int] | None = None) -> None:
         """The GPUs were reconfigured before first use."""
@@ -278,7 +294,27 @@ class Session:
         config = AllocatorConfig.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
         self.devices = [DeviceState(i, lim, not grows, self.spec, config)
                         for i, (lim, grows) in enumerate(zip(limits, growth, strict=True))]
+        for d in self.devices:
+            d.allocator.events = _StreamEvents(self, d.index)
         self.charges.reset(self.count, queues)
+
+
+class _StreamEvents:
+    """A GPU's streams as its caching allocator asks after them (`record_stream`): on a
+    modeled GPU an event completes when the host's modeled time passes the stream's work;
+    without a model, at once (the simulated GPU has run all the work it was given)."""
+
+    __slots__ = ("index", "session")
+
+    def __init__(self, session: Session, index: int) -> None:
+        self.session = weakref.proxy(session)
+        self.index = index
+
+    def record(self, stream: int) -> float | None:
+        return self.session.charges.reached(self.index, stream)
+
+    def done(self, at: float | None) -> bool:
+        return self.session.charges.done(at)
 
 
 # The running session (None when not simulating). Read on every op, so a plain global.
@@ -314,8 +350,31 @@ def is_routed() -> bool:
     return sess is not None and getattr(tls, "routed", None) is sess
 
 
+def current_streams() -> dict[int, int]:
+    """This thread's current stream id on each GPU of the running session (CUDA keeps the
+    current stream per thread and per device; a GPU not listed is on its default stream, 0)."""
+    got = getattr(tls, "streams", None)
+    if got is None or got[0]() is not session:
+        got = (weakref.ref(session) if session is not None else _no_session, {})
+        tls.streams = got
+    return got[1]
+
+
+def _no_session() -> None:
+    return None
+
+
+def current_stream(index: int) -> int:
+    """The id of this thread's current stream on GPU `index` (0: its default stream)."""
+    got = getattr(tls, "streams", None)
+    if got is None or got[0]() is not session:
+        return 0
+    return got[1].get(index, 0)
+
+
 def forget_thread_state() -> None:
     """Drop this thread's device state (stop(), and a fresh start)."""
+    tls.__dict__.pop("streams", None)
     tls.__dict__.pop("device", None)
     tls.__dict__.pop("index", None)
     tls.__dict__.pop("routed", None)

@@ -7,7 +7,6 @@ import functools
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -297,17 +296,6 @@ def _pool_stream_id(index: int, priority: int) -> int:
     return ((n % _STREAMS_PER_POOL) << (_STREAM_TYPE_BITS + 1)) | ((place + 1) << 1) | 1
 
 
-def _current_ids() -> dict[int, int]:
-    """This thread's current stream id on each GPU of this session (CUDA keeps the current
-    stream per thread; a thread starts on every GPU's default stream)."""
-    sess = _session.session
-    got = getattr(_session.tls, "streams", None)
-    if got is None or got[0]() is not sess:
-        got = (weakref.ref(sess) if sess is not None else (lambda: None), {})
-        _session.tls.streams = got
-    return got[1]
-
-
 def _cuda_stream(stream: Any) -> bool:
     return isinstance(stream, torch._C.Stream) and stream.device_type == _CUDA
 
@@ -365,22 +353,39 @@ class Stream(torch._C.Stream):
         return self.stream_id
 
     @entry
+    @initializes
     def synchronize(self) -> None:
-        _workers.host_sync(self.device_index)
+        """The host waits for this stream's work (on a modeled GPU, this stream's only)."""
+        _workers.wait(self.device_index)
+        sess = _session.session
+        if sess is not None:
+            sess.charges.sync_stream(self.device_index, self.stream_id)
 
     def query(self) -> bool:
         return _workers.idle(self.device_index)
 
     @entry
+    @initializes
     def wait_stream(self, stream: Any) -> None:
         """Work queued on this stream from now on starts after what `stream` has queued."""
         if not _cuda_stream(stream):
             raise _errors.user_error(TypeError(
                 f"wait_stream expects a CUDA stream, got {type(stream).__name__}"))
+        sess = _session.session
+        if sess is not None and stream != self:
+            sess.charges.wait_for(self.device_index, self.stream_id,
+                                  sess.charges.reached(stream.device_index, stream.stream_id))
 
     @entry
+    @initializes
     def wait_event(self, event: Any) -> None:
-        """Work queued on this stream from now on starts after `event`'s work."""
+        """Work queued on this stream from now on starts after the work `event` recorded."""
+        if not isinstance(event, Event):
+            raise _errors.user_error(TypeError(
+                f"wait_event expects a torch.cuda.Event, got {type(event).__name__}"))
+        sess = _session.session
+        if sess is not None and event.time is not None and event.modeled:
+            sess.charges.wait_for(self.device_index, self.stream_id, event.time)
 
     @entry
     def record_event(self, event: Any = None) -> Event:
@@ -416,16 +421,25 @@ class Event:
                  interprocess: bool = False, **kwargs: Any) -> None:
         self.enable_timing = enable_timing
         self.time: float | None = None
+        self.modeled = False  # `time` is the modeled clock's, not this machine's
         self.device_index: int | None = None
 
     @entry
     @initializes
     def record(self, stream: Any = None) -> None:
-        i = stream.device_index if _cuda_stream(stream) else _devices.cuda_index(None)
+        if stream is None:  # the current stream of the current device, as CUDA's
+            i = _devices.cuda_index(None)
+            sid = _session.current_stream(i)
+        elif _cuda_stream(stream):
+            i, sid = stream.device_index, stream.stream_id
+        else:
+            raise _errors.user_error(TypeError(
+                f"Event.record expects a CUDA stream, got {type(stream).__name__}"))
         self.device_index = i
         self.time = None
         sess = _session.session
-        self.time = sess.charges.reached(i) if sess is not None else None
+        self.time = sess.charges.reached(i, sid) if sess is not None else None
+        self.modeled = self.time is not None
         if self.time is None:  # no model: this machine's time when the GPU's queue gets here
             _workers.at_queue_end(i, self._stamp)
 
@@ -437,11 +451,18 @@ class Event:
 
     @entry
     def synchronize(self) -> None:
-        if self.device_index is not None:
-            _workers.host_sync(self.device_index)
+        """The host waits for the work the event recorded (on a modeled GPU, to its time)."""
+        if self.device_index is None:
+            return
+        _workers.wait(self.device_index)
+        sess = _session.session
+        if sess is not None and self.modeled:
+            sess.charges.host_wait(self.time)
 
+    @entry
     def wait(self, stream: Any = None) -> None:
-        """See Stream.wait_stream."""
+        """`stream` (the current one if None) waits for the work the event recorded."""
+        (stream if stream is not None else current_stream()).wait_event(self)
 
     @entry
     def elapsed_time(self, end_event: Event) -> float:
@@ -515,7 +536,7 @@ class AcceleratorStream(Stream, metaclass=_GenericStream):
 def current_stream(device: Any = None) -> Stream:
     """The thread's current stream on `device` (its default stream unless one was set)."""
     index = _devices.cuda_index(device)
-    return Stream(stream_id=_current_ids().get(index, 0), device_index=index)
+    return Stream(stream_id=_session.current_streams().get(index, 0), device_index=index)
 
 
 @entry
@@ -544,7 +565,7 @@ class StreamContext:
         s = self.stream
         if s is None:
             return None
-        ids = _current_ids()
+        ids = _session.current_streams()
         self._device = _session.current_device()
         self._before = [(i, ids.get(i, 0)) for i in {self._device, s.device_index}]
         set_stream(s)
@@ -553,7 +574,7 @@ class StreamContext:
     def __exit__(self, *exc: object) -> None:
         if self.stream is None:
             return
-        ids = _current_ids()
+        ids = _session.current_streams()
         for i, stream_id in self._before:
             ids[i] = stream_id
         _session.tls.device = self._device
@@ -576,7 +597,7 @@ def set_stream(stream: Any) -> None:
             f"got {type(stream).__name__}"))
     index = _devices.checked_ordinal(stream.device_index)
     _fork.initialize()
-    _current_ids()[index] = stream.stream_id
+    _session.current_streams()[index] = stream.stream_id
     _session.tls.device = index
 
 
