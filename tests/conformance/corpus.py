@@ -913,7 +913,7 @@ FRAMEWORKS: tuple[Program, ...] = (
                      "fresh `TinyModel` equal to the trained FSDP model's state dict "
                      "(`torch.allclose`) and unequal to an untrained one",
         gpus_used=2,
-        ranks=Ranks(world=2, trains=False),
+        ranks=Ranks(world=2),
         notes="Its sizes are fixed (a 16-16-16 model, 128 samples, 3 epochs); it has no flags. "
               "It writes and removes test_merge_weights_fsdp_weights/ in the run's folder.",
     ),
@@ -1264,6 +1264,51 @@ PYTORCH = "pytorch/pytorch"
 NOTES = "docs/source/notes/cuda.rst"
 NOTES_COMMIT = "68e217b9e71fcecbd34d831dd3e3e5a4ea9028fd"
 BSD3_PYTORCH = "BSD-3-Clause (pytorch/pytorch LICENSE, © Facebook, Inc. and its affiliates)"
+
+
+# --- torch.distributed.checkpoint with FSDP1 (issue 29) -------------------------------------------
+CORPUS += (
+    Program(
+        name="dcp_recipe",
+        title="Getting Started with Distributed Checkpoint (DCP recipe, FSDP1, mp.spawn, "
+              "2 ranks)",
+        repo=TUTORIALS,
+        files=(SourceFile("recipes_source/distributed_checkpoint_recipe.rst",
+                          "0e52e075d53494c325e0d8cf7175537d7ad02e6d",
+                          "distributed_checkpoint_recipe.rst", 14241,
+                          "90b778ad9678642d27983bd689aab4da2e3231b07e0e7c4cb1b724525816a200"),),
+        licence=BSD3_TUTORIALS,
+        entry="distributed_checkpoint_recipe.rst",
+        rst_blocks=1,
+        standins=(),
+        exercises="`torch.distributed.checkpoint` with FSDP version 1: `FSDP(ToyModel())` on "
+                  "each rank's GPU, one Adam step, an `AppState` (`Stateful`) whose "
+                  "`get_state_dict` gives the model's and the optimizer's sharded state dicts "
+                  "(ShardedTensors, FQNs managed), `dcp.save` writing one file per rank and "
+                  "the metadata",
+        compare_note="the CPU run is a replay (references.dcp_recipe): each rank's ToyModel "
+                     "and batch from the seed its process started from, FSDP1's model made of "
+                     "rank r's r-th shard, one Adam step on the mean of the ranks' gradients; "
+                     "compared: the initial and final parameters (the observer gathers the "
+                     "flat parameter's shards); the ranks must start and end equal, and the "
+                     "checkpoint, read back whole with DCP in one process, hold rank 0's "
+                     "final parameters",
+        expect_stdout=(r"^Running fsdp checkpoint example on 2 devices\.$",
+                       r"^Running basic FSDP checkpoint saving example on rank 0\.$",
+                       r"^Running basic FSDP checkpoint saving example on rank 1\.$"),
+        gpus_used=2,
+        own_network=True,
+        ranks=Ranks(world=2, checkpoint="checkpoint", checkpoint_key="app.model",
+                    replay="dcp_recipe"),
+        timeout=300.0,
+        notes="Its program is the recipe's first python block, the save example. The second, "
+              "its load example, raises DCP's `Missing key in checkpoint state_dict: "
+              "model.net1.weight` on any device: it loads keys `model` and `optimizer` from the "
+              "checkpoint the first saved under `app`; the third, loading into a plain model "
+              "without a process group, misses `model.net1.weight` the same way. It listens "
+              "on its fixed MASTER_PORT, 12355, and writes checkpoint/ in the run's folder.",
+    ),
+)
 
 
 def _notes(local: str, chars: int, sha256: str, after: str) -> SourceFile:

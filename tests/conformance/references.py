@@ -243,6 +243,39 @@ def fsdp1_tutorial(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any
             "final": torch.nn.utils.parameters_to_vector(model.parameters()).tolist()}
 
 
+def dcp_recipe(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """PyTorch's DCP recipe (its save program, its first python block, which the runner wrote
+    to distributed_checkpoint_recipe.py): one Adam step of its FSDP1 ToyModel on the CPU, both
+    ranks in one process.
+
+    As in the FSDP1 tutorial, each rank `mp.spawn` starts draws from its own generator (the
+    observer records its seed): its ToyModel, then its batch (`torch.rand(8, 16)`, drawn from
+    the CPU's generator on a simulated GPU); FSDP1 shards without a broadcast, so the model is
+    made of rank r's flat parameter's r-th shard. FSDP averages the ranks' gradients of
+    `model(x).sum()` before the step."""
+    namespace = runpy.run_path(str(folder / "distributed_checkpoint_recipe.py"),
+                               run_name="conformance_replay")
+    _, world = _initial(records)
+    seeds = {r["rank"]: r["seed"] for r in records if r.get("rank") is not None}
+    shards, batches = [], []
+    for rank in range(world):
+        torch.manual_seed(seeds[rank])
+        flat = torch.nn.utils.parameters_to_vector(namespace["ToyModel"]().parameters())
+        batches.append(torch.rand(8, 16))
+        size = -(-flat.numel() // world)
+        shards.append(flat[rank * size:(rank + 1) * size])
+    model = namespace["ToyModel"]()
+    torch.nn.utils.vector_to_parameters(torch.cat(shards), model.parameters())
+    initial = torch.nn.utils.parameters_to_vector(model.parameters()).tolist()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    optimizer.zero_grad()
+    for x in batches:
+        (model(x).sum() / world).backward()
+    optimizer.step()
+    return {"initial": initial,
+            "final": torch.nn.utils.parameters_to_vector(model.parameters()).tolist()}
+
+
 def _random_ops(fn: Callable[[], Any]) -> int:
     """How many random ATen ops `fn()` runs (ops tagged nondeterministic_seeded)."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -266,4 +299,5 @@ REPLAYS: dict[str, Callable[[Path, list[dict[str, Any]]], dict[str, Any]]] = {
     "examples_tensor_parallel": examples_tensor_parallel,
     "examples_fsdp2": examples_fsdp2,
     "fsdp1_tutorial": fsdp1_tutorial,
+    "dcp_recipe": dcp_recipe,
 }

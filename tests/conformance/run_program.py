@@ -271,9 +271,13 @@ def _include_processes(report: dict[str, Any], records: list[dict[str, Any]]) ->
 
 
 def _checkpoint_values(folder: Path, pattern: str, key: str | None) -> list[float] | None:
-    """The tensors of the saved state_dict (or of `key` in the dict saved) in the one file of
-    `folder` that matches the glob `pattern`, flattened in order, read on the CPU; None if no
-    file matches."""
+    """The tensors of the saved state_dict (or of `key` in the dict saved; a dotted path for a
+    nested one) in the one file of `folder` that matches the glob `pattern`, flattened in
+    order, read on the CPU; None if no file matches. A folder is a distributed checkpoint
+    (`torch.distributed.checkpoint`), read back whole in this one process, as DCP reads one
+    without a process group."""
+    import tempfile
+
     import torch
 
     found = sorted(folder.glob(pattern))
@@ -281,8 +285,17 @@ def _checkpoint_values(folder: Path, pattern: str, key: str | None) -> list[floa
         return None
     if len(found) > 1:
         raise RuntimeError(f"{len(found)} files match {pattern}: {[str(f) for f in found]}")
-    saved = torch.load(found[0], map_location="cpu", weights_only=True)
-    state = saved[key] if key is not None else saved
+    if found[0].is_dir():
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(found[0], Path(tmp) / "whole.pt")
+            saved = torch.load(Path(tmp) / "whole.pt", map_location="cpu", weights_only=True)
+    else:
+        saved = torch.load(found[0], map_location="cpu", weights_only=True)
+    state = saved
+    for part in key.split(".") if key is not None else ():
+        state = state[part]
     return [v for t in state.values() for v in t.detach().reshape(-1).tolist()]
 
 
