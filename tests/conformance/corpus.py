@@ -1308,6 +1308,44 @@ CORPUS += (
               "without a process group, misses `model.net1.weight` the same way. It listens "
               "on its fixed MASTER_PORT, 12355, and writes checkpoint/ in the run's folder.",
     ),
+    Program(
+        name="dcp_async_recipe",
+        title="Asynchronous Saving with Distributed Checkpoint (DCP async recipe, FSDP1, "
+              "mp.spawn, 2 ranks)",
+        repo=TUTORIALS,
+        files=(SourceFile("recipes_source/distributed_async_checkpoint_recipe.rst",
+                          "51a9b619e28cfce594a14d40117583ad4bea34c4",
+                          "distributed_async_checkpoint_recipe.rst", 12218,
+                          "4c94c30e0ce2017833ad38ccc89dddd8cb03ef8483a92d333acf5f39770d5ba8"),),
+        licence=BSD3_TUTORIALS,
+        entry="distributed_async_checkpoint_recipe.rst",
+        rst_blocks=1,
+        standins=(),
+        exercises="FSDP version 1 and Adam from `mp.spawn` with `init_process_group(\"nccl\")`, "
+                  "then `dcp.async_save`, which refuses a process group without a CPU backend "
+                  "(an NCCL-only group: the NCCL group on simulated GPUs says it has CUDA's "
+                  "backend alone, as NCCL's does)",
+        compare_note="no CPU run: the recipe as stored ends in torch's own error on any device "
+                     "with torch 2.13 (async_save needs 'cpu:gloo,cuda:nccl'; the recipe's "
+                     "`AppState.state_dict` also names module globals `model` and `optimizer` "
+                     "that do not exist, and torch 2.13 cannot stage FSDP1's ShardedTensors for "
+                     "async_save); checked: the ranks took their first FSDP1 step on their own "
+                     "GPUs, from and to the same (gathered) parameters, and the error is "
+                     "torch's",
+        expect_stdout=(r"^Running async checkpoint example on 2 devices\.$",
+                       r"^Running basic FSDP checkpoint saving example on rank 1\.$"),
+        expect_error=(r"^ProcessRaisedException: AssertionError: A CPU backend must be enabled "
+                      r"for async save; try initializing process group with "
+                      r"'cpu:gloo,cuda:nccl'$"),
+        gpus_used=2,
+        own_network=True,
+        ranks=Ranks(world=2),
+        timeout=300.0,
+        notes="Its program is the recipe's first python block (async_save); its second "
+              "(`StorageWriter(cached_state_dict=True)`) imports the abstract `StorageWriter`, "
+              "which cannot be instantiated. DCP with FSDP2 and a 'cpu:gloo,cuda:nccl' group "
+              "(async_save and load) is tested in tests/test_simulated_dcp.py.",
+    ),
 )
 
 

@@ -219,8 +219,14 @@ def script_from_rst(path: Path, blocks: int = 0) -> Path:
 
 
 def _error_line(exc: BaseException) -> str:
-    """'Type: first line of the message', as Python's last traceback line shows it."""
-    msg = str(exc).splitlines()[0] if str(exc) else ""
+    """'Type: first line of the message', as Python's last traceback line shows it. A message
+    that starts with an empty line (`mp.spawn`'s ProcessRaisedException, whose message is the
+    failed rank's traceback) gives its last line, the rank's own error, as the traceback
+    Python prints ends with it."""
+    lines = str(exc).splitlines()
+    msg = lines[0] if lines else ""
+    if not msg.strip():
+        msg = next((line for line in reversed(lines) if line.strip()), "")
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
