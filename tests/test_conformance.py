@@ -303,6 +303,32 @@ if __name__ == "__main__":
 """
 
 
+def test_error_line_of_a_spawned_rank_is_the_ranks_own_error() -> None:
+    # mp.spawn's ProcessRaisedException carries the failed rank's traceback after an empty line
+    from torch.multiprocessing.spawn import ProcessRaisedException
+
+    msg = ("\n\n-- Process 0 terminated with the following error:\nTraceback (most recent "
+           "call last):\n  File \"x.py\", line 1, in f\nNameError: name 'model' is not "
+           "defined\n")
+    assert (run_program._error_line(ProcessRaisedException(msg, 0, 1))
+            == "ProcessRaisedException: NameError: name 'model' is not defined")
+    assert run_program._error_line(ValueError("bad\nmore")) == "ValueError: bad"
+    assert run_program._error_line(KeyError()) == "KeyError"
+
+
+def test_a_checkpoint_may_be_a_distributed_checkpoint_folder(tmp_path: Path) -> None:
+    # DCP saves without a process group in one process, as a rank-0 checkpoint is read back
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    model = {"w": torch.arange(6.0).view(2, 3), "b": torch.tensor([7.0])}
+    dcp.save({"app": {"model": model, "optim": {"lr": torch.tensor(0.5)}}},
+             checkpoint_id=str(tmp_path / "checkpoint"))
+    assert run_program._checkpoint_values(tmp_path, "checkpoint", "app.model") == [
+        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 7.0]
+    assert run_program._checkpoint_values(tmp_path, "nothing*", None) is None
+
+
 def test_observer_records_a_forked_child_that_exits_without_atexit(tmp_path: Path) -> None:
     # A multiprocessing child ends with os._exit, after multiprocessing's own exit handlers:
     # the ranks Lightning's ddp_notebook and accelerate's notebook_launcher fork end so.
