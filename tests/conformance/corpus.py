@@ -918,6 +918,38 @@ FRAMEWORKS: tuple[Program, ...] = (
               "It writes and removes test_merge_weights_fsdp_weights/ in the run's folder.",
     ),
     Program(
+        name="accelerate_merge_weights_offload_bf16",
+        title="accelerate's FSDP sharded-checkpoint merge test with CPU offload and bf16 mixed "
+              "precision (`accelerate launch --use_fsdp --fsdp_offload_params true "
+              "--mixed_precision bf16`, FSDP1)",
+        repo=ACCELERATE,
+        files=(SourceFile(ACCELERATE_SCRIPTS + "test_merge_weights.py",
+                          "b0d8fa95f4eebc359bf41b73cae91d2737cde338", "test_merge_weights.py",
+                          5982, "af5a2a3ce30ea8b7b9cd67a75964f297d7036db90525a76934d88f341960475f"),),
+        licence=APACHE_ACCELERATE,
+        entry="test_merge_weights.py",
+        launch=("accelerate", "launch", "--use_fsdp", "--num_processes", "2",
+                "--main_process_port", "0", "--fsdp_offload_params", "true",
+                "--mixed_precision", "bf16"),
+        standins=(),
+        exercises="the same script as accelerate_test_merge_weights, launched as accelerate's "
+                  "users ask for FSDP1 with CPU offload and mixed precision: the plugin reads "
+                  "`FSDP_OFFLOAD_PARAMS` (`CPUOffload(offload_params=True)`: each rank's flat "
+                  "parameter shard and its gradient live in host memory, copied to the GPU "
+                  "for each all-gather) and the Accelerator bf16 (`MixedPrecision` with bf16 "
+                  "parameters, reductions and buffers for the forward and backward passes, "
+                  "autocast around the forward); SGD on the CPU shards; the sharded state "
+                  "dict saved with DCP and merged back in one process",
+        compare_note="no CPU run: the script asserts itself that each merged file loads into a "
+                     "fresh `TinyModel` equal to the trained FSDP model's state dict "
+                     "(`torch.allclose`) and unequal to an untrained one; the ranks must start "
+                     "and end with the same (gathered) parameters",
+        gpus_used=2,
+        ranks=Ranks(world=2),
+        notes="Its sizes are fixed (a 16-16-16 model, 128 samples, 3 epochs); it has no flags. "
+              "The file is accelerate_test_merge_weights' (the same stored copy).",
+    ),
+    Program(
         name="accelerate_notebook_launcher",
         title="accelerate's notebook_launcher test (in a Jupyter kernel)",
         repo=ACCELERATE,
