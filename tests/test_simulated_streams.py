@@ -288,3 +288,35 @@ def test_backward_called_on_a_side_stream_runs_the_ops_on_their_forward_stream()
     # the backward product ran on the default stream, and s (the caller's) waited for it
     assert default_before.elapsed_time(default_after) >= 0.9 * product
     assert default_before.elapsed_time(on_s) >= default_before.elapsed_time(default_after)
+
+
+def test_bad_streams_are_refused_in_torchs_words_and_change_nothing() -> None:
+    devlab.config.simulate_gpus(2)
+    with pytest.raises(ValueError, match="Expected a cuda device"):
+        torch.cuda.Stream("cpu")
+    with pytest.raises(AssertionError, match="Invalid device id"):
+        torch.cuda.Stream(5)
+    s = torch.cuda.Stream()
+    with pytest.raises(TypeError, match="wait_stream expects a CUDA stream"):
+        s.wait_stream(object())
+    with pytest.raises(TypeError, match="Event.record expects a CUDA stream"):
+        torch.cuda.Event().record(torch.Stream("cpu"))
+    with pytest.raises(TypeError, match="stream_id="):
+        torch.cuda.Stream(stream_ptr=1)
+    with pytest.raises(AssertionError, match="Invalid device id"), torch.cuda.stream(
+            torch.cuda.Stream(stream_id=3, device_index=7)):
+        pass
+    assert torch.cuda.current_stream().stream_id == 0 and torch.cuda.current_device() == 0
+    torch.cuda.set_stream(s)
+    devlab.config.reset()  # a new simulation starts on default streams, its pools from the start
+    devlab.config.simulate_gpus(1)
+    assert torch.cuda.current_stream().stream_id == 0
+    assert torch.cuda.Stream().stream_id == 3
+
+
+def test_caching_allocator_alloc_takes_the_stream_it_is_given() -> None:
+    devlab.config.simulate_gpus(1)
+    s = torch.cuda.Stream()
+    ptr = torch.cuda.caching_allocator_alloc(MIB, 0, s)
+    assert [seg["stream"] for seg in torch.cuda.memory_snapshot()] == [s.stream_id]
+    torch.cuda.caching_allocator_delete(ptr)

@@ -1,7 +1,8 @@
 """The modeled clock of simulated GPUs that carry a performance model of a named real GPU.
 
 One timeline for the simulation: the host's time, and for each GPU the time each of its streams
-will be done (the default stream, the streams a program makes, NCCL's communication stream). Launching a kernel costs the host the launch latency; the kernel starts
+will be done (the default stream, the streams a program makes, NCCL's communication stream).
+Launching a kernel costs the host the launch latency; the kernel starts
 on its GPU when both the host has launched it and the GPU is free, and runs for the time the GPU
 model gives it (`devlab.gpu_model`, through `_roofline`). So ops queue asynchronously, and two
 GPUs with two queues work at the same time. This is the first of the model's two ways of timing

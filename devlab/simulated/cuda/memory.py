@@ -144,7 +144,10 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
     dev = _gpu(device)
     with _session.lock:
         dev.open()
-        got = dev.allocator.allocate(size)
+        # On the stream given (a stream object, or its id), else the current one.
+        sid = (getattr(stream, "stream_id", stream) if stream is not None
+               else _session.current_stream(dev.index))
+        got = dev.allocator.allocate(size, int(sid))
         if not isinstance(got, OutOfMemory):
             dev.raw[got.address] = got
     if isinstance(got, OutOfMemory):
