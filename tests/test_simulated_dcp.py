@@ -80,6 +80,10 @@ def save_and_load(folder: str, fsdp: int, backend: str, asynchronous: bool) -> d
 ])
 def test_dcp_saves_and_loads_fsdp_shards(two, tmp_path: Path, fsdp: int, backend: str,
                                          asynchronous: bool, kind: str) -> None:
+    # ShardedTensor imported before the simulation starts (the ranks are forked from here), as
+    # a program that imports FSDP or DCP before simulating has it
+    import torch.distributed._shard.sharded_tensor  # noqa: F401
+
     folder = str(tmp_path / "checkpoint")
     got = devlab.launch(save_and_load, folder, fsdp, backend, asynchronous, nprocs=2,
                         timeout=240)
@@ -110,3 +114,24 @@ def test_async_save_refuses_an_nccl_only_group_as_on_cuda(two, tmp_path: Path) -
     # An "nccl" group has CUDA's backend alone: DCP asks for a CPU one, as it does on a GPU.
     got = devlab.launch(refuse_async, str(tmp_path / "c"), nprocs=2, timeout=120)
     assert all(g.startswith("A CPU backend must be enabled for async save") for g in got), got
+
+
+def test_a_sharded_tensor_says_its_device_whenever_its_module_was_imported() -> None:
+    # ShardedTensor keys its `device` by torch.Tensor.device as it was at its import, which
+    # the simulation patches: imported before the simulation or during it, it answers while
+    # the simulation runs and after it stops, and its table is left as torch's import left it.
+    import devlab.simulated as sim
+    from torch.distributed._shard.sharded_tensor import api
+    from torch.distributed._shard.sharded_tensor._ops import tensor_ops  # noqa: F401
+
+    ops = api._SHARDED_OPS
+    before = dict(ops)
+    original = torch._C.TensorBase.device.__get__
+    sim.start(2)
+    try:
+        patched = torch.Tensor.device.__get__
+        assert patched != original
+        assert ops[patched] is ops[original]
+    finally:
+        sim.stop()
+    assert ops == before
