@@ -161,6 +161,20 @@ def examples_fsdp2(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any
             "final": torch.nn.utils.parameters_to_vector(model.parameters()).tolist()}
 
 
+def _tutorial_flags() -> Any:
+    """The FSDP1 tutorial's own flags the replay needs, with its defaults, from the command line
+    the runner gives the program (`sys.argv`, set before a replay too)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--test-batch-size", type=int, default=1000)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=1.0)
+    return parser.parse_known_args(sys.argv[1:])[0]
+
+
 def fsdp1_tutorial(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
     """The FSDP1 tutorial (its first seven python blocks, which the runner wrote to
     FSDP1_tutorial.py): one epoch of its `fsdp_main` on the CPU, both ranks in one process.
@@ -184,7 +198,11 @@ def fsdp1_tutorial(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any
                                     transforms.Normalize((0.1307,), (0.3081,))])
     train_set = datasets.MNIST("../data", train=True, download=True, transform=transform)
     test_set = datasets.MNIST("../data", train=False, transform=transform)
-    batch_size, test_batch_size, lr, epoch = 64, 1000, 1.0, 1  # its defaults, --epochs 1
+    flags = _tutorial_flags()
+    batch_size, test_batch_size, lr, epoch = (flags.batch_size, flags.test_batch_size,
+                                              flags.lr, 1)
+    if flags.epochs != 1:
+        raise ValueError(f"the replay takes one epoch, not --epochs {flags.epochs}")
     seeds = {r["rank"]: r["seed"] for r in records if r.get("rank") is not None}
     states, shards = [], []
     for rank in range(world):
