@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+
+# FSDP, and with it ShardedTensor's ops, imported before any simulation starts, as a program
+# that imports FSDP before simulating has them (the ranks are forked from this process)
+import torch.distributed.fsdp  # noqa: F401
 from torch import nn
 
 import devlab
@@ -80,10 +84,6 @@ def save_and_load(folder: str, fsdp: int, backend: str, asynchronous: bool) -> d
 ])
 def test_dcp_saves_and_loads_fsdp_shards(two, tmp_path: Path, fsdp: int, backend: str,
                                          asynchronous: bool, kind: str) -> None:
-    # ShardedTensor imported before the simulation starts (the ranks are forked from here), as
-    # a program that imports FSDP or DCP before simulating has it
-    import torch.distributed._shard.sharded_tensor  # noqa: F401
-
     folder = str(tmp_path / "checkpoint")
     got = devlab.launch(save_and_load, folder, fsdp, backend, asynchronous, nprocs=2,
                         timeout=240)
@@ -120,9 +120,10 @@ def test_a_sharded_tensor_says_its_device_whenever_its_module_was_imported() -> 
     # ShardedTensor keys its `device` by torch.Tensor.device as it was at its import, which
     # the simulation patches: imported before the simulation or during it, it answers while
     # the simulation runs and after it stops, and its table is left as torch's import left it.
-    import devlab.simulated as sim
     from torch.distributed._shard.sharded_tensor import api
     from torch.distributed._shard.sharded_tensor._ops import tensor_ops  # noqa: F401
+
+    import devlab.simulated as sim
 
     ops = api._SHARDED_OPS
     before = dict(ops)
