@@ -178,12 +178,23 @@ LAMBDA_RESNET50 = {
     "A100 80GB SXM4": ("A100-80GB", 640, {1: 1066.0, 2: 2029.0, 4: 4042.0, 8: 7397.0}),
     "A100 80GB PCIe": ("A100-PCIe-80GB", 640, {1: 1014.0, 2: 1957.0}),
 }
+# [dle-rn50] NVIDIA/DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md
+# (commit 291f0d02e815b148fa5c2b81bf07aa3552142895), "Training performance: NVIDIA DGX A100 (8x
+# A100 80GB)", pytorch-21.03 container: images/s on 1 and 8 GPUs; 256 images per GPU for both
+# precisions (ConvNets/configs.yml, commit 097c7ff917b7c56246590b1246a8f5bd8957c534). Mixed
+# precision keeps FP32 parameters, so its gradients are FP32 too (torch.cuda.amp).
+NVIDIA_RESNET50 = {
+    "DGX A100, TF32": ("A100-80GB", 256, {1: 938.0, 8: 7248.0}),
+    "DGX A100, mixed precision": ("A100-80GB", 256, {1: 2470.0, 8: 16621.0}),
+}
+RESNET50_SOURCES = {"lambda": LAMBDA_RESNET50, "dle-rn50": NVIDIA_RESNET50}
 RESNET50_PARAMETERS = 25_557_032  # torchvision's resnet50 (weights' "num_params")
 GRADIENT_TENSORS = 161  # its parameter tensors
 
 
 @dataclass(frozen=True)
 class Scaling:
+    source: str  # the reference its measurements come from
     board: str
     gpu: str
     ranks: int
@@ -203,7 +214,9 @@ def scaling_rows() -> list[Scaling]:
     backward, with ResNet-50's FP32 gradients ready evenly through the backward pass and
     all-reduced as DDP does on the board's default machine."""
     out = []
-    for board, (gpu, batch, measured) in LAMBDA_RESNET50.items():
+    for source, board, (gpu, batch, measured) in (
+            (source, board, row) for source, rows in RESNET50_SOURCES.items()
+            for board, row in rows.items()):
         step = batch / measured[1]
         backward = 2 * step / 3
         per = RESNET50_PARAMETERS * 4 // GRADIENT_TENSORS
@@ -213,16 +226,16 @@ def scaling_rows() -> list[Scaling]:
             if ranks == 1:
                 continue
             modeled = data_parallel_step(grads, ranks, topo, forward=step / 3, backward=backward)
-            out.append(Scaling(board, gpu, ranks, topo, value, measured[1], modeled))
+            out.append(Scaling(source, board, gpu, ranks, topo, value, measured[1], modeled))
     return out
 
 
 def scaling_markdown() -> str:
-    lines = ["| board [lambda] | GPUs, topology | measured images/s (scaling) | model images/s "
+    lines = ["| board | GPUs, topology | measured images/s (scaling) | model images/s "
              "(scaling) | all-reduce time, hidden | model / measured |", "|---|---|---|---|---|---|"]
     for r in scaling_rows():
         n = r.ranks * r.one
-        lines.append(f"| {r.board} | {r.ranks}, `{r.topology}` | {r.measured:,.0f} "
+        lines.append(f"| {r.board} [{r.source}] | {r.ranks}, `{r.topology}` | {r.measured:,.0f} "
                      f"({r.measured / n:.3f}) | {r.modeled:,.0f} ({r.modeled / n:.3f}) | "
                      f"{r.step.communication * 1e3:.1f} ms, {r.step.hidden:.0%} | "
                      f"{r.modeled / r.measured:.2f} |")

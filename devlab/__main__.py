@@ -16,7 +16,7 @@ What is simulated: torch.cuda reports N CUDA devices (cuda:0 ... cuda:N-1, "Simu
 device placement, copies between devices, mixed-device errors and out-of-memory errors (with
 --memory-limit) behave as on real GPUs. torch.distributed runs on gloo where the program asks
 for NCCL (a CPU build of torch has no NCCL), and says so once. Speed says nothing about a real
-GPU. Not simulated: CUDA graphs, cuDNN, CUDA's own random streams; torch.compile'd code runs
+GPU. Not simulated: cuDNN, CUDA's own random streams; torch.compile'd code runs
 uncompiled (and says so).
 
 Every Python process the program starts sees the same GPUs, through DEVLAB_SIMULATE_GPUS and

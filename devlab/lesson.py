@@ -254,8 +254,13 @@ def _arrange(gpus: int, memory_limit: int | None, started: bool, cells: dict[str
         else:
             did.append(f"all are cuda:{first.index}, sharing its compute and memory")
     if "separate_gpus" in cells and _real_cuda_devices() < 2:
+        real = len(config.list_physical_devices("GPU"))
+        # More real GPUs than the lesson uses (Kaggle's two T4s, for a one-GPU lesson): the
+        # others were hidden above, and the ranks these cells start inherit that.
+        has = ("this machine has one real GPU" if real < 2 else
+               f"this lesson hides all but one of this machine's {real} real GPUs")
         said = _will_not_run(cells["separate_gpus"], "two separate CUDA devices (cuda:0 and "
-                             "cuda:1), and this machine has one real GPU")
+                             f"cuda:1), and {has}")
         notes.append(f"{said[0].upper()}{said[1:]} {CPU_RUNTIME}")
 
 

@@ -31,3 +31,11 @@ def test_widget_memory_runs_both_magics_and_leaves_no_widget() -> None:
 def test_allocator_benchmark_prints_its_figure() -> None:
     out = _run("benchmarks/allocator.py", "--events", "2000", "--trials", "1")
     assert re.search(r"\d+\.\d\d us per allocation \(malloc \+ free\)", out), out
+
+
+def test_cuda_graphs_benchmark_prints_its_figures() -> None:
+    out = _run("benchmarks/cuda_graphs.py", "--ops", "20", "--repeats", "1")
+    assert re.search(r"graph replay +\d+\.\d\d µs/op +ratio replay/eager: \d+\.\d\d", out), out
+    eager = float(re.search(r"T4, eager +([0-9.]+) µs per step", out)[1])
+    replay = float(re.search(r"T4, one replay +([0-9.]+) µs per step", out)[1])
+    assert replay < eager, out  # one launch for the graph, one per kernel eagerly

@@ -299,6 +299,17 @@ def claims_03(nb: nbformat.NotebookNode, env: Env) -> None:
     summary = text(cell_with(nb, '"two-GPU speed-up": round('))
     assert "'host syncs (per step, on device)': [1000, 1]" in summary
     speedup = float(re.search(r"'two-GPU speed-up': ([0-9.]+)", summary)[1])
+    # 5. A CUDA graph: 40 tiny kernels launched one by one wait for the host's launches; one
+    # replay launches them all, so it takes well under half as long, and the values show that
+    # the capture itself ran nothing.
+    graphed = text(cell_with(nb, "with torch.cuda.graph(graph):"))
+    times = re.findall(r"40 kernels, (?:launched one by one|one graph replay): +([0-9.]+) µs "
+                       r"\((modeled on T4|measured)\)", graphed)
+    assert len(times) == 2, graphed
+    (eager, how), (replayed, _) = times
+    assert float(replayed) < float(eager) / 2, graphed
+    assert how == "modeled on T4", graphed  # every environment here simulates the T4
+    assert "x[0] = 120: " in graphed, graphed
     scaling = html(cell_with(nb, "exercises.two_gpu_scaling("))
     if env.physical_gpus(2) >= 2:
         # 4. Two modeled GPUs, two queues, whatever this machine's cores.
@@ -422,6 +433,47 @@ def claims_ddp_scaling(nb: nbformat.NotebookNode) -> None:
     assert speed["model x 4"] == pytest.approx(speed["as above"], abs=0.1)
     assert speed["4 micro-batches per step"] == pytest.approx(  # 3 of 4 without an all-reduce
         2 * (4 * (f + b) + o) / (3 * (f + b) + step.seconds * 1e3), abs=0.01), rows
+
+
+def claims_step_timeline(nb: nbformat.NotebookNode) -> None:
+    """Lesson 06: one DDP step's modeled timeline on two T4s: its parts add up, it is the step
+    the cell before timed, and its all-reduces are DDP's buckets as gpu_model times them."""
+    from devlab import gpu_model
+
+    timed = stream(cell_with(nb, "def ddp_step("))
+    (t1, f, b, o), (t2, *_) = [[float(v) for v in m] for m in re.findall(
+        r"^\d GPUs?\s*: step\s+([\d.]+) ms = forward ([\d.]+) \+ backward ([\d.]+) \+ "
+        r"optimizer ([\d.]+)", timed, re.M)]
+    layer = 4 * 1024 * 1024, 4 * 1024
+    sizes = [layer[1], layer[0]] * 8
+    step = gpu_model.data_parallel_step(
+        gpu_model.evenly_ready(sizes, b / 1e3), 2, "pcie3-host", forward=f / 1e3,
+        backward=b / 1e3, optimizer=o / 1e3, gpu_name="T4")
+    cell = cell_with(nb, "def ddp_timeline(")
+    shown = text(cell)
+    gpus = re.findall(
+        r"^GPU:(\d): step ([\d.]+) ms = compute ([\d.]+) ms \+ exposed communication ([\d.]+) "
+        r"ms \+ idle ([\d.]+) ms; communication ([\d.]+) ms in (\d+) collectives, ([\d.]+) ms "
+        r"\(\d+%\) hidden behind compute; waited ([\d.]+) ms for the slowest rank; compute "
+        r"waited ([\d.]+) ms for collectives$", shown, re.M)
+    assert [g[0] for g in gpus] == ["0", "1"], shown
+    for _, *values in gpus:
+        total, compute, exposed, idle, comm, n, hidden, ranks, waited = map(float, values)
+        assert compute + exposed + idle == pytest.approx(total, abs=0.002)
+        assert hidden + exposed == pytest.approx(comm, abs=0.002)
+        assert total == pytest.approx(t2, abs=0.01) and compute == pytest.approx(t1, abs=0.01)
+        assert n == len(step.buckets)
+        assert comm == pytest.approx(step.communication * 1e3, abs=0.001)
+        assert exposed == pytest.approx(step.exposed * 1e3, abs=0.05 * comm)
+        assert waited == pytest.approx(exposed, abs=0.002) and ranks < 0.01
+    assert "not measured" in shown
+    page = html(cell)
+    assert "<svg" in page and "<script" not in page and "GPU:1 NCCL" in page
+    from devlab.sizes import format_bytes
+
+    for bucket in step.buckets:  # each all-reduce, hover text naming its bucket's bytes
+        assert re.search(r"nccl:all_reduce \(pcie3-host, 2 GPUs, [^)]*\): "
+                         + re.escape(format_bytes(bucket.nbytes)) + ": ", page), page[:3000]
 
 
 def _replay_06() -> tuple[torch.nn.Module, list[float]]:

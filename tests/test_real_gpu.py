@@ -170,6 +170,21 @@ def test_on_kaggles_two_t4s_the_lessons_use_both_and_their_times_are_measured(re
     assert lab.times == "measured with CUDA events on the real GPUs"
 
 
+def test_on_kaggles_two_t4s_lesson_04_keeps_one_and_says_its_ddp_cells_will_not_run(
+        real_gpus, capsys) -> None:
+    """Lesson 04 follows the TensorFlow guide on one GPU: on Kaggle's two T4s it hides the
+    second, so its DDP cells (one rank per CUDA device) cannot run, and it says why in those
+    words, not that the machine has one GPU."""
+    real_gpus(2)
+    lab = lesson.setup(gpus=1, model="T4", cells={"separate_gpus": "the DDP cells"})
+    line, *notes = capsys.readouterr().out.splitlines()
+    assert "GPU:1 hidden (set_visible_devices): this lesson uses 1" in line, line
+    assert ("The DDP cells need two separate CUDA devices (cuda:0 and cuda:1), and this lesson "
+            "hides all but one of this machine's 2 real GPUs, so they will not run here") in \
+        " ".join(notes), notes
+    assert lab.gpus == [CUDA0]
+
+
 def test_once_cuda_has_started_a_gpu_cannot_be_split_and_the_lesson_says_so(real_gpus, capsys,
                                                                             monkeypatch) -> None:
     real_gpus(1)

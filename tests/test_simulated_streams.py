@@ -62,6 +62,9 @@ def test_the_current_stream_is_per_thread_and_per_gpu() -> None:
     assert torch.cuda.current_device() == 0
     with s:  # torch.Stream's own context manager
         assert torch.cuda.current_stream() == s
+        with torch.cuda.default_stream(), s:
+            assert torch.cuda.current_stream() == s
+        assert torch.cuda.current_stream() == s
     assert torch.cuda.current_stream().stream_id == 0
     with torch.cuda.stream(None):
         assert torch.cuda.current_stream().stream_id == 0

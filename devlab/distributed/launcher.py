@@ -8,6 +8,7 @@ launch (process, listener, thread, descriptor, run directory) left afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import os
@@ -37,6 +38,7 @@ from devlab.distributed.wire import (
     _write_launch,
 )
 from devlab.loopback import loopback_socket
+from devlab.simulated.distributed import forks as _forks
 
 # A rank asked to stop (another rank failed) gets this long to end before it is killed.
 _STOP_GRACE = 3.0
@@ -169,11 +171,16 @@ class _Launch:
             # exist there; their destructors crash the rank ("Segmentation fault ...
             # Garbage-collecting"). Frozen, the objects it inherits are never collected in it.
             gc.freeze()
+        # Without a timeout, forked ranks on simulated GPUs get the hang report that ranks of
+        # torch's launchers get (simulated.distributed.forks): a rank's timeout arms
+        # faulthandler, which the report's watchdog would re-arm.
+        watched = self.method == "fork" and self.deadline is None and simulated.is_active()
         try:
-            for r in range(self.nprocs):
-                if self.interrupts.happened:
-                    break
-                self._start_rank(r)
+            with _forks.fork_window(self.nprocs) if watched else contextlib.nullcontext():
+                for r in range(self.nprocs):
+                    if self.interrupts.happened:
+                        break
+                    self._start_rank(r)
         finally:
             if self.method == "fork" and unfreeze:
                 gc.unfreeze()

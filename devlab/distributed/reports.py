@@ -23,6 +23,7 @@ from devlab.distributed.wire import (
     _rank_file,
     _read_result,
 )
+from devlab.simulated.distributed.forks import HANG_ENV, HANG_EXIT
 
 
 class RankError(RuntimeError):
@@ -131,6 +132,10 @@ def _silent_error(silent: dict[int, tuple[str, int]], errors: dict[int, dict[str
     kind, n = silent[first]
     if kind == "signal":
         why = f"was killed by {_how(silent[first]).removeprefix('killed by ')}"
+    elif n == HANG_EXIT:
+        why = (f"was stopped by devlab's hang report (exit code {n}): no rank made progress "
+               f"for the hang timeout ({HANG_ENV}, devlab.simulated.set_hang_timeout); its "
+               "stderr above shows where it waited")
     else:
         why = (f"ended with exit code {n} without returning or raising (os._exit({n}) ends a "
                "process at once; so does a crash in C code, shown in the rank's stderr)")

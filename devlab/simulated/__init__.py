@@ -16,10 +16,10 @@ and stop() puts torch back exactly.
 
 Limits: a thread started before the simulation is not routed (`thread_routing()` routes it;
 without it, making a GPU tensor there fails with one line saying so).
-CUDA graphs, compiled code (`torch.compile`d code runs uncompiled while simulating,
+Compiled code (`torch.compile`d code runs uncompiled while simulating,
 `mode.compile`), cuDNN, CUDA's own random streams (random ops on simulated GPUs draw from the
 CPU's generators) and sparse tensors are not simulated (sparse ones are refused; a call that
-needs the CUDA runtime fails with an error naming itself). One stream per GPU. As on CUDA, a
+needs the CUDA runtime fails with an error naming itself). One stream per GPU. CUDA graphs are recorded and replayed op by op (`cuda.graphs`). As on CUDA, a
 child forked after the simulated GPUs were initialized may not use them (`core.fork`); at most
 `max_count()` GPUs (torch's device index is 8 bits).
 """
@@ -43,6 +43,7 @@ from .core import session as _session
 from .core import workers as _workers
 from .core.marks import index_of
 from .core.session import current_index
+from .distributed.forks import hang_timeout, reset_hang_timeout, set_hang_timeout
 from .mode import launch as _launch
 from .mode.dispatched import run as run_dispatched
 
@@ -52,6 +53,7 @@ __all__ = [
     "device_count",
     "explain",
     "gpu_spec",
+    "hang_timeout",
     "model",
     "modeled_time",
     "topology",
@@ -63,14 +65,18 @@ __all__ = [
     "max_count",
     "memory_stats",
     "reconfigure",
+    "reset_hang_timeout",
     "reset_after_fork_for_rank",
     "reset_peak",
     "watch_peak",
     "run_dispatched",
+    "set_hang_timeout",
     "start",
     "stop",
     "synchronize",
     "thread_routing",
+    "timeline",
+    "Timeline",
 ]
 
 _control_lock = threading.RLock()
@@ -167,8 +173,10 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         from .cuda import amp as _amp
         from .cuda import api as _cuda
         from .cuda import build as _build
+        from .cuda import graphs as _graphs
         from .distributed import c10d as _c10d
         from .distributed import dtensor as _dtensor
+        from .distributed import forks as _forks
         from .distributed import parallel as _parallel
         from .distributed import stores as _stores
         from .mode import autograd as _autograd
@@ -191,9 +199,9 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                 _routing.remove_mode(old)
         patcher = Patcher()
         try:
-            for module in (_tensor, _wrappers, _cuda, _build, _queries, _factories, _amp,
-                           _threads, _parallel, _serialization, _c10d, _stores, _dtensor,
-                           _compile):
+            for module in (_tensor, _wrappers, _cuda, _graphs, _build, _queries, _factories, _amp,
+                           _threads, _parallel, _serialization, _c10d, _stores, _forks,
+                           _dtensor, _compile):
                 module.install(patcher)
             charges = _session.NO_CHARGES
             if spec is not None:
@@ -432,3 +440,22 @@ def explain(fn: Any) -> Any:
     from .clock.explain import explain as _explain
 
     return _explain(fn)
+
+
+def timeline(fn: Any) -> Any:
+    """Run `fn()` on the modeled GPUs and return one step's timeline per GPU (a `Timeline`,
+    modeled): kernels on each GPU's queue, collectives on its communication stream, how much
+    communication compute hid, and what waited (a rank for the slowest one, compute for a
+    collective). In a distributed run, return it from each rank and put the ranks' together
+    with `Timeline.merge`."""
+    from .clock.timeline import timeline as _timeline
+
+    return _timeline(fn)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Timeline":  # imported on use: the clock's modules load torch's internals
+        from .clock.timeline import Timeline
+
+        return Timeline
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1293,6 +1293,35 @@ CORPUS += (
     ),
 )
 
+# --- CUDA graphs (issue 29) ---------------------------------------------------------------------
+MIT_JINO = "MIT (JINO-ROHIT/llm-inference-techniques LICENSE, © 2026 JINO ROHIT)"
+CORPUS += (
+    Program(
+        name="cuda_graphs_whole_network",
+        title="CUDA graphs: whole-network capture (PyTorch's CUDA notes' example, as a script)",
+        repo="JINO-ROHIT/llm-inference-techniques",
+        files=(SourceFile("supplementary/02_cuda_graphs/01_whole_network.py",
+                          "27582ed32692ee3767d5097cfe686dadd3962ba8", "01_whole_network.py",
+                          1420, "8ff6cd40b65a590205a3f478d37560ea278bdb7238822444818294bcfe6bd17c"),),
+        licence=MIT_JINO,
+        entry="01_whole_network.py",
+        exercises="`torch.cuda.graph` capture of a whole training step (forward with dropout, "
+                  "MSE loss, backward into `.grad` made in the capture, SGD's step) after a "
+                  "warm-up on a side stream (`torch.cuda.Stream`, `wait_stream`), then 10 "
+                  "replays on new data copied into the static tensors (N=640, 4096-2048-1024)",
+        compare_note="no CPU run: it hard-codes `cuda` and CUDA graphs, and prints nothing; "
+                     "checked: it runs to its end on a simulated GPU (a host sync in the "
+                     "capture, or a capture the simulation could not replay, would end it in "
+                     "CUDA's error). tests/test_cuda_graphs.py runs the same example at smaller "
+                     "sizes and compares each replay's loss and the final parameters with the "
+                     "same training run eagerly on the CPU: equal, bit for bit",
+        gpus_used=1,
+        notes="The notes' whole-network example (docs/source/notes/cuda.rst, 'Whole-network "
+              "capture') with `import torch` and one comment of its author's; the notes' "
+              "partial-network and AMP examples are in tests/test_cuda_graphs.py.",
+    ),
+)
+
 # PyTorch's "CUDA semantics" notes (docs/source/notes/cuda.rst): their examples, each block kept
 # byte for byte, run as the notes' reader runs them, printing what the notes say of them.
 PYTORCH = "pytorch/pytorch"

@@ -37,6 +37,7 @@ from devlab import ops_catalog
 from devlab.gpu_model.collectives import CollectiveTime, coalesced_time, collective_time
 from devlab.gpu_model.kernels import COPY, QUEUED, kernel_seconds
 from devlab.gpu_model.links import Topology, default_topology
+from devlab.sizes import format_bytes
 
 from ..core import session as _session
 from ..core.marks import index_of
@@ -56,6 +57,24 @@ from .roofline import (
 Tensor = torch.Tensor
 TIMING = QUEUED  # what the clock's times are: ops queued back to back
 
+# A span's stream, and what it is (`Span.kind`).
+COMPUTE, COMM = "compute", "comm"
+KERNEL, COPY_SPAN, COLLECTIVE = "kernel", "copy", "collective"
+WAIT_RANKS = "waits for the slowest rank"  # on the comm stream: another rank came later
+WAIT_COMM = "waits for a collective"  # on the compute stream: work.wait(), a blocking call
+
+
+class Span(NamedTuple):
+    """What one GPU's stream did from `start` to `end` (modeled seconds from the simulation's
+    start), recorded while a timeline watches."""
+
+    device: int  # the simulated GPU's index
+    stream: str  # COMPUTE (its queue) or COMM (NCCL's stream)
+    kind: str  # KERNEL, COPY_SPAN, COLLECTIVE, WAIT_RANKS or WAIT_COMM
+    name: str
+    start: float
+    end: float
+
 
 class Clock:
     """Modeled time, in seconds from the simulation's start: the host's, and when each GPU's
@@ -69,8 +88,10 @@ class Clock:
         self.spec = spec
         self.lock = threading.Lock()
         self.reset(count, queues)
-        # While `explain` watches: every charge, in order.
+        # While `explain` or a timeline watches: every charge, in order, and when each
+        # stream ran it.
         self.recording: list[OpTime] | None = None
+        self.spans: list[Span] | None = None
         self._launch = spec.launch_latency_us * 1e-6
         self._sync = spec.sync_latency_us * 1e-6
 
@@ -138,6 +159,8 @@ class Clock:
                 busy[device] += work
                 if recording is not None:
                     recording.append(t)
+                    self.spans.append(  # type: ignore[union-attr]
+                        Span(t.device, COMPUTE, KERNEL, t.op, start, start + work))
             self.host = host
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
@@ -184,6 +207,9 @@ class Clock:
                 self.host = end + waited
             if self.recording is not None:
                 name = f"{op} ({where})"
+                self.spans.extend(  # type: ignore[union-attr]
+                    Span(g, COMPUTE, COPY_SPAN, name, start, end)
+                    for g in dict.fromkeys(i for i in (src_i, dst_i) if i is not None))
                 self.recording.append(within._replace(op=name) if within is not None else
                                       OpTime(name, shown, self._launch, 0.0,  # type: ignore[arg-type]
                                              seconds, 0, nbytes, waited))
@@ -198,15 +224,24 @@ class Clock:
             return max(self.host, self.free[q], self.comm[q])
 
     def collective(self, index: int, start: float, seconds: float, join: bool,
-                   record: OpTime | None = None) -> float:
+                   record: OpTime | None = None, ready: float | None = None) -> float:
         """A collective on GPU `index`'s communication stream from `start` (every rank's
         agreed start) for `seconds`; `join`: the GPU's queue waits for it (a blocking
-        collective, or a work waited on). Returns its end."""
+        collective, or a work waited on); `ready`: when this rank alone could have started
+        it (a timeline shows the wait for the others). Returns its end."""
         with self.lock:
             q = self.queue[index]
             end = start + seconds
+            spans = self.spans
+            if spans is not None and record is not None:
+                if ready is not None and start > ready:
+                    spans.append(Span(index, COMM, WAIT_RANKS, WAIT_RANKS, ready, start))
+                spans.append(Span(index, COMM, COLLECTIVE,
+                                  f"{record.op}: {format_bytes(record.nbytes)}", start, end))
             self.comm[q] = end
             if join and end > self.free[q]:
+                if spans is not None:
+                    spans.append(Span(index, COMPUTE, WAIT_COMM, WAIT_COMM, self.free[q], end))
                 self.free[q] = end
             if record is not None and self.recording is not None:
                 self.recording.append(record)
@@ -219,6 +254,9 @@ class Clock:
             q = self.queue[index]
             end = self.comm[q] if until is None else until
             if end > self.free[q]:
+                if self.spans is not None:
+                    self.spans.append(Span(index, COMPUTE, WAIT_COMM, WAIT_COMM, self.free[q],
+                                           end))
                 self.free[q] = end
 
     def ready(self, index: int) -> float:
@@ -274,6 +312,32 @@ class Clock:
     def now(self) -> float:
         with self.lock:
             return self.host
+
+    def begin_capture(self) -> tuple:
+        """A CUDA graph's capture starts: from now the kernels charged are recorded, not run
+        (the host still pays each launch: capturing one costs about as much). Returns the
+        state `end_capture` puts back."""
+        with self.lock:
+            state = (list(self.free), list(self.busy), list(self.comm), self.recording)
+            self.recording = []
+            return state
+
+    def end_capture(self, state: tuple) -> tuple[OpTime, ...]:
+        """The capture begun with `state` ends: the GPUs' queues are as before it (nothing it
+        recorded ran); returns the kernels and copies it recorded, in order."""
+        with self.lock:
+            recorded = tuple(self.recording or ())
+            self.free, self.busy, self.comm, self.recording = state
+            return recorded
+
+    def replay(self, ts: tuple[OpTime, ...]) -> None:
+        """A CUDA graph of kernels `ts` is launched: the host pays ONE launch for the graph,
+        then its kernels run back to back on their GPU, each with its GPU-side cost (its floor
+        included: a graph removes the host's launches, not the kernels' own time)."""
+        if not ts:
+            return
+        first = ts[0]._replace(launch=self._launch)
+        self.kernels((first, *(t._replace(launch=0.0) for t in ts[1:])))
 
 
 # Calls that hand the host a Python value from the device: a copy to the host, and a wait.
@@ -483,11 +547,12 @@ class Charges(NoCharges):
             def place() -> float:
                 (start,) = agreed()
                 return self.clock.collective(index, max(start, local), timed.seconds, join,
-                                             record)
+                                             record, local)
 
             return place
         (start,) = agreed
-        return self.clock.collective(index, max(start, local), timed.seconds, join, record)
+        return self.clock.collective(index, max(start, local), timed.seconds, join, record,
+                                     local)
 
     def join(self, index: int, until: float | None = None) -> None:
         """GPU `index`'s queue waits for its collectives (to `until`): `work.wait()`."""
@@ -542,10 +607,11 @@ class Charges(NoCharges):
             got = exchange([locals_[k] for k in members])
             agreed[key] = list(got() if callable(got) else got)
         last: dict[int, float] = {}
-        for p in pending:
-            start = max(agreed[id(p.group)].pop(0), clock.comm[clock.queue[p.index]])
+        for p, local in zip(pending, locals_, strict=True):
+            comm = clock.comm[clock.queue[p.index]]
+            start = max(agreed[id(p.group)].pop(0), comm)
             last[p.index] = clock.collective(p.index, start, p.timed.seconds, False,
-                                             self._record(p.timed, p.index))
+                                             self._record(p.timed, p.index), max(local, comm))
         for index, end in last.items():
             clock.join(index, end)
 
@@ -584,6 +650,18 @@ class Charges(NoCharges):
         """Start the clock again at 0 with `count` idle GPUs."""
         self.clock.reset(count, queues)
 
+    def begin_capture(self) -> Any:
+        """A CUDA graph's capture starts: what is charged until `end_capture` is recorded."""
+        return self.clock.begin_capture()
+
+    def end_capture(self, token: Any) -> tuple[OpTime, ...]:
+        """The capture ends: the kernels it recorded; the GPUs' queues as before it."""
+        return self.clock.end_capture(token)
+
+    def replay(self, kernels: tuple[OpTime, ...]) -> None:
+        """A CUDA graph of `kernels` is replayed: one launch for all of them."""
+        self.clock.replay(kernels)
+
 
 _ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad  # a leaf's node in a graph
 
@@ -602,9 +680,21 @@ _EMPTY = ops_catalog.callables("empty")
 _FROM_HOST_DATA = ops_catalog.callables("from_host_data")
 
 
-def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime], GpuSpec, Topology]:
-    """fn(), with every charge to the clock recorded (for `explain`), the GPU the clock
-    models, and the machine its collectives are timed in."""
+class Recording(NamedTuple):
+    """What `record` saw: fn's result, every charge in order, when each stream ran it, the
+    host's time at the start, the GPU the clock models and the machine its collectives are
+    timed in."""
+
+    result: Any
+    ops: list[OpTime]
+    spans: list[Span]
+    start: float
+    spec: GpuSpec
+    topology: Topology
+
+
+def record(fn: Callable[[], Any]) -> Recording:
+    """fn(), with every charge to the clock recorded (for `explain` and timelines)."""
     sess = _session.session
     clock = sess.charges.clock if sess is not None else None
     if clock is None:
@@ -612,11 +702,15 @@ def record(fn: Callable[[], Any]) -> tuple[Any, list[OpTime], GpuSpec, Topology]
                            "devlab.config.simulate_gpus(2, model='T4')")
     with clock.lock:
         outer, clock.recording = clock.recording, []
-        recorded = clock.recording
+        outer_spans, clock.spans = clock.spans, []
+        recorded, spans, start = clock.recording, clock.spans, clock.host
     try:
-        return fn(), recorded, clock.spec, sess.charges.topology  # type: ignore[union-attr]
+        result = fn()
     finally:
         with clock.lock:
-            clock.recording = outer
+            clock.recording, clock.spans = outer, outer_spans
             if outer is not None:
                 outer.extend(recorded)
+                outer_spans.extend(spans)  # type: ignore[union-attr]
+    return Recording(result, recorded, spans, start, clock.spec,
+                     sess.charges.topology)  # type: ignore[union-attr]

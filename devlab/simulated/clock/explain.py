@@ -122,8 +122,9 @@ class Explanation:
 
 def explain(fn: Callable[[], Any]) -> Explanation:
     """Run `fn()` on the modeled GPUs and break its modeled time down, op by op."""
-    result, ops, spec, topology = record(fn)
-    return Explanation(spec.full_name, ops, result, machine=machine(spec, topology))
+    rec = record(fn)
+    return Explanation(rec.spec.full_name, rec.ops, rec.result,
+                       machine=machine(rec.spec, rec.topology))
 
 
 def machine(spec: Any, topology: Topology) -> str:

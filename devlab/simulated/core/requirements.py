@@ -57,6 +57,13 @@ REQUIRED: tuple[tuple[str, str], ...] = (
     ("torch.nn.parallel.parallel_apply", "get_a_var"),
     ("torch._utils", "ExceptionWrapper"),
     ("threading", "Thread._bootstrap_inner"),
+    # CUDA graphs (cuda/graphs.py): torch.cuda.graph and make_graphed_callables look these up,
+    # and a replay runs its ops below autograd with every mode off.
+    ("torch.cuda.graphs", "graph_pool_handle"),
+    ("torch.cuda.graphs", "make_graphed_callables"),
+    ("torch._C", "_AutoDispatchBelowADInplaceOrView"),
+    ("torch.utils._python_dispatch", "_disable_current_modes"),
+    ("torch._C", "StorageBase._cdata"),
 )
 
 

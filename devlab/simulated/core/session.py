@@ -261,6 +261,19 @@ class NoCharges:
     def reset(self, count: int, queues: list[int] | None = None) -> None:
         """The GPUs were reconfigured before first use."""
 
+    def begin_capture(self) -> Any:
+        """A CUDA graph's capture starts: what is charged until `end_capture` is recorded,
+        not run. Returns what `end_capture` needs."""
+        return None
+
+    def end_capture(self, token: Any) -> tuple:
+        """The capture begun (`token`) ends: the kernels it recorded, the GPUs' queues as they
+        were before it."""
+        return ()
+
+    def replay(self, kernels: tuple) -> None:
+        """A CUDA graph of these recorded kernels is replayed: one launch for all of them."""
+
 
 NO_CHARGES = NoCharges()
 
@@ -327,6 +340,11 @@ lock = threading.RLock()
 # This process was forked after its parent initialized the simulated CUDA runtime, so, by
 # CUDA's rule, it may not use the simulated GPUs (`_fork`).
 bad_fork = False
+
+# The CUDA graph capture under way in this process, if any (`cuda.graphs`): a host sync
+# anywhere while it runs is CUDA's capture error (capture mode "global"), so `workers.host_sync`
+# asks it. One at a time, as torch.cuda.graph's one capture stream allows.
+capture: Any = None
 
 # Per thread, as CUDA's: `device` is torch.cuda.current_device(), `index` the simulated GPU the
 # op running right now executes on (None on the host), `routed` the session whose mode the

@@ -175,7 +175,11 @@ def wait_all() -> None:
 
 def host_sync(index: int | None = None) -> None:
     """The host waits for simulated GPU `index` (every GPU's if None), as `synchronize()`
-    does: for its queued work, and on a modeled GPU for the modeled clock's queue too."""
+    does: for its queued work, and on a modeled GPU for the modeled clock's queue too. During
+    a CUDA graph's capture it is CUDA's capture error instead (`session.capture`)."""
+    capture = _session.capture
+    if capture is not None:
+        capture.refuse("synchronize()")
     if index is None:
         wait_all()
     else:

@@ -165,11 +165,6 @@ def is_initialized() -> bool:
 
 
 @entry
-def is_current_stream_capturing() -> bool:
-    return False
-
-
-@entry
 @initializes
 def init() -> None:
     """Nothing to initialize for simulated GPUs."""
@@ -398,12 +393,13 @@ class Stream(torch._C.Stream):
 
     @entry
     def __enter__(self) -> Stream:  # `with stream:` makes it current, as torch.Stream does
-        self._outer = StreamContext(self)
-        self._outer.__enter__()
+        ctx = StreamContext(self)
+        ctx.__enter__()
+        self.__dict__.setdefault("_contexts", []).append(ctx)  # `with s:` may nest
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._outer.__exit__(*exc)
+        self.__dict__["_contexts"].pop().__exit__(*exc)
 
     def __repr__(self) -> str:
         return (f"<simulated torch.cuda.Stream device=cuda:{self.device_index} "
@@ -612,7 +608,6 @@ _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "get_device_capability": get_device_capability,
     "synchronize": synchronize,
     "is_initialized": is_initialized,
-    "is_current_stream_capturing": is_current_stream_capturing,
     "init": init,
     "manual_seed": manual_seed,
     "manual_seed_all": manual_seed,

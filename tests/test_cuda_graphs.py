@@ -1,0 +1,417 @@
+"""CUDA graphs on simulated GPUs (devlab/simulated/cuda/graphs.py): a capture records the ops,
+a replay reruns them into the same tensors, host syncs during capture are CUDA's error, and on
+a modeled GPU a replay costs one launch.
+
+The examples of PyTorch's CUDA semantics notes (docs/source/notes/cuda.rst, "CUDA Graphs",
+pytorch/pytorch@68e217b9) run here as the notes write them, at smaller sizes (N, D_in, H, D_out)
+so that the CPU computes them quickly, and are compared with the same training run eagerly on
+the CPU: a simulated GPU computes with the CPU's kernels and draws from its generator, so the
+values must be equal, not close.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import pytest
+import torch
+
+import devlab
+from devlab.simulated.core import session as _session
+
+N, D_IN, H, D_OUT = 64, 256, 128, 32
+
+
+def _whole_network(device: str, graphed: bool) -> tuple[list[float], list[torch.Tensor]]:
+    """The notes' whole-network capture (warmup, capture of forward, loss, backward and SGD's
+    step, 10 replays on new data); eagerly, each replay is one training step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(D_IN, H), torch.nn.Dropout(p=0.2),
+                                torch.nn.Linear(H, D_OUT), torch.nn.Dropout(p=0.1)).to(device)
+    loss_fn = torch.nn.MSELoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    static_input = torch.randn(N, D_IN, device=device)
+    static_target = torch.randn(N, D_OUT, device=device)
+
+    def step() -> torch.Tensor:
+        y_pred = model(static_input)
+        loss = loss_fn(y_pred, static_target)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    for _ in range(3):
+        optimizer.zero_grad(set_to_none=True)
+        step()
+    if graphed:
+        g = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            static_loss = step()
+    real_inputs = [torch.rand_like(static_input) for _ in range(10)]
+    real_targets = [torch.rand_like(static_target) for _ in range(10)]
+    losses = []
+    for data, target in zip(real_inputs, real_targets, strict=True):
+        static_input.copy_(data)
+        static_target.copy_(target)
+        if graphed:
+            g.replay()
+        else:
+            optimizer.zero_grad(set_to_none=True)
+            static_loss = step()
+        losses.append(static_loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def _partial_network(device: str, graphed: bool) -> tuple[list[float], list[torch.Tensor]]:
+    """The notes' partial-network capture: three Linear modules through
+    make_graphed_callables, data-dependent control flow between them, run eagerly."""
+    torch.manual_seed(0)
+    module1 = torch.nn.Linear(D_IN, H).to(device)
+    module2 = torch.nn.Linear(H, D_OUT).to(device)
+    module3 = torch.nn.Linear(H, D_OUT).to(device)
+    params = [*module1.parameters(), *module2.parameters(), *module3.parameters()]
+    loss_fn = torch.nn.MSELoss()
+    optimizer = torch.optim.SGD(chain(module1.parameters(), module2.parameters(),
+                                      module3.parameters()), lr=0.1)
+    x = torch.randn(N, D_IN, device=device)
+    h = torch.randn(N, H, device=device, requires_grad=True)
+    if graphed:
+        module1 = torch.cuda.make_graphed_callables(module1, (x,))
+        module2 = torch.cuda.make_graphed_callables(module2, (h,))
+        module3 = torch.cuda.make_graphed_callables(module3, (h,))
+    real_inputs = [torch.rand_like(x) for _ in range(10)]
+    real_targets = [torch.randn(N, D_OUT, device=device) for _ in range(10)]
+    losses = []
+    for data, target in zip(real_inputs, real_targets, strict=True):
+        optimizer.zero_grad(set_to_none=True)
+        tmp = module1(data)
+        tmp = module2(tmp) if tmp.sum().item() > 0 else module3(tmp)
+        loss = loss_fn(tmp, target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in params]
+
+
+def _amp(device: str, graphed: bool) -> tuple[list[float], list[torch.Tensor]]:
+    """The notes' usage with torch.cuda.amp: forward, loss and the scaled backward captured,
+    GradScaler's step and update run eagerly after each replay (float16 autocast on both)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(D_IN, H), torch.nn.Dropout(p=0.2),
+                                torch.nn.Linear(H, D_OUT), torch.nn.Dropout(p=0.1)).to(device)
+    loss_fn = torch.nn.MSELoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler(device)
+    static_input = torch.randn(N, D_IN, device=device)
+    static_target = torch.randn(N, D_OUT, device=device)
+
+    def forward_backward() -> torch.Tensor:
+        with torch.autocast(device, dtype=torch.float16):
+            y_pred = model(static_input)
+            loss = loss_fn(y_pred, static_target)
+        scaler.scale(loss).backward()
+        return loss
+
+    for _ in range(3):
+        optimizer.zero_grad(set_to_none=True)
+        forward_backward()
+        scaler.step(optimizer)
+        scaler.update()
+    if graphed:
+        g = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            static_loss = forward_backward()
+    real_inputs = [torch.rand_like(static_input) for _ in range(10)]
+    real_targets = [torch.rand_like(static_target) for _ in range(10)]
+    losses = []
+    for data, target in zip(real_inputs, real_targets, strict=True):
+        static_input.copy_(data)
+        static_target.copy_(target)
+        if graphed:
+            g.replay()
+        else:
+            optimizer.zero_grad(set_to_none=True)
+            static_loss = forward_backward()
+        scaler.step(optimizer)
+        scaler.update()
+        losses.append(static_loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("example", [_whole_network, _partial_network, _amp],
+                         ids=["whole-network", "partial-network", "amp"])
+def test_notes_examples_give_the_cpu_runs_values(no_simulation, example) -> None:
+    cpu_losses, cpu_params = example("cpu", graphed=False)
+    devlab.simulated.start(1)
+    losses, params = example("cuda", graphed=True)
+    assert losses == cpu_losses
+    assert len(set(losses)) > 1  # each replay computed on its own data
+    for p, q in zip(params, cpu_params, strict=True):
+        assert torch.equal(p, q)
+
+
+def test_notes_first_example_prints_6_then_8(no_simulation) -> None:
+    devlab.simulated.start(1)
+    g = torch.cuda.CUDAGraph()
+    static_input = torch.empty((5,), device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            static_output = static_input * 2
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        static_output = static_input * 2
+    static_input.copy_(torch.full((5,), 3, device="cuda"))
+    g.replay()
+    assert repr(static_output) == "tensor([6., 6., 6., 6., 6.], device='cuda:0')"
+    static_input.copy_(torch.full((5,), 4, device="cuda"))
+    g.replay()
+    assert repr(static_output) == "tensor([8., 8., 8., 8., 8.], device='cuda:0')"
+
+
+def test_replay_equals_eager_for_new_static_inputs(no_simulation) -> None:
+    devlab.simulated.start(1)
+    torch.manual_seed(1)
+    w = torch.randn(16, 8, device="cuda")
+    b = torch.randn(8, device="cuda")
+    x = torch.randn(4, 16, device="cuda")
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.nn.functional.gelu(x @ w + b)
+        return h.softmax(-1), h.t().contiguous()[:3]  # a view and a copy of it among outputs
+
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out, part = f(x)
+    assert "aten::mm" in g.recorded_ops or "aten::addmm" in g.recorded_ops
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x.copy_(torch.randn(4, 16, device="cuda"))
+        b.mul_(2)  # an input the graph reads, changed in place
+        g.replay()
+        want_out, want_part = f(x)
+        assert torch.equal(out, want_out) and torch.equal(part, want_part)
+
+
+def test_capture_runs_nothing_until_replay(no_simulation) -> None:
+    devlab.simulated.start(1)
+    w = torch.ones(3, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        w.add_(1)
+        y = w * 10
+    assert w.tolist() == [1.0, 1.0, 1.0]  # the GPU never ran the captured add_
+    g.replay()
+    assert w.tolist() == [2.0, 2.0, 2.0] and y.tolist() == [20.0, 20.0, 20.0]
+    g.replay()
+    assert w.tolist() == [3.0, 3.0, 3.0] and y.tolist() == [30.0, 30.0, 30.0]
+
+
+def test_capture_gives_back_its_random_draws(no_simulation) -> None:
+    devlab.simulated.start(1)
+    x = torch.ones(1000, device="cuda")
+    torch.manual_seed(0)
+    state = torch.cuda.get_rng_state()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = torch.nn.functional.dropout(x, 0.5)
+    assert torch.equal(torch.cuda.get_rng_state(), state)
+    g.replay()
+    first = y.clone()
+    g.replay()
+    assert not torch.equal(first, y)  # each replay draws a fresh mask, as on a GPU
+
+
+SYNCS = {
+    "item": lambda x: x.sum().item(),
+    "cpu": lambda x: x.cpu(),
+    "tolist": lambda x: x.tolist(),
+    "synchronize": lambda x: torch.cuda.synchronize(),
+    "nonzero": lambda x: x.nonzero(),
+    "from pageable host memory": lambda x: x.copy_(torch.ones(3)),
+    "to the GPU": lambda x: torch.ones(3).cuda(),
+}
+
+
+@pytest.mark.parametrize("sync", list(SYNCS))
+def test_a_host_sync_in_capture_is_cudas_error_and_changes_nothing(no_simulation, sync) -> None:
+    devlab.simulated.start(1)
+    x = torch.ones(3, device="cuda")
+    allocated = torch.cuda.memory_allocated()
+    modes = torch._C._len_torch_dispatch_stack()
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError) as caught:
+        with torch.cuda.graph(g):
+            x.add_(1)
+            y = x * 2  # noqa: F841 - memory made in the failed capture
+            SYNCS[sync](x)
+    # On a GPU the sync fails, then the capture's end reports the invalidated capture.
+    assert str(caught.value).startswith(
+        "CUDA error: operation failed due to a previous error during capture\n")
+    assert str(caught.value.__context__).startswith(
+        "CUDA error: operation not permitted when stream is capturing\n")
+    assert isinstance(caught.value, getattr(torch, "AcceleratorError", RuntimeError))
+    (note,) = caught.value.__context__.__notes__  # what devlab adds, below CUDA's own text
+    assert note.startswith("devlab: ") and "while a CUDA graph is being captured" in note
+    del caught, y
+    assert x.tolist() == [1.0, 1.0, 1.0]
+    assert torch._C._len_torch_dispatch_stack() == modes
+    assert not torch.cuda.is_current_stream_capturing()
+    assert _session.capture is None
+    with pytest.raises(RuntimeError, match="without a preceding successful capture"):
+        g.replay()
+    del g
+    assert torch.cuda.memory_allocated() == allocated
+    torch.cuda.synchronize()  # syncs work again
+
+
+def test_casts_are_captured_and_other_gpus_work_is_devlabs_own_error(no_simulation) -> None:
+    devlab.simulated.start(2)
+    x = torch.ones(3, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        h = x.half()
+    x.fill_(5)
+    g.replay()
+    assert h.dtype == torch.float16 and h.tolist() == [5.0, 5.0, 5.0]
+    # How CUDA orders another GPU's work with a capture is not simulated: devlab says so.
+    other = torch.cuda.CUDAGraph()
+    with pytest.raises(NotImplementedError) as caught:
+        with torch.cuda.graph(other):
+            x.mul_(2)
+            x.to("cuda:1")
+    assert str(caught.value).startswith("capture abandoned: aten::_to_copy on cuda:1 during a "
+                                        "CUDA graph capture on cuda:0 is not simulated")
+    assert "torch.cuda.device(1)" in str(caught.value)
+    assert x.tolist() == [5.0, 5.0, 5.0] and _session.capture is None
+    with torch.cuda.device(1):
+        on1 = torch.ones(3, device="cuda")
+        with torch.cuda.graph(other):
+            on1.add_(1)
+    other.replay()
+    assert on1.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_notes_multistream_capture_branches_out_and_rejoins(no_simulation) -> None:
+    devlab.simulated.start(1)
+    x = torch.ones(4, device="cuda")
+    s = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = x + 1
+        s.wait_stream(torch.cuda.current_stream())  # branches out from the capturing stream
+        with torch.cuda.stream(s):
+            z = y * 3
+        torch.cuda.current_stream().wait_stream(s)  # rejoins it before the capture ends
+    x.fill_(2)
+    g.replay()
+    assert z.tolist() == [9.0] * 4
+
+
+def test_graph_memory_lives_until_reset(no_simulation) -> None:
+    devlab.simulated.start(1)
+    x = torch.ones(1024, 1024, device="cuda")
+    before = torch.cuda.memory_allocated()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = (x * 2).sum(0)
+    del y  # the graph keeps what its capture allocated, as its private pool does
+    captured = torch.cuda.memory_allocated()
+    assert captured - before >= x.nbytes  # x * 2, kept for replays
+    g.replay()
+    g.reset()
+    assert torch.cuda.memory_allocated() == before
+    with pytest.raises(RuntimeError, match="without a preceding successful capture"):
+        g.replay()
+
+
+def test_errors_in_cudas_words(no_simulation) -> None:
+    devlab.simulated.start(1)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="Unknown capture error mode. Expected `global`"):
+        g.capture_begin(capture_error_mode="strict")
+    with pytest.raises(RuntimeError, match="the operation cannot be performed"):
+        g.capture_end()
+    with pytest.raises(RuntimeError, match=r"Called CUDAGraph::pool\(\) without"):
+        g.pool()
+    x = torch.ones(2, device="cuda")
+    with torch.cuda.graph(g):
+        x.add_(1)
+    with pytest.raises(RuntimeError, match="already owns a captured graph"):
+        g.capture_begin()
+    with pytest.raises(NotImplementedError, match="not simulated by devlab"):
+        g.raw_cuda_graph()
+    other = torch.cuda.CUDAGraph()
+    other.capture_begin(pool=g.pool())
+    with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
+        torch.cuda.CUDAGraph().capture_begin()  # one capture at a time
+    assert torch.cuda.is_current_stream_capturing()
+    assert torch.cuda.current_stream().is_capturing()
+    with pytest.warns(UserWarning, match="The CUDA Graph is empty"):
+        other.capture_end()
+    assert not torch.cuda.is_current_stream_capturing()
+
+
+def test_stop_during_capture_leaves_torch_as_it_was(no_simulation) -> None:
+    modes = torch._C._len_torch_dispatch_stack()
+    devlab.simulated.start(1)
+    g = torch.cuda.CUDAGraph()
+    g.capture_begin()
+    torch.ones(2, device="cuda").add_(1)
+    devlab.simulated.stop()
+    assert torch._C._len_torch_dispatch_stack() == modes
+    assert _session.capture is None
+
+
+def test_modeled_replay_costs_one_launch(no_simulation) -> None:
+    devlab.simulated.start(1, model="T4")
+    x = torch.zeros(1024, device="cuda")
+
+    def work() -> None:
+        for _ in range(20):
+            x.add_(1)
+
+    eager = devlab.simulated.explain(work)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        work()
+    replay = devlab.simulated.explain(g.replay)
+    launch = devlab.simulated.model().launch_latency_us * 1e-6
+    assert [op.launch for op in eager.ops] == [launch] * 20
+    assert [op.launch for op in replay.ops] == [launch] + [0.0] * 19
+    # The kernels themselves cost the GPU what they cost eagerly.
+    assert [op.gpu for op in replay.ops] == [op.gpu for op in eager.ops]
+    assert replay.total == pytest.approx(eager.total - 19 * launch)
+
+    # And on the clock CUDA events read: 20 eager launches outlast one replay.
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    work()
+    end.record()
+    eager_ms = start.elapsed_time(end)
+    torch.cuda.synchronize()
+    start.record()
+    g.replay()
+    end.record()
+    replay_ms = start.elapsed_time(end)
+    assert replay_ms < eager_ms
+    assert replay_ms == pytest.approx((launch + sum(op.gpu for op in eager.ops)) * 1e3)
+    assert x[0].item() == 80.0  # explain's eager work, its replay, then one of each again
+
+
+def test_capture_charges_the_gpu_nothing(no_simulation) -> None:
+    devlab.simulated.start(1, model="T4")
+    x = torch.zeros(1 << 20, device="cuda")
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(10):
+            x.mul_(2)
+    done = torch.cuda.Event(enable_timing=True)
+    done.record()
+    # The GPU's queue did not advance with the captured kernels: it is where the host is.
+    assert done.time == pytest.approx(devlab.simulated.modeled_time())
