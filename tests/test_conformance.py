@@ -280,6 +280,9 @@ def test_a_tutorials_program_is_its_python_blocks_in_order(tmp_path: Path) -> No
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=60)
     assert done.stdout == os.sep + "\n"
+    assert run_program.rst_code(RST, blocks=1) == "import os\n\ndef f():\n   return os.sep\n"
+    with pytest.raises(ValueError, match="has 2 python blocks, not 3"):
+        run_program.rst_code(RST, blocks=3)
 
 
 OBSERVED_FORK = """
@@ -298,6 +301,32 @@ if __name__ == "__main__":
     child.join()
     print(child.pid, flush=True)
 """
+
+
+def test_error_line_of_a_spawned_rank_is_the_ranks_own_error() -> None:
+    # mp.spawn's ProcessRaisedException carries the failed rank's traceback after an empty line
+    from torch.multiprocessing.spawn import ProcessRaisedException
+
+    msg = ("\n\n-- Process 0 terminated with the following error:\nTraceback (most recent "
+           "call last):\n  File \"x.py\", line 1, in f\nNameError: name 'model' is not "
+           "defined\n")
+    assert (run_program._error_line(ProcessRaisedException(msg, 0, 1))
+            == "ProcessRaisedException: NameError: name 'model' is not defined")
+    assert run_program._error_line(ValueError("bad\nmore")) == "ValueError: bad"
+    assert run_program._error_line(KeyError()) == "KeyError"
+
+
+def test_a_checkpoint_may_be_a_distributed_checkpoint_folder(tmp_path: Path) -> None:
+    # DCP saves without a process group in one process, as a rank-0 checkpoint is read back
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    model = {"w": torch.arange(6.0).view(2, 3), "b": torch.tensor([7.0])}
+    dcp.save({"app": {"model": model, "optim": {"lr": torch.tensor(0.5)}}},
+             checkpoint_id=str(tmp_path / "checkpoint"))
+    assert run_program._checkpoint_values(tmp_path, "checkpoint", "app.model") == [
+        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 7.0]
+    assert run_program._checkpoint_values(tmp_path, "nothing*", None) is None
 
 
 def test_observer_records_a_forked_child_that_exits_without_atexit(tmp_path: Path) -> None:

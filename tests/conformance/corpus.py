@@ -147,7 +147,8 @@ class Program:
     `pseudo` (`use grads`) replaced by the Python given for it. `own_network`: the
     program listens on fixed TCP ports (its own or its launcher's default); where the machine
     allows it, the run gets a network namespace of its own (loopback only), so that two runs at
-    once cannot take each other's ports.
+    once cannot take each other's ports. `rst_blocks`: a reStructuredText tutorial whose program
+    is its first that many python blocks (its later ones show variants of the program's lines).
     """
 
     name: str
@@ -184,6 +185,7 @@ class Program:
     package: str | None = None
     machine_gpus: int = 2
     reference_gpus: int = 0
+    rst_blocks: int = 0
     prelude: str = ""
     steps: tuple[str, ...] = ()
     pseudo: tuple[tuple[str, str], ...] = ()
@@ -887,6 +889,67 @@ FRAMEWORKS: tuple[Program, ...] = (
         ranks=Ranks(world=2, trains=False),
     ),
     Program(
+        name="accelerate_test_merge_weights",
+        title="accelerate's FSDP sharded-checkpoint merge test (`accelerate launch --multi_gpu`, "
+              "FSDP1)",
+        repo=ACCELERATE,
+        files=(SourceFile(ACCELERATE_SCRIPTS + "test_merge_weights.py",
+                          "b0d8fa95f4eebc359bf41b73cae91d2737cde338", "test_merge_weights.py",
+                          5982, "af5a2a3ce30ea8b7b9cd67a75964f297d7036db90525a76934d88f341960475f"),),
+        licence=APACHE_ACCELERATE,
+        entry="test_merge_weights.py",
+        launch=ACCELERATE_LAUNCH,
+        standins=(),
+        exercises="accelerate's FSDP plugin (FSDP version 1: `FullyShardedDataParallel`, "
+                  "`FULL_SHARD`, size-based auto wrap) with `StateDictType.SHARDED_STATE_DICT`: "
+                  "3 epochs of SGD through `accelerator.prepare`/`backward`, flat parameters "
+                  "unsharded and resharded on every forward and backward (`record_stream` on "
+                  "simulated streams), gradients reduce-scattered; `save_fsdp_model` writes the "
+                  "sharded state dict with `torch.distributed.checkpoint` (DCP) from both "
+                  "ranks, then `merge_fsdp_weights` and `accelerate merge-weights` read the "
+                  "checkpoint back with DCP in one process into safetensors and "
+                  "pytorch_model.bin",
+        compare_note="no CPU run: the script asserts itself that each merged file loads into a "
+                     "fresh `TinyModel` equal to the trained FSDP model's state dict "
+                     "(`torch.allclose`) and unequal to an untrained one",
+        gpus_used=2,
+        ranks=Ranks(world=2),
+        notes="Its sizes are fixed (a 16-16-16 model, 128 samples, 3 epochs); it has no flags. "
+              "It writes and removes test_merge_weights_fsdp_weights/ in the run's folder.",
+    ),
+    Program(
+        name="accelerate_merge_weights_offload_bf16",
+        title="accelerate's FSDP sharded-checkpoint merge test with CPU offload and bf16 mixed "
+              "precision (`accelerate launch --use_fsdp --fsdp_offload_params true "
+              "--mixed_precision bf16`, FSDP1)",
+        repo=ACCELERATE,
+        files=(SourceFile(ACCELERATE_SCRIPTS + "test_merge_weights.py",
+                          "b0d8fa95f4eebc359bf41b73cae91d2737cde338", "test_merge_weights.py",
+                          5982, "af5a2a3ce30ea8b7b9cd67a75964f297d7036db90525a76934d88f341960475f"),),
+        licence=APACHE_ACCELERATE,
+        entry="test_merge_weights.py",
+        launch=("accelerate", "launch", "--use_fsdp", "--num_processes", "2",
+                "--main_process_port", "0", "--fsdp_offload_params", "true",
+                "--mixed_precision", "bf16"),
+        standins=(),
+        exercises="the same script as accelerate_test_merge_weights, launched as accelerate's "
+                  "users ask for FSDP1 with CPU offload and mixed precision: the plugin reads "
+                  "`FSDP_OFFLOAD_PARAMS` (`CPUOffload(offload_params=True)`: each rank's flat "
+                  "parameter shard and its gradient live in host memory, copied to the GPU "
+                  "for each all-gather) and the Accelerator bf16 (`MixedPrecision` with bf16 "
+                  "parameters, reductions and buffers for the forward and backward passes, "
+                  "autocast around the forward); SGD on the CPU shards; the sharded state "
+                  "dict saved with DCP and merged back in one process",
+        compare_note="no CPU run: the script asserts itself that each merged file loads into a "
+                     "fresh `TinyModel` equal to the trained FSDP model's state dict "
+                     "(`torch.allclose`) and unequal to an untrained one; the ranks must start "
+                     "and end with the same (gathered) parameters",
+        gpus_used=2,
+        ranks=Ranks(world=2),
+        notes="Its sizes are fixed (a 16-16-16 model, 128 samples, 3 epochs); it has no flags. "
+              "The file is accelerate_test_merge_weights' (the same stored copy).",
+    ),
+    Program(
         name="accelerate_notebook_launcher",
         title="accelerate's notebook_launcher test (in a Jupyter kernel)",
         repo=ACCELERATE,
@@ -1066,6 +1129,60 @@ NCCL_PROGRAMS: tuple[Program, ...] = (
 
 CORPUS += NCCL_PROGRAMS
 
+# --- FSDP version 1 (issue 29) -------------------------------------------------------------------
+CORPUS += (
+    Program(
+        name="fsdp1_tutorial",
+        title="Getting Started with Fully Sharded Data Parallel (FSDP1 tutorial, mp.spawn, "
+              "2 ranks)",
+        repo=TUTORIALS,
+        files=(SourceFile("intermediate_source/FSDP1_tutorial.rst",
+                          "7f42e47c32a45b1142de7336c44f8ecbf5275037", "FSDP1_tutorial.rst",
+                          19599, "1a666097ba78cf58e8ad626453d451aae31c3c2ab9aa4d7c0479f32151a33da8"),),
+        licence=BSD3_TUTORIALS,
+        entry="FSDP1_tutorial.rst",
+        rst_blocks=7,
+        argv=("--epochs", "1", "--batch-size", "320", "--save-model"),
+        standin=TORCHVISION_MNIST,
+        exercises="FSDP version 1 (`FullyShardedDataParallel(model)`, one flat parameter "
+                  "sharded over the two GPUs) from `mp.spawn` with `init_process_group(\"nccl\")` "
+                  "and `torch.cuda.set_device(rank)`: all-gather before forward and backward, "
+                  "`record_stream` and reshard after them on simulated streams, gradient "
+                  "reduce-scatter, Adadelta on the shards, DataLoader workers with pinned "
+                  "memory, `dist.all_reduce` of the losses, CUDA events' elapsed time, the "
+                  "FSDP module's repr, a full state dict (`model.state_dict()`, "
+                  "`FULL_STATE_DICT`) saved by rank 0",
+        compare=Compare(rf"^(?:Train Epoch: 1 \tLoss|Test set: Average loss): ({FLOAT})",
+                        rtol=1e-4),
+        compare_note="the CPU run is a replay (references.fsdp1_tutorial): the tutorial's Net "
+                     "built from a fresh process's generator as each spawned rank builds it, "
+                     "one epoch of Adadelta on the mean of the two ranks' gradients (FSDP's "
+                     "reduce-scatter), each rank's batches (its DistributedSampler) and dropout "
+                     "masks drawn from that rank's generator; compared: the epoch's training "
+                     "loss and the test loss the program prints (rtol 1e-4), the initial and "
+                     "final parameters (the observer gathers the flat parameter's shards); the "
+                     "ranks must start and end equal and mnist_cnn.pt hold rank 0's final "
+                     "parameters",
+        expect_stdout=(r"^CUDA event elapsed time: [0-9.e-]+sec$",
+                       r"^FullyShardedDataParallel\($",
+                       r"^  \(_fsdp_wrapped_module\): Net\($"),
+        gpus_used=2,
+        own_network=True,
+        ranks=Ranks(world=2, checkpoint="mnist_cnn.pt", replay="fsdp1_tutorial", rtol=1e-4,
+                    atol=1e-6),
+        timeout=600.0,  # three processes and four DataLoader workers: minutes on loaded cores
+        notes="The tutorial's program is the first seven python blocks, which it tells its "
+              "reader to put into FSDP_mnist.py; its later blocks show variants of lines of "
+              "`fsdp_main` (an auto-wrap policy, CPU offload, DDP instead). `--epochs 1` "
+              "(its default is 10) and `--batch-size 320` (its default is 64): with the "
+              "stand-in's 1280 training samples each rank takes 2 steps, so Adadelta steps "
+              "from its own state once (10 steps cost 7 s more CPU time; most of the run is "
+              "three interpreters and eight DataLoader workers, which no flag of the "
+              "tutorial changes). It listens on its fixed MASTER_PORT, 12355.",
+    ),
+)
+
+
 # --- torch.distributed.pipelining (wp-corpus2) -----------------------------------------------
 CORPUS += (
     Program(
@@ -1211,6 +1328,89 @@ PYTORCH = "pytorch/pytorch"
 NOTES = "docs/source/notes/cuda.rst"
 NOTES_COMMIT = "68e217b9e71fcecbd34d831dd3e3e5a4ea9028fd"
 BSD3_PYTORCH = "BSD-3-Clause (pytorch/pytorch LICENSE, © Facebook, Inc. and its affiliates)"
+
+
+# --- torch.distributed.checkpoint with FSDP1 (issue 29) -------------------------------------------
+CORPUS += (
+    Program(
+        name="dcp_recipe",
+        title="Getting Started with Distributed Checkpoint (DCP recipe, FSDP1, mp.spawn, "
+              "2 ranks)",
+        repo=TUTORIALS,
+        files=(SourceFile("recipes_source/distributed_checkpoint_recipe.rst",
+                          "0e52e075d53494c325e0d8cf7175537d7ad02e6d",
+                          "distributed_checkpoint_recipe.rst", 14241,
+                          "90b778ad9678642d27983bd689aab4da2e3231b07e0e7c4cb1b724525816a200"),),
+        licence=BSD3_TUTORIALS,
+        entry="distributed_checkpoint_recipe.rst",
+        rst_blocks=1,
+        standins=(),
+        exercises="`torch.distributed.checkpoint` with FSDP version 1: `FSDP(ToyModel())` on "
+                  "each rank's GPU, one Adam step, an `AppState` (`Stateful`) whose "
+                  "`get_state_dict` gives the model's and the optimizer's sharded state dicts "
+                  "(ShardedTensors, FQNs managed), `dcp.save` writing one file per rank and "
+                  "the metadata",
+        compare_note="the CPU run is a replay (references.dcp_recipe): each rank's ToyModel "
+                     "and batch from the seed its process started from, FSDP1's model made of "
+                     "rank r's r-th shard, one Adam step on the mean of the ranks' gradients; "
+                     "compared: the initial and final parameters (the observer gathers the "
+                     "flat parameter's shards); the ranks must start and end equal, and the "
+                     "checkpoint, read back whole with DCP in one process, hold rank 0's "
+                     "final parameters",
+        expect_stdout=(r"^Running fsdp checkpoint example on 2 devices\.$",
+                       r"^Running basic FSDP checkpoint saving example on rank 0\.$",
+                       r"^Running basic FSDP checkpoint saving example on rank 1\.$"),
+        gpus_used=2,
+        own_network=True,
+        ranks=Ranks(world=2, checkpoint="checkpoint", checkpoint_key="app.model",
+                    replay="dcp_recipe"),
+        timeout=300.0,
+        notes="Its program is the recipe's first python block, the save example. The second, "
+              "its load example, raises DCP's `Missing key in checkpoint state_dict: "
+              "model.net1.weight` on any device: it loads keys `model` and `optimizer` from the "
+              "checkpoint the first saved under `app`; the third, loading into a plain model "
+              "without a process group, misses `model.net1.weight` the same way. It listens "
+              "on its fixed MASTER_PORT, 12355, and writes checkpoint/ in the run's folder.",
+    ),
+    Program(
+        name="dcp_async_recipe",
+        title="Asynchronous Saving with Distributed Checkpoint (DCP async recipe, FSDP1, "
+              "mp.spawn, 2 ranks)",
+        repo=TUTORIALS,
+        files=(SourceFile("recipes_source/distributed_async_checkpoint_recipe.rst",
+                          "51a9b619e28cfce594a14d40117583ad4bea34c4",
+                          "distributed_async_checkpoint_recipe.rst", 12218,
+                          "4c94c30e0ce2017833ad38ccc89dddd8cb03ef8483a92d333acf5f39770d5ba8"),),
+        licence=BSD3_TUTORIALS,
+        entry="distributed_async_checkpoint_recipe.rst",
+        rst_blocks=1,
+        standins=(),
+        exercises="FSDP version 1 and Adam from `mp.spawn` with `init_process_group(\"nccl\")`, "
+                  "then `dcp.async_save`, which refuses a process group without a CPU backend "
+                  "(an NCCL-only group: the NCCL group on simulated GPUs says it has CUDA's "
+                  "backend alone, as NCCL's does)",
+        compare_note="no CPU run: the recipe as stored ends in torch's own error on any device "
+                     "with torch 2.13 (async_save needs 'cpu:gloo,cuda:nccl'; the recipe's "
+                     "`AppState.state_dict` also names module globals `model` and `optimizer` "
+                     "that do not exist, and torch 2.13 cannot stage FSDP1's ShardedTensors for "
+                     "async_save); checked: the ranks took their first FSDP1 step on their own "
+                     "GPUs, from and to the same (gathered) parameters, and the error is "
+                     "torch's",
+        expect_stdout=(r"^Running async checkpoint example on 2 devices\.$",
+                       r"^Running basic FSDP checkpoint saving example on rank 1\.$"),
+        expect_error=(r"^ProcessRaisedException: AssertionError: A CPU backend must be enabled "
+                      r"for async save; try initializing process group with "
+                      r"'cpu:gloo,cuda:nccl'$"),
+        gpus_used=2,
+        own_network=True,
+        ranks=Ranks(world=2),
+        timeout=300.0,
+        notes="Its program is the recipe's first python block (async_save); its second "
+              "(`StorageWriter(cached_state_dict=True)`) imports the abstract `StorageWriter`, "
+              "which cannot be instantiated. DCP with FSDP2 and a 'cpu:gloo,cuda:nccl' group "
+              "(async_save and load) is tested in tests/test_simulated_dcp.py.",
+    ),
+)
 
 
 def _notes(local: str, chars: int, sha256: str, after: str) -> SourceFile:

@@ -161,6 +161,139 @@ def examples_fsdp2(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any
             "final": torch.nn.utils.parameters_to_vector(model.parameters()).tolist()}
 
 
+def _tutorial_flags() -> Any:
+    """The FSDP1 tutorial's own flags the replay needs, with its defaults, from the command line
+    the runner gives the program (`sys.argv`, set before a replay too)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--test-batch-size", type=int, default=1000)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=1.0)
+    return parser.parse_known_args(sys.argv[1:])[0]
+
+
+def fsdp1_tutorial(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The FSDP1 tutorial (its first seven python blocks, which the runner wrote to
+    FSDP1_tutorial.py): one epoch of its `fsdp_main` on the CPU, both ranks in one process.
+
+    Each rank is a process `mp.spawn` starts, whose generator starts from a seed of its own
+    (the parent's `manual_seed` does not reach it; the observer records it): each rank builds
+    its own Net, and FSDP1 shards it without a broadcast, so the model trained is made of rank
+    r's Net's flat parameter's r-th shard (its padded length split evenly). Each rank draws
+    from its own generator, in this order: the Net's initial weights, one number as its training DataLoader's iterator starts, the two
+    dropout masks of each forward (a simulated GPU draws them from the CPU's generator); so
+    the replay keeps one generator state per rank and swaps it in around that rank's draws.
+    FSDP averages the ranks' gradients (reduce-scatter, divided by the world size): each
+    rank's loss, divided by the world size, is backpropagated into one model before each
+    Adadelta step. Each rank's batches are those of its DistributedSampler (shuffled with
+    seed 0 and the epoch). The lines the program prints on rank 0 are printed from the losses
+    the ranks sum (in float32, as `dist.all_reduce` of their float32 tensors)."""
+    namespace = runpy.run_path(str(folder / "FSDP1_tutorial.py"), run_name="conformance_replay")
+    _, world = _initial(records)
+    datasets, transforms = namespace["datasets"], namespace["transforms"]
+    transform = transforms.Compose([transforms.ToTensor(),
+                                    transforms.Normalize((0.1307,), (0.3081,))])
+    train_set = datasets.MNIST("../data", train=True, download=True, transform=transform)
+    test_set = datasets.MNIST("../data", train=False, transform=transform)
+    flags = _tutorial_flags()
+    batch_size, test_batch_size, lr, epoch = (flags.batch_size, flags.test_batch_size,
+                                              flags.lr, 1)
+    if flags.epochs != 1:
+        raise ValueError(f"the replay takes one epoch, not --epochs {flags.epochs}")
+    seeds = {r["rank"]: r["seed"] for r in records if r.get("rank") is not None}
+    states, shards = [], []
+    for rank in range(world):
+        torch.manual_seed(seeds[rank])
+        flat = torch.nn.utils.parameters_to_vector(namespace["Net"]().parameters())
+        states.append(torch.get_rng_state())
+        size = -(-flat.numel() // world)
+        shards.append(flat[rank * size:(rank + 1) * size])
+    model = namespace["Net"]()
+    torch.nn.utils.vector_to_parameters(torch.cat(shards), model.parameters())
+    initial = torch.nn.utils.parameters_to_vector(model.parameters()).tolist()
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=lr)
+
+    def draw(rank: int, fn: Callable[[], Any]) -> Any:
+        torch.set_rng_state(states[rank])
+        out = fn()
+        states[rank] = torch.get_rng_state()
+        return out
+
+    samplers = [DistributedSampler(train_set, rank=r, num_replicas=world, shuffle=True)
+                for r in range(world)]
+    for sampler in samplers:
+        sampler.set_epoch(epoch)
+    loaders = [DataLoader(train_set, batch_size=batch_size, sampler=s) for s in samplers]
+    model.train()
+    iterators = [draw(r, lambda r=r: iter(loaders[r])) for r in range(world)]
+    sums = [torch.zeros(2) for _ in range(world)]
+    for batches in zip(*iterators, strict=True):
+        optimizer.zero_grad()
+        for rank, (data, target) in enumerate(batches):
+            output = draw(rank, lambda data=data: model(data))
+            loss = F.nll_loss(output, target, reduction="sum")
+            (loss / world).backward()
+            sums[rank][0] += loss.item()
+            sums[rank][1] += len(data)
+        optimizer.step()
+    total = sum(sums[1:], sums[0])
+    print(f"Train Epoch: {epoch} \tLoss: {total[0] / total[1]:.6f}", flush=True)
+    model.eval()
+    tests = [torch.zeros(3) for _ in range(world)]
+    with torch.no_grad():
+        for rank in range(world):
+            sampler = DistributedSampler(test_set, rank=rank, num_replicas=world)
+            for data, target in DataLoader(test_set, batch_size=test_batch_size,
+                                           sampler=sampler):
+                output = model(data)
+                tests[rank][0] += F.nll_loss(output, target, reduction="sum").item()
+                pred = output.argmax(dim=1, keepdim=True)
+                tests[rank][1] += pred.eq(target.view_as(pred)).sum().item()
+                tests[rank][2] += len(data)
+    total = sum(tests[1:], tests[0])
+    loss, correct, count = total[0] / total[2], int(total[1]), int(total[2])
+    print(f"Test set: Average loss: {loss:.4f}, Accuracy: {correct}/{count} "
+          f"({100. * total[1] / total[2]:.2f}%)\n", flush=True)
+    return {"initial": initial,
+            "final": torch.nn.utils.parameters_to_vector(model.parameters()).tolist()}
+
+
+def dcp_recipe(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """PyTorch's DCP recipe (its save program, its first python block, which the runner wrote
+    to distributed_checkpoint_recipe.py): one Adam step of its FSDP1 ToyModel on the CPU, both
+    ranks in one process.
+
+    As in the FSDP1 tutorial, each rank `mp.spawn` starts draws from its own generator (the
+    observer records its seed): its ToyModel, then its batch (`torch.rand(8, 16)`, drawn from
+    the CPU's generator on a simulated GPU); FSDP1 shards without a broadcast, so the model is
+    made of rank r's flat parameter's r-th shard. FSDP averages the ranks' gradients of
+    `model(x).sum()` before the step."""
+    namespace = runpy.run_path(str(folder / "distributed_checkpoint_recipe.py"),
+                               run_name="conformance_replay")
+    _, world = _initial(records)
+    seeds = {r["rank"]: r["seed"] for r in records if r.get("rank") is not None}
+    shards, batches = [], []
+    for rank in range(world):
+        torch.manual_seed(seeds[rank])
+        flat = torch.nn.utils.parameters_to_vector(namespace["ToyModel"]().parameters())
+        batches.append(torch.rand(8, 16))
+        size = -(-flat.numel() // world)
+        shards.append(flat[rank * size:(rank + 1) * size])
+    model = namespace["ToyModel"]()
+    torch.nn.utils.vector_to_parameters(torch.cat(shards), model.parameters())
+    initial = torch.nn.utils.parameters_to_vector(model.parameters()).tolist()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    optimizer.zero_grad()
+    for x in batches:
+        (model(x).sum() / world).backward()
+    optimizer.step()
+    return {"initial": initial,
+            "final": torch.nn.utils.parameters_to_vector(model.parameters()).tolist()}
+
+
 def _random_ops(fn: Callable[[], Any]) -> int:
     """How many random ATen ops `fn()` runs (ops tagged nondeterministic_seeded)."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -183,4 +316,6 @@ REPLAYS: dict[str, Callable[[Path, list[dict[str, Any]]], dict[str, Any]]] = {
     "llms_from_scratch_ddp_torchrun": llms_from_scratch_ddp_torchrun,
     "examples_tensor_parallel": examples_tensor_parallel,
     "examples_fsdp2": examples_fsdp2,
+    "fsdp1_tutorial": fsdp1_tutorial,
+    "dcp_recipe": dcp_recipe,
 }

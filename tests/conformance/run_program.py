@@ -139,13 +139,15 @@ def _run_notebook(path: Path) -> list[dict[str, Any]]:
     return cells
 
 
-def rst_code(text: str) -> str:
+def rst_code(text: str, blocks: int = 0) -> str:
     """The program a reStructuredText tutorial shows: its `.. code:: python` (or `code-block`)
-    blocks, dedented, in order, as its reader puts them into one file."""
+    blocks, dedented, in order, as its reader puts them into one file; with `blocks`, the
+    first that many only (a tutorial whose later blocks are variants of lines in the program,
+    not more of it)."""
     import textwrap
 
     lines = text.splitlines()
-    blocks: list[str] = []
+    found: list[str] = []
     i = 0
     while i < len(lines):
         if re.match(r"^\s*\.\. (?:code|code-block|sourcecode)::\s*python\s*$", lines[i]):
@@ -154,10 +156,12 @@ def rst_code(text: str) -> str:
             while i < len(lines) and (not lines[i].strip() or lines[i][:1].isspace()):
                 block.append(lines[i])
                 i += 1
-            blocks.append(textwrap.dedent("\n".join(block)).strip("\n"))
+            found.append(textwrap.dedent("\n".join(block)).strip("\n"))
         else:
             i += 1
-    return "\n\n".join(blocks) + "\n"
+    if blocks > len(found):
+        raise ValueError(f"the tutorial has {len(found)} python blocks, not {blocks}")
+    return "\n\n".join(found[:blocks or len(found)]) + "\n"
 
 
 def literal_block(text: str, pseudo: tuple[tuple[str, str], ...] = ()) -> str:
@@ -206,17 +210,23 @@ def script_from_example(program: corpus.Program, workdir: Path) -> Path:
     return script
 
 
-def script_from_rst(path: Path) -> Path:
+def script_from_rst(path: Path, blocks: int = 0) -> Path:
     """Write the program of tutorial `path` (see rst_code) beside it as `<name>.py`, the file
     the tutorial tells its reader to run."""
     script = path.with_suffix(".py")
-    script.write_text(rst_code(path.read_text(encoding="utf-8")), encoding="utf-8")
+    script.write_text(rst_code(path.read_text(encoding="utf-8"), blocks), encoding="utf-8")
     return script
 
 
 def _error_line(exc: BaseException) -> str:
-    """'Type: first line of the message', as Python's last traceback line shows it."""
-    msg = str(exc).splitlines()[0] if str(exc) else ""
+    """'Type: first line of the message', as Python's last traceback line shows it. A message
+    that starts with an empty line (`mp.spawn`'s ProcessRaisedException, whose message is the
+    failed rank's traceback) gives its last line, the rank's own error, as the traceback
+    Python prints ends with it."""
+    lines = str(exc).splitlines()
+    msg = lines[0] if lines else ""
+    if not msg.strip():
+        msg = next((line for line in reversed(lines) if line.strip()), "")
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
@@ -267,9 +277,13 @@ def _include_processes(report: dict[str, Any], records: list[dict[str, Any]]) ->
 
 
 def _checkpoint_values(folder: Path, pattern: str, key: str | None) -> list[float] | None:
-    """The tensors of the saved state_dict (or of `key` in the dict saved) in the one file of
-    `folder` that matches the glob `pattern`, flattened in order, read on the CPU; None if no
-    file matches."""
+    """The tensors of the saved state_dict (or of `key` in the dict saved; a dotted path for a
+    nested one) in the one file of `folder` that matches the glob `pattern`, flattened in
+    order, read on the CPU; None if no file matches. A folder is a distributed checkpoint
+    (`torch.distributed.checkpoint`), read back whole in this one process, as DCP reads one
+    without a process group."""
+    import tempfile
+
     import torch
 
     found = sorted(folder.glob(pattern))
@@ -277,8 +291,17 @@ def _checkpoint_values(folder: Path, pattern: str, key: str | None) -> list[floa
         return None
     if len(found) > 1:
         raise RuntimeError(f"{len(found)} files match {pattern}: {[str(f) for f in found]}")
-    saved = torch.load(found[0], map_location="cpu", weights_only=True)
-    state = saved[key] if key is not None else saved
+    if found[0].is_dir():
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(found[0], Path(tmp) / "whole.pt")
+            saved = torch.load(Path(tmp) / "whole.pt", map_location="cpu", weights_only=True)
+    else:
+        saved = torch.load(found[0], map_location="cpu", weights_only=True)
+    state = saved
+    for part in key.split(".") if key is not None else ():
+        state = state[part]
     return [v for t in state.values() for v in t.detach().reshape(-1).tolist()]
 
 
@@ -425,7 +448,7 @@ def run_here(name: str, simulate: int, replay: str | None = None,
         if program.steps:
             entry = script_from_example(program, workdir)
         elif entry.suffix == ".rst":
-            entry = script_from_rst(entry)
+            entry = script_from_rst(entry, program.rst_blocks)
         argv = program.argv if own or program.cpu_argv is None else program.cpu_argv
         target = ("-m", program.module) if program.module else (str(entry),)
         sys.argv = [target[-1], *argv]

@@ -46,7 +46,8 @@ from . import futures as _futures
 
 
 def _binding(original: Any) -> Any:
-    """`_new_process_group_helper` that binds our NCCL group to its `device_id`."""
+    """`_new_process_group_helper` that binds our NCCL group to its `device_id`, and gives
+    it the devices its backend string names (`"cpu:gloo,cuda:nccl"`: the CPU and CUDA)."""
 
     @functools.wraps(original)
     def _new_process_group_helper(*args: Any, **kwargs: Any) -> Any:
@@ -55,11 +56,23 @@ def _binding(original: Any) -> Any:
         device_id = kwargs.get("device_id")
         from .nccl import ProcessGroupNCCL
 
-        if device_id is not None and isinstance(pg, ProcessGroupNCCL):
-            pg.bound_device_id = device_id
+        if isinstance(pg, ProcessGroupNCCL):
+            if device_id is not None:
+                pg.bound_device_id = device_id
+            backend = kwargs["backend"] if "backend" in kwargs else args[3]
+            pg._devices = _devices_named(backend)
         return pg, store
 
     return _new_process_group_helper
+
+
+def _devices_named(backend: Any) -> tuple[str, ...]:
+    """The device types a backend string gives a backend ("nccl": CUDA's alone), CUDA last:
+    the NCCL group's `_device_types`."""
+    from torch.distributed.distributed_c10d import Backend, BackendConfig
+
+    named = BackendConfig(Backend(str(backend))).get_device_backend_map()
+    return tuple(d for d in named if d != "cuda") + ("cuda",)
 
 
 def _placed_hook(hook: Any) -> Any:

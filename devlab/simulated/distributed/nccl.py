@@ -363,9 +363,16 @@ class ProcessGroupNCCL(dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - the C++ name, which pybind11 calls
         return "nccl"
 
+    # The devices the backend string gave this group a backend for: "nccl" gives CUDA only;
+    # "cpu:gloo,cuda:nccl" gives the CPU its gloo too (torch's `_new_process_group_helper`
+    # makes that group's gloo backend first, then drops it when a Python group replaces the
+    # group; `c10d._binding` says which devices the string named). DCP's `async_save` asks
+    # for a CPU backend here, and refuses an NCCL-only group, as on a real GPU.
+    _devices: tuple[str, ...] = ("cuda",)
+
     @property
     def _device_types(self) -> list[torch.device]:
-        return [torch.device("cuda")]
+        return [torch.device(d) for d in self._devices]
 
     def _get_backend(self, device: Any) -> Any:
         if torch.device(device).type == "cuda":
@@ -401,7 +408,9 @@ class ProcessGroupNCCL(dist.ProcessGroup):
                                         group_name=group_name, group_desc=group_desc)
         if inner is None:
             return None
-        return type(self)._around(inner, copy.copy(self._nccl_options))
+        child = type(self)._around(inner, copy.copy(self._nccl_options))
+        child._devices = self._devices
+        return child
 
     # The modeled clock -------------------------------------------------------------------------
 

@@ -3,8 +3,12 @@ mark of its storage, and `is_pinned()` whether the simulation pinned it, in ever
 
 from __future__ import annotations
 
+import functools
+from types import ModuleType
+
 import torch
 
+from ..core.imports import when_imported
 from ..core.marks import PLAIN, is_pinned, mark_of
 from ..core.patcher import Patcher
 
@@ -50,8 +54,30 @@ def _is_pinned(self: torch.Tensor, device: object = None) -> bool:
 _is_pinned.__doc__ = _orig_is_pinned.__doc__
 
 
+# Where ShardedTensor (FSDP1's sharded state dicts) keeps its implementation of `device`.
+SHARDED_TENSOR_OPS = "torch.distributed._shard.sharded_tensor._ops.tensor_ops"
+
+
+def _sharded_tensor_device(p: Patcher, module: ModuleType) -> None:
+    """ShardedTensor answers `device` from a table keyed by `torch.Tensor.device.__get__` as
+    it was when its module was imported, and torch asks it with the one there now: with the
+    property patched, a ShardedTensor imported before the simulation started would refuse
+    `device` (DCP's load asks it), and one imported during it would refuse it after. The
+    table answers under both keys while the simulation runs, and under torch's own after."""
+    from torch.distributed._shard.sharded_tensor import api
+
+    ops = api._SHARDED_OPS
+    original, patched = _orig_device.__get__, torch.Tensor.device.__get__
+    impl = ops.get(original, ops.get(patched))
+    if impl is None:
+        return
+    ops[original] = ops[patched] = impl
+    p.on_restore(functools.partial(ops.pop, patched, None))
+
+
 def install(p: Patcher) -> None:
     p.set(torch.Tensor, "device", property(_device, doc=_orig_device.__doc__))
+    when_imported(p, SHARDED_TENSOR_OPS, functools.partial(_sharded_tensor_device, p))
     p.set(torch.Tensor, "is_cuda", property(_is_cuda, doc=_orig_is_cuda.__doc__))
     p.set(torch.Tensor, "is_cpu", property(_is_cpu, doc=_orig_is_cpu.__doc__))
     p.set(torch.Tensor, "get_device", _get_device)

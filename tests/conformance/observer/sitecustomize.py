@@ -14,10 +14,11 @@ In an observed process, once the program has imported torch, two global optimize
 registered (`torch.optim.optimizer.register_optimizer_step_pre_hook` and `..._post_hook`,
 public API). Before the process's first optimizer step the pre-hook records the rank
 (`torch.distributed.get_rank()`) and the optimizer's parameters: the weights training starts
-from, after DDP's broadcast from rank 0 (a DTensor parameter gathered whole, every rank taking
-part, as each steps its optimizer at the same time). The post-hook keeps a reference to the
+from, after DDP's broadcast from rank 0 (a DTensor parameter, an FSDP1 flat parameter's
+shard, or with FSDP1's `use_orig_params=True` an original parameter's part of one, gathered
+whole, every rank taking part, as each steps its optimizer at the same time). The post-hook keeps a reference to the
 optimizer last stepped, whose parameters are read at exit: the weights training ended with
-(DTensor parameters are gathered after each step instead, while the group lives). At exit the
+(sharded parameters are gathered after each step instead, while the group lives). At exit the
 process writes `<pid>.json` in the folder: rank, whether devlab's simulated GPUs were used, each
 GPU's peak bytes (`memory_stats(i)["peak"]`), the initial and final parameters (flattened, in
 the optimizer's order; beyond `LIMIT` numbers, each parameter's digest), the RANK its launcher
@@ -46,7 +47,10 @@ LIMIT = 4_000_000
 
 
 def _parameters(optimizer: Any) -> list[float] | list[str]:
-    whole = [_whole(p).detach() for group in optimizer.param_groups for p in group["params"]]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    gathered: dict[int, Any] = {}  # an FSDP1 flat parameter gathered once for all its views
+    views = _flat_of_views() if any(_view_of_flat(p) for p in params) else {}
+    whole = [_whole(p, views, gathered).detach() for p in params]
     if sum(p.numel() for p in whole) <= LIMIT:
         return [v for p in whole for v in p.reshape(-1).tolist()]
     import hashlib
@@ -57,19 +61,98 @@ def _parameters(optimizer: Any) -> list[float] | list[str]:
                                        .numpy().tobytes()).hexdigest() for p in whole]
 
 
-def _whole(p: Any) -> Any:
-    """A parameter's whole value: a DTensor's (FSDP2, tensor parallelism) gathered from the
-    ranks, a collective every rank makes in its own hook at the same step."""
-    if not _sharded(p):
-        return p
+def _whole(p: Any, views: dict[int, tuple[Any, int]] | None = None,
+           gathered: dict[int, Any] | None = None) -> Any:
+    """A parameter's whole value: a DTensor's (FSDP2, tensor parallelism) or an FSDP1 flat
+    parameter's gathered from the ranks, a collective every rank makes in its own hook at the
+    same step. With FSDP1's `use_orig_params=True` the optimizer holds the original
+    parameters, each a view of its rank's part of the flat parameter (flattened, possibly
+    empty): its flat parameter (`views`) is gathered whole (once, into `gathered`) and the
+    parameter's own stretch cut out of it."""
     import torch
 
+    views = views if views is not None else {}
+    gathered = gathered if gathered is not None else {}
     with torch.no_grad():
+        if id(p) in views:
+            flat, index = views[id(p)]
+            if id(flat) not in gathered:
+                gathered[id(flat)] = _gather_flat(flat)
+            return gathered[id(flat)][_stretch(flat, index)]
+        if not _sharded(p):
+            return p
+        if _flat_shard(p):
+            return _gather_flat(p)
         return p.full_tensor()
 
 
+def _flat_shard(p: Any) -> bool:
+    """An FSDP1 FlatParameter holding this rank's shard: the ranks' shards, each padded to one
+    size, concatenated in rank order and cut to the unpadded size, are the flat parameter,
+    which is the wrapped module's parameters flattened in their order. Known by its sizes, as
+    FSDP sets them for a sharded strategy: it holds its sharded size, which is less than the
+    padded unsharded size (a shard of a one-element flat parameter holds as many numbers as
+    the unpadded whole, so the unpadded size cannot tell)."""
+    if not getattr(p, "_is_flat_param", False):
+        return False
+    sharded = getattr(p, "_sharded_size", None)
+    padded = getattr(p, "_padded_unsharded_size", None)
+    return (sharded is not None and padded is not None
+            and getattr(p, "_unpadded_unsharded_size", None) is not None
+            and p.numel() == sharded.numel() < padded.numel())
+
+
+def _stretch(flat: Any, index: int) -> slice:
+    """Where original parameter `index` lies in its whole flat parameter: with
+    `use_orig_params=True` FSDP aligns each parameter's start, with padding between them
+    (`_is_padding_mask` marks those entries of `_numels_with_padding`)."""
+    start = 0
+    for numel, padding in zip(flat._numels_with_padding, flat._is_padding_mask, strict=True):
+        if not padding:
+            if index == 0:
+                return slice(start, start + numel)
+            index -= 1
+        start += numel
+    raise IndexError(f"the flat parameter has no parameter {index}")
+
+
+def _view_of_flat(p: Any) -> bool:
+    """An original parameter FSDP1 flattened (`use_orig_params=True` keeps it as a view)."""
+    return bool(getattr(p, "_fsdp_flattened", False)) and not getattr(p, "_is_flat_param",
+                                                                         False)
+
+
+def _flat_of_views() -> dict[int, tuple[Any, int]]:
+    """Each original parameter of a sharded FSDP1 flat parameter with `use_orig_params=True`
+    (by id): its flat parameter and its index there. FSDP keeps no map from a parameter to its
+    flat parameter, but each flat parameter lists its original parameters (`_params`)."""
+    import gc
+
+    flat_module = sys.modules.get("torch.distributed.fsdp._flat_param")
+    if flat_module is None:
+        return {}
+    found: dict[int, tuple[Any, int]] = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, flat_module.FlatParameter) and _flat_shard(obj) and obj._params:
+            for index, param in enumerate(obj._params):
+                found[id(param)] = (obj, index)
+    return found
+
+
+def _gather_flat(p: Any) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    shard = p.detach()
+    if shard.device.type == "cpu":  # CPU offload: NCCL gathers GPU tensors only
+        shard = shard.to(torch.device("cuda", torch.cuda.current_device()))
+    whole = shard.new_empty(shard.numel() * dist.get_world_size())
+    dist.all_gather_into_tensor(whole, shard.contiguous())
+    return whole[:p._unpadded_unsharded_size.numel()].cpu()
+
+
 def _sharded(p: Any) -> bool:
-    return callable(getattr(p, "full_tensor", None))
+    return callable(getattr(p, "full_tensor", None)) or _flat_shard(p)
 
 
 class _Observer:
@@ -92,6 +175,11 @@ class _Observer:
             if dist.is_available() and dist.is_initialized():
                 self.record["rank"] = dist.get_rank()
                 self.record["world_size"] = dist.get_world_size()
+            import torch
+
+            # the seed this process's generator started from (a replay of ranks that draw
+            # unseeded, each from its own, draws theirs)
+            self.record["seed"] = torch.initial_seed()
             self.record["initial"] = _parameters(optimizer)
         except Exception as e:
             self.record["errors"].append(f"pre-step: {type(e).__name__}: {e}")
@@ -99,7 +187,8 @@ class _Observer:
     def post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.record["steps"] += 1
         self.optimizer = optimizer
-        if any(_sharded(p) for group in optimizer.param_groups for p in group["params"]):
+        if any(_sharded(p) or _view_of_flat(p)
+               for group in optimizer.param_groups for p in group["params"]):
             # gathered now, while the process group lives (at exit it is gone)
             try:
                 self.record["final"] = _parameters(optimizer)
