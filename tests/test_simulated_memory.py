@@ -187,6 +187,26 @@ def test_the_first_matrix_product_allocates_cublas_workspace(monkeypatch, model,
     assert torch.cuda.memory_allocated() >= expected
 
 
+def test_a_product_launched_on_the_worker_takes_cublas_workspace_once(monkeypatch) -> None:
+    # Heavy products run on the GPU's worker thread (mode/launch.py), not through mode.ops's
+    # run: they take cuBLAS's workspace all the same, once per GPU.
+    from devlab.simulated.mode import launch as _launch
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    devlab.config.simulate_gpus(2, model="T4")
+    monkeypatch.setattr(_launch, "MIN_MACS", 1)
+    assert _launch.enabled
+    a = torch.randn(64, 64, device="cuda:1")
+    before = torch.cuda.memory_allocated(1)
+    with torch.no_grad():
+        out = a.mm(a)
+        out2 = a @ a
+    torch.cuda.synchronize()
+    workspace = 4096 * 2 * 1024 + 16 * 8 * 1024  # torch's default CUBLAS_WORKSPACE_CONFIG
+    assert torch.cuda.memory_allocated(1) - before == 2 * 64 * 64 * 4 + workspace
+    assert torch.cuda.memory_allocated(0) == 0  # the other GPU ran no product
+    del out, out2
+
+
 def test_a_modeled_gpu_reports_its_compute_capability() -> None:
     devlab.config.simulate_gpus(1, model="H100")
     assert torch.cuda.get_device_capability() == (9, 0)
