@@ -221,17 +221,21 @@ def _python_inside(leaves: list[Tensor], nodes: list[Any]) -> bool:
 
 def _watch(leaves: list[Tensor], nodes: list[Any], first: int | None) -> bool | int:
     """How a backward pass runs (See Note [Why ops run watched] in `dispatched`): True
-    when Python code receives its gradients or the pass spans several GPUs (each op placed
-    by its own tensors as it is made), the GPU's index when it is all on one GPU, else
-    False."""
+    when Python code receives its gradients or the pass spans several GPUs and no host
+    leaf (each op placed by its own tensors as it is made), the GPU's index when it is all on
+    one GPU, else False."""
     if _python_inside(leaves, nodes):
         return True
     if first is not None and _functorch_level() is None:
         # (Inside a torch.func transform the pass's tensors are the transform's wrappers,
         # which neither mode unwraps: such a pass runs unwatched, as before.)
-        if all(index_of(leaf) == first for leaf in leaves):
+        where = [index_of(leaf) for leaf in leaves]
+        if all(i == first for i in where):
             return first
-        return True  # model parallel: what each GPU's kernels allocate counts there
+        if None not in where:
+            return True  # model parallel: what each GPU's kernels allocate counts there
+        # (A leaf on the host: the copy's backward would be placed on a GPU by `Marking`,
+        # whose copies go where the simulation put them; such a pass runs unwatched.)
     return False
 
 
