@@ -416,16 +416,19 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         starts when every rank of the group has reached it (NCCL's kernels wait for each
         other), on that GPU's communication stream. A blocking call makes the GPU's queue
         wait for it; an asynchronous one leaves that to its work's `wait()` (`_timed`);
-        `host_waits`: the host too (a barrier)."""
+        `host_waits`: the host too (a barrier). On a modeled GPU the group's first
+        collective there first takes its communicator's buffers (`_connect`)."""
         sess = _session.session
+        if sess is None:
+            return
         index = index_of(where) if where is not None else None
         if index is None:
             bound = getattr(self, "bound_device_id", None)
             index = bound.index if bound is not None and bound.index is not None else (
                 _session.current_device())
-        if sess is not None and sess.spec is not None:
+        if sess.spec is not None:
             self._connect(sess, index)
-        charges = sess.charges if sess is not None else None
+        charges = sess.charges
         if charges is None or charges.clock is None:
             return
         blocking = host_waits or _blocking(opts)
