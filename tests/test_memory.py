@@ -176,6 +176,43 @@ def test_torch_cuda_reader_limit_is_the_memory_fraction(monkeypatch):
     assert reader.read().limit == 1024 * MiB
 
 
+def test_a_real_gpus_chart_draws_nvmls_used_line_when_nvml_answers(monkeypatch):
+    # A fake NVML and a fake allocator: what a real GPU's reader would see with a driver. The
+    # device's used memory (nvidia-smi's) includes the CUDA context and libraries' buffers
+    # that torch's allocator does not count, so it is its own line.
+    from devlab import nvml
+
+    used = {"bytes": 700 * MiB}
+    monkeypatch.setattr(nvml, "available", lambda: True)
+    monkeypatch.setattr(nvml, "memory_info", lambda i: (used["bytes"], 16 * 1024 * MiB))
+    for name, value in (("memory_allocated", 100 * MiB), ("memory_reserved", 400 * MiB),
+                        ("max_memory_allocated", 100 * MiB)):
+        monkeypatch.setattr(torch.cuda, name, lambda i, v=value: v)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    reader = TorchCudaReader(0)
+    first = reader.read()
+    used["bytes"] = 900 * MiB
+    second = reader.read()
+    assert (first.driver_used, second.driver_used) == (700 * MiB, 900 * MiB)
+    chart = MemoryChart()
+    chart.update({"GPU:0": [first, second]})
+    lines = {li.get_label(): li for li in chart.ax.get_lines()}
+    assert sorted(lines) == ["GPU:0", "GPU:0 NVML used", "GPU:0 reserved"]
+    nvml_line = lines["GPU:0 NVML used"]
+    assert nvml_line.get_linestyle() == "-."
+    assert list(nvml_line.get_ydata()) == [700.0, 900.0]  # MiB, the chart's unit
+    assert chart.ax.get_ylim()[1] >= 900  # the axes hold the highest line
+    labels = [t.get_text() for t in chart.ax.get_legend().get_texts()]
+    assert "GPU:0 NVML used" in labels
+    # Without a driver the reading carries no such figure and the chart draws no such line.
+    monkeypatch.setattr(nvml, "available", lambda: False)
+    bare = reader.read()
+    assert bare.driver_used is None
+    chart = MemoryChart()
+    chart.update({"GPU:0": [bare]})
+    assert "GPU:0 NVML used" not in [li.get_label() for li in chart.ax.get_lines()]
+
+
 # -- the sampler -----------------------------------------------------------------------------
 
 

@@ -388,3 +388,46 @@ def test_gather_scatter_and_functional_collectives_take_the_models_time(no_simul
     gather = gpu_model.collective_time("gather", 1 << 30, 2, "pcie3-host")
     assert gather.busbw_gbs == pytest.approx(gpu_model.topology("pcie3-host").bus_gbs, rel=0.01)
     assert gpu_model.bus_factor("scatter", 4) == 0.75
+
+
+# --- NCCL's own memory --------------------------------------------------------------------------
+
+def nccl_memory() -> dict:
+    rank = _init()
+    t = torch.ones(1024, device=rank)
+    torch.cuda.synchronize()
+    free0, total = torch.cuda.mem_get_info(rank)
+    allocated0 = torch.cuda.memory_allocated(rank)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    free1, _ = torch.cuda.mem_get_info(rank)
+    dist.all_reduce(t)  # connected once: a second collective takes nothing more
+    free2, _ = torch.cuda.mem_get_info(rank)
+    allocated1 = torch.cuda.memory_allocated(rank)
+    dist.destroy_process_group()  # the communicator's buffers are freed
+    free3, _ = torch.cuda.mem_get_info(rank)
+    return {"taken": free0 - free1, "again": free1 - free2, "allocated": allocated1 - allocated0,
+            "after_destroy": free3 - free0, "value": t[0].item()}
+
+
+def test_nccl_buffers_are_device_memory_outside_the_caching_allocator(no_simulation) -> None:
+    simulated.start(2, model="T4")  # two T4s over PCIe: 2 channels
+    got = devlab.launch(nccl_memory, nprocs=2, timeout=300)
+    # Per channel one connection's buffers: Simple 4 MiB, LL 512 KiB, LL128 120*640*8*8 B.
+    per_channel = 4 * MiB + 512 * 1024 + 4_915_200
+    for rank in got:
+        assert rank["value"] == 4.0
+        assert rank["taken"] == 2 * per_channel  # mem_get_info sees them...
+        assert rank["allocated"] == 0  # ...memory_allocated does not
+        assert rank["again"] == 0
+        assert rank["after_destroy"] == 0
+
+
+def test_nccl_buffer_sizes_follow_nccls_variables() -> None:
+    from devlab.gpu_model.capacity import nccl_buffer_bytes
+    assert nccl_buffer_bytes(1, "PCI") == 0  # a communicator of one rank connects to no peer
+    assert nccl_buffer_bytes(8, "NVLink") == 8 * nccl_buffer_bytes(8, "PCI")
+    small = {"NCCL_BUFFSIZE": str(MiB), "NCCL_MAX_NCHANNELS": "1"}
+    assert nccl_buffer_bytes(2, "NVLink", small) == MiB + 512 * 1024 + 4_915_200
+    with pytest.raises(ValueError, match="NCCL_BUFFSIZE='lots'"):
+        nccl_buffer_bytes(2, "PCI", {"NCCL_BUFFSIZE": "lots"})

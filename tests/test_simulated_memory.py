@@ -187,6 +187,72 @@ def test_the_first_matrix_product_allocates_cublas_workspace(monkeypatch, model,
     assert torch.cuda.memory_allocated() >= expected
 
 
+def test_a_product_launched_on_the_worker_takes_cublas_workspace_once(monkeypatch) -> None:
+    # Heavy products run on the GPU's worker thread (mode/launch.py), not through mode.ops's
+    # run: they take cuBLAS's workspace all the same, once per GPU.
+    from devlab.simulated.mode import launch as _launch
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    devlab.config.simulate_gpus(2, model="T4")
+    monkeypatch.setattr(_launch, "MIN_MACS", 1)
+    assert _launch.enabled
+    a = torch.randn(64, 64, device="cuda:1")
+    before = torch.cuda.memory_allocated(1)
+    with torch.no_grad():
+        out = a.mm(a)
+        out2 = a @ a
+    torch.cuda.synchronize()
+    workspace = 4096 * 2 * 1024 + 16 * 8 * 1024  # torch's default CUBLAS_WORKSPACE_CONFIG
+    assert torch.cuda.memory_allocated(1) - before == 2 * 64 * 64 * 4 + workspace
+    assert torch.cuda.memory_allocated(0) == 0  # the other GPU ran no product
+    del out, out2
+
+
+def test_a_model_parallel_backward_counts_each_gpus_part_on_that_gpu() -> None:
+    # Two stages on two GPUs. On a real GPU each GPU's backward kernels allocate there as they
+    # run (the gradient of the hidden activation, copied across, the weight gradients), so
+    # each GPU's peak is that of its stage's backward run alone, and the pass's is their sum.
+    from torch import nn
+    devlab.config.simulate_gpus(2, model="T4")
+    torch.manual_seed(0)
+    batch, d, hidden = 256, 512, 2048
+    l1 = nn.Linear(d, hidden).to("cuda:0")
+    l2 = nn.Linear(hidden, d).to("cuda:1")
+    x = torch.randn(batch, d, device="cuda:0")
+
+    def peaks(backward) -> list[int]:
+        torch.cuda.synchronize()
+        base = [torch.cuda.memory_allocated(i) for i in (0, 1)]
+        for i in (0, 1):
+            torch.cuda.reset_peak_memory_stats(i)
+        backward()
+        torch.cuda.synchronize()
+        return [torch.cuda.max_memory_allocated(i) - base[i] for i in (0, 1)]
+
+    def clear() -> None:
+        for p in (*l1.parameters(), *l2.parameters()):
+            p.grad = None
+
+    loss = l2(torch.relu(l1(x)).to("cuda:1")).sum()
+    both = peaks(loss.backward)
+    clear()
+    del loss
+    # GPU 1's stage alone: its input a leaf there.
+    h1 = torch.relu(l1(x)).detach().to("cuda:1").requires_grad_()
+    loss1 = l2(h1).sum()
+    second = peaks(loss1.backward)
+    clear()
+    del loss1, h1
+    # GPU 0's stage alone, fed the gradient GPU 1 would send (the clone leaves the stage's
+    # activation to autograd alone, as in the two-GPU pass).
+    root = torch.relu(l1(x)).clone()
+    grad = torch.ones(batch, hidden, device="cuda:0")
+    first = peaks(lambda: root.backward(grad))
+    assert first[1] == 0 and second[0] == 0
+    assert first[0] >= hidden * d * 4  # at least the weight's gradient
+    assert both == [first[0], second[1]]
+    assert sum(both) == first[0] + second[1]
+
+
 def test_a_modeled_gpu_reports_its_compute_capability() -> None:
     devlab.config.simulate_gpus(1, model="H100")
     assert torch.cuda.get_device_capability() == (9, 0)

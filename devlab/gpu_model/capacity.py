@@ -77,3 +77,54 @@ def cublas_workspace_bytes(spec: GpuSpec | None, config: str | None = None) -> i
     if spec is not None and spec.compute_capability == "9.0":
         return _WORKSPACE_HOPPER
     return _WORKSPACE_DEFAULT
+
+
+# NCCL's buffers, device memory a communicator allocates with cudaMalloc (or cuMem), outside
+# torch's caching allocator: memory_allocated() never shows them, mem_get_info() and NVML do.
+# NCCL's src/init.cc: per connection, one FIFO per protocol, DEFAULT_BUFFSIZE (Simple) 1 << 22,
+# DEFAULT_LL_BUFFSIZE = NCCL_LL_LINES_PER_THREAD (8) x NCCL_LL_MAX_NTHREADS (512) x NCCL_STEPS
+# (8) x sizeof(ncclLLFifoLine) (16), DEFAULT_LL128_BUFFSIZE = NCCL_LL128_ELEMS_PER_THREAD (120)
+# x NCCL_LL128_MAX_NTHREADS (640) x NCCL_STEPS x sizeof(uint64_t); NCCL_BUFFSIZE,
+# NCCL_LL_BUFFSIZE and NCCL_LL128_BUFFSIZE replace them. "Each channel has its own buffer for
+# collective operations" (nccl#1450), and a ring "only has 2 connections regardless of the
+# scale" (nccl#986): one connection's buffers per channel land on each GPU.
+NCCL_SIMPLE_BUFFSIZE = 1 << 22
+NCCL_LL_BUFFSIZE = 8 * 512 * 8 * 16
+NCCL_LL128_BUFFSIZE = 120 * 640 * 8 * 8
+# Channels: NCCL's topology search picks them (memory "linearly tied to the number of channels",
+# nccl#986); the figures below are modeled, not read from a published log: 2 on PCIe (the ring
+# twice, NCCL's usual count there), 16 over NVLink/NVSwitch, capped by NCCL_MAX_NCHANNELS (or
+# the older NCCL_MAX_NRINGS) and raised by NCCL_MIN_NCHANNELS.
+NCCL_CHANNELS = {"PCI": 2, "NVLink": 16}
+
+
+def nccl_buffer_bytes(ranks: int, hw: str, env: dict[str, str] | None = None) -> int:
+    """The device memory (bytes) one NCCL communicator of `ranks` ranks allocates on each GPU
+    for its ring's connections (set up at the first collective: NCCL_RUNTIME_CONNECT), over a
+    link of kind `hw` ("PCI" or "NVLink"); `env` the NCCL_* variables that change it."""
+    if ranks < 2:
+        return 0  # no peer, no connection
+    env = env or {}
+    channels = NCCL_CHANNELS[hw]
+    cap = env.get("NCCL_MAX_NCHANNELS") or env.get("NCCL_MAX_NRINGS")
+    if cap:
+        channels = min(channels, _positive(cap, "NCCL_MAX_NCHANNELS"))
+    floor = env.get("NCCL_MIN_NCHANNELS")
+    if floor:
+        channels = max(channels, _positive(floor, "NCCL_MIN_NCHANNELS"))
+    per_connection = sum(
+        _positive(env[name], name) if env.get(name) else default
+        for name, default in (("NCCL_BUFFSIZE", NCCL_SIMPLE_BUFFSIZE),
+                              ("NCCL_LL_BUFFSIZE", NCCL_LL_BUFFSIZE),
+                              ("NCCL_LL128_BUFFSIZE", NCCL_LL128_BUFFSIZE)))
+    return channels * per_connection
+
+
+def _positive(value: str, name: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise ValueError(f"{name}={value!r}: expected a positive whole number")
+    return n

@@ -31,7 +31,8 @@ def _nice_above(x: float, steps: tuple[float, ...] = (1, 1.5, 2, 3, 5, 7.5)) -> 
 
 class MemoryChart:
     """A line chart of memory over time: one color per device, allocated solid, reserved
-    dotted (only where it differs from allocated), the device's limit dashed.
+    dotted (only where it differs from allocated), NVML's used dash-dotted (a real GPU where
+    NVML answers: what nvidia-smi shows), the device's limit dashed.
 
     `update(series)` sets the lines' data; `png()` renders. With `live=True` (widgets) the
     axes move in steps and are cached: most renders only redraw the lines over the cached
@@ -91,7 +92,8 @@ class MemoryChart:
             return
         if t0 is None:
             t0 = min(r.timestamp for r in readings)
-        top = max(max(r.used, r.reserved or 0, (r.limit or 0) if self.show_limit else 0)
+        top = max(max(r.used, r.reserved or 0, r.driver_used or 0,
+                      (r.limit or 0) if self.show_limit else 0)
                   for r in readings)
         unit, scale = next((u, s) for u, s in _UNITS if top >= s or s == 1)
         t_end = 0.0
@@ -109,6 +111,11 @@ class MemoryChart:
                 res = np.array([np.nan if v is None else v for v in reserved], float) / scale
                 self._line(label, "reserved", color, lw=1.2, ls=":").set_data(
                     *self._reduce(t, res))
+            driver = [r.driver_used for r in rs]
+            if any(v is not None for v in driver):
+                drv = np.array([np.nan if v is None else v for v in driver], float) / scale
+                self._line(label, "NVML used", color, lw=1.2, ls="-.").set_data(
+                    *self._reduce(t, drv))
             limit = rs[-1].limit
             if self.show_limit and limit:
                 # Spans any x range; the axes clip it.

@@ -44,7 +44,10 @@ class MemoryReading:
     backend has no such notion); `limit` is the most the device can hold: a configured
     memory limit, or the device's total memory (None when unknown or not meaningful).
     `peak` is the backend's own high-water mark, where it keeps one: it catches spikes
-    that fall between two samples. `timestamp` is on the `time.perf_counter()` clock.
+    that fall between two samples. `driver_used` is what the driver (NVML, as nvidia-smi)
+    counts in use on the whole device, where a real GPU's reader can ask it: every process's
+    memory, CUDA contexts and libraries' own buffers included (None elsewhere).
+    `timestamp` is on the `time.perf_counter()` clock.
     """
 
     timestamp: float
@@ -53,6 +56,7 @@ class MemoryReading:
     limit: int | None
     label: str
     peak: int | None = None
+    driver_used: int | None = None
 
 
 class MemoryReader(Protocol):
@@ -128,7 +132,9 @@ class TorchCudaReader:
     """A real GPU through torch's caching allocator: allocated, reserved and peak bytes.
 
     Allocated is what tensors use; reserved is what the allocator keeps from the driver
-    (freed tensors go back to the cache, not the driver), so the two differ.
+    (freed tensors go back to the cache, not the driver), so the two differ. Where NVML
+    answers, the reading also carries the device's used memory as NVML counts it
+    (`driver_used`), which holds what the allocator does not see.
     """
 
     def __init__(self, index: int, label: str | None = None) -> None:
@@ -145,7 +151,10 @@ class TorchCudaReader:
         used = torch.cuda.memory_allocated(i)
         reserved = torch.cuda.memory_reserved(i)
         peak = torch.cuda.max_memory_allocated(i)
-        return MemoryReading(time.perf_counter(), used, reserved, self._limit(), self.label, peak)
+        backend = _nvml()
+        info = backend.memory_info(i) if backend is not None else None
+        return MemoryReading(time.perf_counter(), used, reserved, self._limit(), self.label, peak,
+                             int(info[0]) if info is not None else None)
 
     def _limit(self) -> int | None:
         if not torch.cuda.is_initialized():

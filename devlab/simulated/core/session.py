@@ -44,7 +44,7 @@ class DeviceState:
     # `queued` before the op's tensors go (`core/workers.py`), so the count never takes a
     # storage for queued work's alone while the user still holds it.
 
-    __slots__ = ("allocator", "context", "index", "limit", "opened", "queued", "raw",
+    __slots__ = ("allocator", "context", "index", "limit", "opened", "outside", "queued", "raw",
                  "reserve_up_front", "torch_device", "watches", "workspace", "workspace_bytes")
 
     def __init__(self, index: int, limit: int | None, reserve_up_front: bool = False,
@@ -60,6 +60,9 @@ class DeviceState:
             total, allowed, self.context = limit, None, 0
         self.allocator = CachingAllocator(index, total, 0, allowed, config)
         self.opened = False
+        # Device memory libraries hold outside the caching allocator (NCCL's buffers), by
+        # owner: charged to free memory as the CUDA context is (`hold_outside`).
+        self.outside: dict[int, int] = {}
         # cuBLAS's workspace: allocated at the GPU's first matrix product, kept until
         # torch._C._cuda_clearCublasWorkspaces() (`take_workspace`).
         self.workspace: Block | None = None
@@ -103,6 +106,23 @@ class DeviceState:
             room = free if a.allowed is None else min(free, a.allowed)
             a.free(a.malloc(int(room * 0.9)))
             a.reset_peak()  # what the program allocates starts here
+
+    def hold_outside(self, owner: int, nbytes: int) -> bool:
+        """A library's own cudaMalloc of `nbytes` for `owner` (an id), outside torch's caching
+        allocator: memory_allocated() does not show it, mem_get_info() and NVML do (the caller
+        holds the lock). False where it does not fit in the GPU's free memory (nothing held)."""
+        if not self.opened:
+            self.open()
+        a = self.allocator
+        if a.total is not None and nbytes > a.free_memory():
+            return False
+        self.outside[owner] = self.outside.get(owner, 0) + nbytes
+        a.context += nbytes
+        return True
+
+    def release_outside(self, owner: int) -> None:
+        """What `owner` held outside the allocator is freed (the caller holds the lock)."""
+        self.allocator.context -= self.outside.pop(owner, 0)
 
     def take_workspace(self) -> OutOfMemory | None:
         """The first matrix product on this GPU: cuBLAS's workspace is allocated (the caller

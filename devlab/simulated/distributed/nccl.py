@@ -45,10 +45,14 @@ from torch._C._distributed_c10d import (
     _create_work_from_future,
 )
 
+from devlab.gpu_model.capacity import nccl_buffer_bytes
+from devlab.gpu_model.links import default_topology
+
 from ..core import errors as _errors
 from ..core import session as _session
 from ..core.marks import index_of
 from ..core.notice import Notice
+from ..cuda.build import NCCL_VERSION
 from . import futures as _futures
 from . import stores as _stores
 from .stores import LOOPBACK
@@ -386,6 +390,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         `_futures.settle`)."""
         if not getattr(self, "_shut", False):
             self._shut = True
+            self._release_buffers()
             _futures.settle()
             self._inner.shutdown()
 
@@ -420,20 +425,67 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         starts when every rank of the group has reached it (NCCL's kernels wait for each
         other), on that GPU's communication stream. A blocking call makes the GPU's queue
         wait for it; an asynchronous one leaves that to its work's `wait()` (`_timed`);
-        `host_waits`: the host too (a barrier)."""
-        charges = _session.session.charges if _session.session is not None else None
-        if charges is None or charges.clock is None:
+        `host_waits`: the host too (a barrier). On a modeled GPU the group's first
+        collective there first takes its communicator's buffers (`_connect`)."""
+        sess = _session.session
+        if sess is None:
             return
         index = index_of(where) if where is not None else None
         if index is None:
             bound = getattr(self, "bound_device_id", None)
             index = bound.index if bound is not None and bound.index is not None else (
                 _session.current_device())
+        if sess.spec is not None:
+            self._connect(sess, index)
+        charges = sess.charges
+        if charges is None or charges.clock is None:
+            return
         blocking = host_waits or _blocking(opts)
         placed = charges.collective(op, sizes, self.size(), index, self._latest, self,
                                     join=blocking, numel=numel)
         if placed is not None:  # (None: in a backward pass, placed at its end)
             _charged.placing = (placed, charges, index, blocking, host_waits)
+
+    # Note [NCCL's own memory]
+    # A real NCCL communicator allocates its buffers with cudaMalloc, outside torch's caching
+    # allocator, when torch first uses it on a GPU (ProcessGroupNCCL makes the communicator at
+    # the first collective on a device, and NCCL connects its ring then: NCCL_RUNTIME_CONNECT).
+    # memory_allocated() never shows them; mem_get_info() and nvidia-smi do. On a modeled GPU
+    # the group holds capacity.nccl_buffer_bytes of the GPU outside the allocator, as the CUDA
+    # context is held, from its first collective there until shutdown.
+
+    def _connect(self, sess: Any, index: int | None) -> None:
+        """The communicator's buffers on GPU `index`, at its first collective there
+        (See Note [NCCL's own memory])."""
+        held = self.__dict__.setdefault("_held_on", set())
+        if index is None or index in held or index >= len(sess.devices):
+            return
+        topology = getattr(sess.charges, "topology", None)
+        hw = (topology if topology is not None else default_topology(sess.spec)).hw
+        nbytes = nccl_buffer_bytes(self.size(), hw, dict(os.environ))
+        dev = sess.devices[index]
+        with _session.lock:
+            fits = dev.hold_outside(id(self), nbytes)
+        if not fits:
+            raise dist.DistBackendError(
+                f"NCCL error in: ProcessGroupNCCL, unhandled cuda error (run with "
+                f"NCCL_DEBUG=INFO for details), NCCL version {'.'.join(map(str, NCCL_VERSION))}\n"
+                f"ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\n"
+                f"Failed to CUDA calloc {nbytes} bytes (devlab: NCCL's buffers on simulated "
+                f"GPU {index} do not fit in its free memory, "
+                f"{dev.allocator.free_memory():,} bytes)")
+        held.add(index)
+
+    def _release_buffers(self) -> None:
+        """shutdown: the communicator's buffers are freed on every GPU that held them."""
+        sess = _session.session
+        held = self.__dict__.get("_held_on", set())
+        if sess is not None and held:
+            with _session.lock:
+                for index in held:
+                    if index < len(sess.devices):
+                        sess.devices[index].release_outside(id(self))
+        held.clear()
 
     def _latest(self, times: list[float]) -> Any:
         """Each of `times` as the latest any rank of the group has: one small all-reduce

@@ -221,16 +221,31 @@ def _python_inside(leaves: list[Tensor], nodes: list[Any]) -> bool:
 
 def _watch(leaves: list[Tensor], nodes: list[Any], first: int | None) -> bool | int:
     """How a backward pass runs (See Note [Why ops run watched] in `dispatched`): True
-    when Python code receives its gradients, the GPU's index when it is all on one GPU, else
-    False."""
+    when Python code receives its gradients or the pass spans several GPUs, with no host leaf
+    and no process group (each op placed by its own tensors as it is made), the GPU's index
+    when it is all on one GPU, else False."""
     if _python_inside(leaves, nodes):
         return True
-    if (first is not None and _functorch_level() is None
-            and all(index_of(leaf) == first for leaf in leaves)):
+    if first is not None and _functorch_level() is None:
         # (Inside a torch.func transform the pass's tensors are the transform's wrappers,
-        # which `OneGpu` does not unwrap: such a pass runs as before.)
-        return first
+        # which neither mode unwraps: such a pass runs unwatched, as before.)
+        where = [index_of(leaf) for leaf in leaves]
+        if all(i == first for i in where):
+            return first
+        if None not in where and not _distributed():
+            return True  # model parallel: what each GPU's kernels allocate counts there
+        # (A leaf on the host: the copy's backward would be placed on a GPU by `Marking`,
+        # whose copies go where the simulation put them. A process group running: DDP's
+        # buckets, marked on their GPUs, would be all-reduced on each GPU's communication
+        # stream at once, where the modeled clock (issue 28) charges them one after the
+        # other on the current GPU's, sharing the one link. Such passes run unwatched.)
     return False
+
+
+def _distributed() -> bool:
+    """Whether this process runs a torch.distributed process group."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized()
 
 
 def _begin() -> Any:

@@ -101,9 +101,11 @@ def run(func: Callable, args: tuple, kwargs: dict) -> tuple[Any, int | None]:
 #   FSDP2, a post-accumulate-grad hook) runs under `Marking`, each op placed by its own tensors.
 #   A pass all on one GPU with no Python code inside only needs its outputs counted there
 #   (`OneGpu`), so what it allocates (its gradients, its formulas' temporaries) counts in the
-#   GPU's allocator and peak, as on a real GPU. A pass across several GPUs without Python code
-#   runs unwatched: its gradients are marked when it ends (`autograd.backward`), and what it
-#   held in between is not counted.
+#   GPU's allocator and peak, as on a real GPU. A pass across several GPUs (model parallel)
+#   runs under `Marking` too, so each GPU's kernels count what they allocate there as they
+#   run, unless a leaf is on the host or a process group runs (`autograd._watch` says why);
+#   those, and a pass inside a torch.func transform, run unwatched: their gradients are
+#   marked when they end (`autograd.backward`), and what they held in between is not counted.
 # - a call whose inner results Python reads before it returns (`_ops.run`): a subclass's own
 #   dispatch (DTensor's keeps intermediate results for the backward pass, loss parallelism's
 #   total weight), saved-tensor hooks (checkpointing's read the device of what autograd saves

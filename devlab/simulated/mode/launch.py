@@ -105,6 +105,7 @@ def launch(func: Callable, args: tuple, kwargs: dict) -> Any:
     shape = _ops.call(None, impl, (_meta(a), _meta(b)), {})  # shape errors: here, at once
     out = torch.empty(shape.shape, dtype=shape.dtype)
     _marks.mark_outputs(out, index)
+    _ops.take_workspace(func, index)  # as a product run here takes it
     _session.session.charges.call(func, args, kwargs, out, index, True)  # type: ignore[union-attr]
     # The worker holds tensors of its own on the user's storages, never the user's tensors.
     # See Note [Why queued work's storages are uncounted] in core/session.py.

@@ -191,11 +191,17 @@ def _uses_cublas(func: Callable) -> bool:
     return used
 
 
-def _take_workspace(index: int) -> None:
-    """cuBLAS's workspace on GPU `index`, at its first matrix product (CUDA's out-of-memory
-    where it does not fit)."""
+def take_workspace(func: Callable, index: int) -> None:
+    """cuBLAS's workspace on GPU `index` if `func` runs cuBLAS and the GPU has none yet (CUDA's
+    out-of-memory where it does not fit). Every path a product takes asks here (this module's
+    `run`, `launch.launch`), so each GPU takes it once: torch keeps one workspace per (cuBLAS
+    handle, stream), and a simulated GPU has one stream."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if not _uses_cublas(func):
+        return
     dev = _session.session.devices[index]  # type: ignore[union-attr]
+    if dev.workspace is not None:
+        return
     with _session.lock:
         oom = dev.take_workspace()
     if oom is not None:
@@ -218,8 +224,7 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     else:
         out = call(index, func, args, kwargs)
     fresh = mark_outputs(out, index, host)
-    if _uses_cublas(func) and _session.session.devices[index].workspace is None:  # type: ignore[union-attr]
-        _take_workspace(index)
+    take_workspace(func, index)
     # A GPU op: a session runs. A modeled GPU's clock is charged for it.
     _session.session.charges.call(func, args, kwargs, out, index, fresh)  # type: ignore[union-attr]
     return out
