@@ -348,6 +348,7 @@ def test_errors_in_cudas_words(no_simulation) -> None:
     with pytest.raises(NotImplementedError, match="not simulated by devlab"):
         g.raw_cuda_graph()
     other = torch.cuda.CUDAGraph()
+    torch.cuda.set_stream(torch.cuda.Stream())  # a capture begins on a non-default stream
     other.capture_begin(pool=g.pool())
     with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
         torch.cuda.CUDAGraph().capture_begin()  # one capture at a time
@@ -362,6 +363,7 @@ def test_stop_during_capture_leaves_torch_as_it_was(no_simulation) -> None:
     modes = torch._C._len_torch_dispatch_stack()
     devlab.simulated.start(1)
     g = torch.cuda.CUDAGraph()
+    torch.cuda.set_stream(torch.cuda.Stream())
     g.capture_begin()
     torch.ones(2, device="cuda").add_(1)
     devlab.simulated.stop()
@@ -418,3 +420,18 @@ def test_capture_charges_the_gpu_nothing(no_simulation) -> None:
     done.record()
     # The GPU's queue did not advance with the captured kernels: it is where the host is.
     assert done.time == pytest.approx(devlab.simulated.modeled_time())
+
+
+def test_a_capture_on_the_default_stream_is_refused_as_torch_refuses_it(no_simulation) -> None:
+    devlab.simulated.start(1)
+    x = torch.ones(3, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="CUDA graphs must be captured on a non-default stream"):
+        g.capture_begin()  # on the current stream: the default one
+    assert not torch.cuda.is_current_stream_capturing() and _session.capture is None
+    with torch.cuda.stream(torch.cuda.Stream()):
+        g.capture_begin()
+        x.add_(1)
+        g.capture_end()
+    g.replay()  # replaying on the default stream is allowed
+    assert x.tolist() == [2.0, 2.0, 2.0]

@@ -32,8 +32,6 @@ CPU's generator, as a GPU's replay draws fresh Philox offsets.
 Not simulated: work on another GPU than the capturing one (devlab's own error: how CUDA
 orders another device's stream with a capture is not modeled); printing a GPU tensor during
 capture is not refused (torch prints with dispatch modes off; on a GPU it is a host sync);
-CUDA's rule that a capture begins on a non-default stream is not checked (a simulated GPU has
-one stream; `torch.cuda.graph` and `make_graphed_callables` set a side stream anyway);
 `debug_dump` and the raw cudaGraph handles are devlab's own error; a replay is synchronous on
 this machine (the modeled clock still queues it).
 """
@@ -305,6 +303,9 @@ class CUDAGraph:
         if self._ended:
             raise _torch_check("This CUDAGraph instance already owns a captured graph. To "
                                "capture a new graph, create a new instance.")
+        if _session.current_streams().get(_session.current_device(), 0) == 0:
+            raise _torch_check("CUDA graphs must be captured on a non-default stream. (However, "
+                               "after capture, it's ok to replay them on the default stream.)")
         if _session.capture is not None:
             # torch.cuda.graph's one capture stream: CUDA refuses a second capture under way
             # in global mode (and devlab records one at a time).
@@ -450,7 +451,7 @@ class CUDAGraph:
 
 @entry
 def is_current_stream_capturing() -> bool:
-    """Whether this thread's current simulated GPU is capturing (its one stream is)."""
+    """Whether this thread's current stream on its current simulated GPU is capturing."""
     cap = _session.capture
     return (cap is not None and cap.thread == threading.get_ident()
             and cap.device == _session.current_device())

@@ -195,7 +195,8 @@ def take_workspace(func: Callable, index: int) -> None:
     """cuBLAS's workspace on GPU `index` if `func` runs cuBLAS and the GPU has none yet (CUDA's
     out-of-memory where it does not fit). Every path a product takes asks here (this module's
     `run`, `launch.launch`), so each GPU takes it once: torch keeps one workspace per (cuBLAS
-    handle, stream), and a simulated GPU has one stream."""
+    handle, stream); devlab takes one per GPU whatever the stream (not modeled: a side
+    stream's own)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if not _uses_cublas(func):
         return
