@@ -13,6 +13,7 @@ tests/test_lessons.py.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -109,6 +110,39 @@ def test_off_colab_the_cell_does_nothing(tmp_path: Path) -> None:
         assert json.loads(out.stdout) == {"calls": 0, "devlab_imported": False}
         assert out.stderr == ""
 
+
+KAGGLE_RECORD = """
+import importlib.util, json, subprocess, sys
+real = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name == "devlab" else real(name, *a)
+calls = []
+subprocess.run = lambda *a, **k: calls.append(a[0])
+exec(compile(open(sys.argv[1]).read(), "setup-cell", "exec"), {})
+print(json.dumps(calls))
+"""
+
+
+def test_on_kaggle_the_cell_installs_and_without_a_repository_says_so(tmp_path: Path) -> None:
+    """Kaggle's notebooks set KAGGLE_KERNEL_RUN_TYPE and, as Colab, ship torch but not devlab
+    (the stand-in hides devlab from the cell; pip is recorded, not run)."""
+    cell = tmp_path / "cell.py"
+    source = "devlab @ git+https://github.com/someone/devlab@v1.0.0"
+    kaggle = {**os.environ, "KAGGLE_KERNEL_RUN_TYPE": "Interactive"}
+    cell.write_text(colab_cell.source(source))
+    elsewhere = {k: v for k, v in os.environ.items() if k != "KAGGLE_KERNEL_RUN_TYPE"}
+
+    def pip_calls(env: dict[str, str]) -> list[list[str]]:
+        out = subprocess.run([sys.executable, "-c", KAGGLE_RECORD, str(cell)], capture_output=True,
+                             text=True, cwd=tmp_path, env=env, check=True)
+        return json.loads(out.stdout)
+
+    on_kaggle = pip_calls(kaggle)
+    assert len(on_kaggle) == 1 and source in on_kaggle[0], on_kaggle
+    assert pip_calls(elsewhere) == []
+    cell.write_text(colab_cell.source(None))
+    out = subprocess.run([sys.executable, "-c", KAGGLE_RECORD, str(cell)], capture_output=True,
+                         text=True, cwd=tmp_path, env=kaggle)
+    assert out.returncode != 0 and "devlab has no public repository yet" in out.stderr
 
 FAKE_COLAB = GOOGLE_COLAB + """
 exec(compile(open(sys.argv[1]).read(), "setup-cell", "exec"), {})

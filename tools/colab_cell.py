@@ -1,6 +1,8 @@
-"""The set-up cell every notebook opens with: on Colab it installs devlab, elsewhere it does nothing.
+"""The set-up cell every notebook opens with: on Colab and Kaggle it installs devlab, elsewhere it
+does nothing.
 
-Colab ships torch, ipywidgets 7.7 and matplotlib but not devlab. The cell installs devlab
+Colab ships torch, ipywidgets 7.7 and matplotlib but not devlab, and so do Kaggle's notebooks
+(which set KAGGLE_KERNEL_RUN_TYPE). The cell installs devlab
 from its repository at the release tag with `--no-deps`, plus only those of devlab's small
 dependencies the runtime lacks, so pip never upgrades or replaces what Colab ships (a plain
 install could, for a requirement such as `ipython>=8`). `tools.links` writes it from
@@ -16,7 +18,8 @@ import nbformat
 import tomllib
 
 CELL_ID = "colab-setup"
-FIRST_LINE = "# Colab set-up: installs devlab if this runtime lacks it. Anywhere else it does nothing."
+FIRST_LINE = ("# Colab and Kaggle set-up: installs devlab if this runtime lacks it. Anywhere else it "
+              "does nothing.")
 # devlab's requirements that Colab ships; the cell leaves them as they are. Every other
 # requirement in pyproject.toml is one the cell installs if the runtime lacks it.
 COLAB_SHIPS = {"torch", "ipython", "ipywidgets", "matplotlib", "numpy"}
@@ -37,15 +40,16 @@ def source(install_source: str | None) -> str:
     None while the project has no public repository."""
     head = [
         FIRST_LINE,
-        "# Colab's own torch, ipywidgets and matplotlib stay as they are.",
-        "import importlib, importlib.util, subprocess, sys",
+        "# The runtime's own torch, ipywidgets and matplotlib stay as they are.",
+        "import importlib, importlib.util, os, subprocess, sys",
         "",
-        'if "google.colab" in sys.modules and importlib.util.find_spec("devlab") is None:',
+        'hosted = "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ',
+        'if hosted and importlib.util.find_spec("devlab") is None:',
     ]
     if install_source is None:
         body = [
             "    raise RuntimeError(\"devlab has no public repository yet, so this notebook cannot \"",
-            "                       \"install it on Colab. Run it on a machine where devlab is installed.\")",
+            "                       \"install it here. Run it on a machine where devlab is installed.\")",
         ]
     else:
         deps = repr(small_dependencies())
