@@ -19,6 +19,7 @@ import torch
 import devlab
 from devlab import simulated
 from devlab.gpu_model.allocator import AllocatorConfig, round_size
+from devlab.simulated.core import session as _session
 from devlab.simulated.core import workers as _workers
 from devlab.simulated.mode import launch as _launch
 from devlab.simulated.mode import ops as _ops
@@ -167,6 +168,13 @@ def test_devlab_forked_ranks_use_the_gpus_they_inherit() -> None:
     assert done.stdout.split()[-1] == "[True, True]" or "True" in done.stdout.splitlines()[-1]
 
 
+def _allocated() -> int:
+    """memory_allocated() less cuBLAS's workspace, which a GPU's first product takes and keeps
+    (as torch's cuBLAS handle does): what the program's own tensors hold."""
+    block = _session.session.devices[0].workspace  # type: ignore[union-attr]
+    return torch.cuda.memory_allocated() - (block.size if block is not None else 0)
+
+
 # --- 2. memory after `del`, while the product still runs ---------------------------------------
 
 def test_del_while_the_product_is_queued_frees_at_once_three_of_three(monkeypatch) -> None:
@@ -177,21 +185,21 @@ def test_del_while_the_product_is_queued_frees_at_once_three_of_three(monkeypatc
         a = torch.randn(3000, 3000, device="cuda")  # 34.33 MiB
         gate = _hold_queue(0)  # the product is certainly still queued below
         b = a @ a
-        assert torch.cuda.memory_allocated() == 2 * round_size(3000 * 3000 * 4, AllocatorConfig())  # 68.67 MiB
+        assert _allocated() == 2 * round_size(3000 * 3000 * 4, AllocatorConfig())  # 68.67 MiB
         del a, b
         assert not _workers.idle(0)
-        assert torch.cuda.memory_allocated() == 0  # CUDA's allocator frees at once
+        assert _allocated() == 0  # CUDA's allocator frees at once
         # (a factory op waits for the GPU's queue, as the simulation orders work, so the gate
         # opens first rather than let the allocation below wait for the gate's own timeout)
         gate.set()
         c = torch.empty(80 * MIB // 4, device="cuda")  # fits: no false OutOfMemoryError
-        assert torch.cuda.memory_allocated() == 80 * MIB
-        assert torch.cuda.max_memory_allocated() == 80 * MIB  # as CUDA would count the peak
+        assert _allocated() == 80 * MIB
+        assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()  # as CUDA would count the peak
         torch.cuda.synchronize()
-        assert torch.cuda.memory_allocated() == 80 * MIB  # the finished product took nothing back
+        assert _allocated() == 80 * MIB  # the finished product took nothing back
         del c
         torch.cuda.reset_peak_memory_stats()
-    assert torch.cuda.memory_allocated() == 0
+    assert _allocated() == 0
 
 
 def test_what_the_user_still_holds_stays_counted_while_queued() -> None:
@@ -203,14 +211,14 @@ def test_what_the_user_still_holds_stays_counted_while_queued() -> None:
     del a, b
     # both tensors are still the user's: both counted, the product not yet run
     assert not _workers.idle(0)
-    assert torch.cuda.memory_allocated() == 2 * 4 * MIB
+    assert _allocated() == 2 * 4 * MIB
     del held[0]
-    assert torch.cuda.memory_allocated() == 4 * MIB
+    assert _allocated() == 4 * MIB
     gate.set()
     torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == 4 * MIB
+    assert _allocated() == 4 * MIB
     del held
-    assert torch.cuda.memory_allocated() == 0
+    assert _allocated() == 0
 
 
 def test_an_allocation_that_does_not_fit_first_waits_for_the_queue() -> None:
@@ -294,7 +302,7 @@ def test_an_interrupt_while_waiting_for_the_queue_leaves_it_working(monkeypatch)
     assert torch.allclose(b.cpu(), a.cpu() @ a.cpu())  # the queue finished its work
     assert _workers.idle(0) and _workers._pending_total == 0
     del a, b
-    assert torch.cuda.memory_allocated() == 0 and _state() == before
+    assert _allocated() == 0 and _state() == before
 
 
 # --- 4. pinned memory works as on CUDA ------------------------------------------------------------
