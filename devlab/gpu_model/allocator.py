@@ -814,10 +814,33 @@ class CachingAllocator:
             rest.gc_base = pool.free_calls
             insort(pool.entries, (stream, remaining, rest.address, rest))
             if already_split:
-                _dec((st[_SPLIT_BYTES], st[_SPLIT_BYTES + 1]), size)
+                x = st[_SPLIT_BYTES]
+                x[0] -= size
+                x[3] += size
+                x = st[_SPLIT_BYTES + 1]
+                x[0] -= size
+                x[3] += size
             else:
-                _inc((st[_SPLIT_BYTES], st[_SPLIT_BYTES + 1]), remaining)
-                _inc((st[_SPLIT], st[_SPLIT + 1]), 1)
+                x = st[_SPLIT_BYTES]
+                v = x[0] = x[0] + remaining
+                x[2] += remaining
+                if v > x[1]:
+                    x[1] = v
+                x = st[_SPLIT_BYTES + 1]
+                v = x[0] = x[0] + remaining
+                x[2] += remaining
+                if v > x[1]:
+                    x[1] = v
+                x = st[_SPLIT]
+                v = x[0] = x[0] + 1
+                x[2] += 1
+                if v > x[1]:
+                    x[1] = v
+                x = st[_SPLIT + 1]
+                v = x[0] = x[0] + 1
+                x[2] += 1
+                if v > x[1]:
+                    x[1] = v
         else:
             size = block.size
             if already_split:
@@ -831,16 +854,46 @@ class CachingAllocator:
             self._trace("alloc", block.address, requested, stream, frames)
         # allocation and active +1, allocated_bytes and active_bytes +size, requested_bytes
         # +requested ("all" and pool): unrolled, this is the hottest code of the model
-        for x in (st[_ALLOCATION], st[_ALLOCATION + 1], st[_ACTIVE], st[_ACTIVE + 1]):
-            v = x[0] = x[0] + 1
-            x[2] += 1
-            if v > x[1]:
-                x[1] = v
-        for x in (st[_ALLOCATED], st[_ALLOCATED + 1], st[_ACTIVE_BYTES], st[_ACTIVE_BYTES + 1]):
-            v = x[0] = x[0] + size
-            x[2] += size
-            if v > x[1]:
-                x[1] = v
+        x = st[_ALLOCATION]
+        v = x[0] = x[0] + 1
+        x[2] += 1
+        if v > x[1]:
+            x[1] = v
+        x = st[_ALLOCATION + 1]
+        v = x[0] = x[0] + 1
+        x[2] += 1
+        if v > x[1]:
+            x[1] = v
+        x = st[_ACTIVE]
+        v = x[0] = x[0] + 1
+        x[2] += 1
+        if v > x[1]:
+            x[1] = v
+        x = st[_ACTIVE + 1]
+        v = x[0] = x[0] + 1
+        x[2] += 1
+        if v > x[1]:
+            x[1] = v
+        x = st[_ALLOCATED]
+        v = x[0] = x[0] + size
+        x[2] += size
+        if v > x[1]:
+            x[1] = v
+        x = st[_ALLOCATED + 1]
+        v = x[0] = x[0] + size
+        x[2] += size
+        if v > x[1]:
+            x[1] = v
+        x = st[_ACTIVE_BYTES]
+        v = x[0] = x[0] + size
+        x[2] += size
+        if v > x[1]:
+            x[1] = v
+        x = st[_ACTIVE_BYTES + 1]
+        v = x[0] = x[0] + size
+        x[2] += size
+        if v > x[1]:
+            x[1] = v
         x = st[_REQUESTED]
         v = x[0] = x[0] + requested
         x[2] += requested
@@ -894,10 +947,43 @@ class CachingAllocator:
         if block.prev is not None or block.next is not None:
             split_blocks += 1
             split_bytes += block.size
-        if split_blocks:
-            _move((st[_SPLIT], st[_SPLIT + 1]), split_blocks)
-        if split_bytes:
-            _move((st[_SPLIT_BYTES], st[_SPLIT_BYTES + 1]), split_bytes)
+        # inactive_split and its bytes move by what the merges and the block's own split made
+        if split_blocks > 0:
+            x = st[_SPLIT]
+            v = x[0] = x[0] + split_blocks
+            x[2] += split_blocks
+            if v > x[1]:
+                x[1] = v
+            x = st[_SPLIT + 1]
+            v = x[0] = x[0] + split_blocks
+            x[2] += split_blocks
+            if v > x[1]:
+                x[1] = v
+        elif split_blocks < 0:
+            x = st[_SPLIT]
+            x[0] -= -split_blocks
+            x[3] += -split_blocks
+            x = st[_SPLIT + 1]
+            x[0] -= -split_blocks
+            x[3] += -split_blocks
+        if split_bytes > 0:
+            x = st[_SPLIT_BYTES]
+            v = x[0] = x[0] + split_bytes
+            x[2] += split_bytes
+            if v > x[1]:
+                x[1] = v
+            x = st[_SPLIT_BYTES + 1]
+            v = x[0] = x[0] + split_bytes
+            x[2] += split_bytes
+            if v > x[1]:
+                x[1] = v
+        elif split_bytes < 0:
+            x = st[_SPLIT_BYTES]
+            x[0] -= -split_bytes
+            x[3] += -split_bytes
+            x = st[_SPLIT_BYTES + 1]
+            x[0] -= -split_bytes
+            x[3] += -split_bytes
         # active -1, active_bytes -size, requested_bytes -requested ("all" and pool)
         x = st[_ACTIVE]
         x[0] -= 1
