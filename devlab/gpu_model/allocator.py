@@ -854,56 +854,47 @@ class CachingAllocator:
             self._trace("alloc", block.address, requested, stream, frames)
         # allocation and active +1, allocated_bytes and active_bytes +size, requested_bytes
         # +requested ("all" and pool): unrolled, this is the hottest code of the model
-        x = st[_ALLOCATION]
-        v = x[0] = x[0] + 1
-        x[2] += 1
-        if v > x[1]:
-            x[1] = v
-        x = st[_ALLOCATION + 1]
-        v = x[0] = x[0] + 1
-        x[2] += 1
-        if v > x[1]:
-            x[1] = v
-        x = st[_ACTIVE]
-        v = x[0] = x[0] + 1
-        x[2] += 1
-        if v > x[1]:
-            x[1] = v
-        x = st[_ACTIVE + 1]
-        v = x[0] = x[0] + 1
-        x[2] += 1
-        if v > x[1]:
-            x[1] = v
-        x = st[_ALLOCATED]
-        v = x[0] = x[0] + size
-        x[2] += size
-        if v > x[1]:
-            x[1] = v
-        x = st[_ALLOCATED + 1]
-        v = x[0] = x[0] + size
-        x[2] += size
-        if v > x[1]:
-            x[1] = v
-        x = st[_ACTIVE_BYTES]
-        v = x[0] = x[0] + size
-        x[2] += size
-        if v > x[1]:
-            x[1] = v
-        x = st[_ACTIVE_BYTES + 1]
-        v = x[0] = x[0] + size
-        x[2] += size
-        if v > x[1]:
-            x[1] = v
-        x = st[_REQUESTED]
-        v = x[0] = x[0] + requested
-        x[2] += requested
-        if v > x[1]:
-            x[1] = v
-        x = st[_REQUESTED + 1]
-        v = x[0] = x[0] + requested
-        x[2] += requested
-        if v > x[1]:
-            x[1] = v
+        n, pn, _, _, ac, pac, _, _, nb, pnb, _, _, ab, pab, _, _, r, pr = st
+        v = n[0] = n[0] + 1
+        n[2] += 1
+        if v > n[1]:
+            n[1] = v
+        v = pn[0] = pn[0] + 1
+        pn[2] += 1
+        if v > pn[1]:
+            pn[1] = v
+        v = ac[0] = ac[0] + 1
+        ac[2] += 1
+        if v > ac[1]:
+            ac[1] = v
+        v = pac[0] = pac[0] + 1
+        pac[2] += 1
+        if v > pac[1]:
+            pac[1] = v
+        v = nb[0] = nb[0] + size
+        nb[2] += size
+        if v > nb[1]:
+            nb[1] = v
+        v = pnb[0] = pnb[0] + size
+        pnb[2] += size
+        if v > pnb[1]:
+            pnb[1] = v
+        v = ab[0] = ab[0] + size
+        ab[2] += size
+        if v > ab[1]:
+            ab[1] = v
+        v = pab[0] = pab[0] + size
+        pab[2] += size
+        if v > pab[1]:
+            pab[1] = v
+        v = r[0] = r[0] + requested
+        r[2] += requested
+        if v > r[1]:
+            r[1] = v
+        v = pr[0] = pr[0] + requested
+        pr[2] += requested
+        if v > pr[1]:
+            pr[1] = v
         if size >= self._max_split:
             _inc1(self.oversize_allocations, 1)
         return block
