@@ -15,7 +15,7 @@ benchmarks/allocator.py --events N --trials 1` ("Collected" is the count). Measu
 (2026-11-28, torch 2.13's CPython 3.11, N = 20,000 and 60,000): the plain port with streams'
 events (tests/_allocator_reference.py, main at c5048f1) took 60.4k instructions per
 malloc+free, the tuned model (Note [The allocator's hot path] in devlab/gpu_model/allocator.py)
-42.0k. (Before streams' events, the plain port took 62.8k.)
+41.4k. (Before streams' events, the plain port took 62.8k.)
 """
 
 from __future__ import annotations

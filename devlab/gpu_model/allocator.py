@@ -938,62 +938,49 @@ class CachingAllocator:
         if block.prev is not None or block.next is not None:
             split_blocks += 1
             split_bytes += block.size
+        _, _, _, _, ac, pac, sn, psn, _, _, _, _, ab, pab, sb, psb, r, pr = st
         # inactive_split and its bytes move by what the merges and the block's own split made
         if split_blocks > 0:
-            x = st[_SPLIT]
-            v = x[0] = x[0] + split_blocks
-            x[2] += split_blocks
-            if v > x[1]:
-                x[1] = v
-            x = st[_SPLIT + 1]
-            v = x[0] = x[0] + split_blocks
-            x[2] += split_blocks
-            if v > x[1]:
-                x[1] = v
+            v = sn[0] = sn[0] + split_blocks
+            sn[2] += split_blocks
+            if v > sn[1]:
+                sn[1] = v
+            v = psn[0] = psn[0] + split_blocks
+            psn[2] += split_blocks
+            if v > psn[1]:
+                psn[1] = v
         elif split_blocks < 0:
-            x = st[_SPLIT]
-            x[0] -= -split_blocks
-            x[3] += -split_blocks
-            x = st[_SPLIT + 1]
-            x[0] -= -split_blocks
-            x[3] += -split_blocks
+            sn[0] += split_blocks
+            sn[3] -= split_blocks
+            psn[0] += split_blocks
+            psn[3] -= split_blocks
         if split_bytes > 0:
-            x = st[_SPLIT_BYTES]
-            v = x[0] = x[0] + split_bytes
-            x[2] += split_bytes
-            if v > x[1]:
-                x[1] = v
-            x = st[_SPLIT_BYTES + 1]
-            v = x[0] = x[0] + split_bytes
-            x[2] += split_bytes
-            if v > x[1]:
-                x[1] = v
+            v = sb[0] = sb[0] + split_bytes
+            sb[2] += split_bytes
+            if v > sb[1]:
+                sb[1] = v
+            v = psb[0] = psb[0] + split_bytes
+            psb[2] += split_bytes
+            if v > psb[1]:
+                psb[1] = v
         elif split_bytes < 0:
-            x = st[_SPLIT_BYTES]
-            x[0] -= -split_bytes
-            x[3] += -split_bytes
-            x = st[_SPLIT_BYTES + 1]
-            x[0] -= -split_bytes
-            x[3] += -split_bytes
+            sb[0] += split_bytes
+            sb[3] -= split_bytes
+            psb[0] += split_bytes
+            psb[3] -= split_bytes
         # active -1, active_bytes -size, requested_bytes -requested ("all" and pool)
-        x = st[_ACTIVE]
-        x[0] -= 1
-        x[3] += 1
-        x = st[_ACTIVE + 1]
-        x[0] -= 1
-        x[3] += 1
-        x = st[_ACTIVE_BYTES]
-        x[0] -= size
-        x[3] += size
-        x = st[_ACTIVE_BYTES + 1]
-        x[0] -= size
-        x[3] += size
-        x = st[_REQUESTED]
-        x[0] -= requested
-        x[3] += requested
-        x = st[_REQUESTED + 1]
-        x[0] -= requested
-        x[3] += requested
+        ac[0] -= 1
+        ac[3] += 1
+        pac[0] -= 1
+        pac[3] += 1
+        ab[0] -= size
+        ab[3] += size
+        pab[0] -= size
+        pab[3] += size
+        r[0] -= requested
+        r[3] += requested
+        pr[0] -= requested
+        pr[3] += requested
 
     def _process_deferred(self, only_done: bool = False) -> None:
         """Free the blocks held back for other streams: all (a synchronize), or `only_done`
