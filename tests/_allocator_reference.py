@@ -1,7 +1,9 @@
-"""A frozen copy of devlab.gpu_model.allocator as it stood before its hot path was tuned
-(commit 3ce95b6): the plain port of CUDACachingAllocator.cpp that tests/test_allocator_equivalence.py
-replays random request sequences through beside the tuned one. Do not edit it to follow the
-tuned allocator: it is the reference the tuned one must agree with."""
+"""A frozen copy of devlab.gpu_model.allocator as it stood on main at commit c5048f1, with
+streams' events (`StreamEvents`, `Block.events`, `_process_deferred(only_done=True)`), before its
+hot path was tuned: the plain port of CUDACachingAllocator.cpp that
+tests/test_allocator_equivalence.py replays random request sequences through beside the tuned
+one. Do not edit it to follow the tuned allocator: it is the reference the tuned one must agree
+with."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 KMIN_BLOCK = 512  # kMinBlockSize: all sizes are rounded to at least 512 bytes
 SMALL_SIZE = 1 << 20  # kSmallSize: the largest "small" allocation is 1 MiB
@@ -240,11 +242,24 @@ def segment_size(size: int) -> int:
     return (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
 
 
+class StreamEvents(Protocol):
+    """Where a GPU's streams are, for `record_stream`: CUDA records an event on each stream a
+    freed block was used on, and its malloc frees the block once all have completed."""
+
+    def record(self, stream: int) -> float | None:
+        """An event recorded now on `stream`: when the stream's queued work ends."""
+        ...
+
+    def done(self, at: float | None) -> bool:
+        """Whether an event recorded with time `at` has completed by now."""
+        ...
+
+
 class Block:
     """A piece of a segment: allocated to a tensor, or cached free in its pool."""
 
-    __slots__ = ("address", "allocated", "frames", "gc_base", "next", "prev", "requested",
-                 "segment_frames", "size", "small", "stream", "stream_uses")
+    __slots__ = ("address", "allocated", "events", "frames", "gc_base", "next", "prev",
+                 "requested", "segment_frames", "size", "small", "stream", "stream_uses")
 
     def __init__(self, address: int, size: int, stream: int, small: bool) -> None:
         self.address = address
@@ -256,6 +271,8 @@ class Block:
         self.prev: Block | None = None
         self.next: Block | None = None
         self.stream_uses: set[int] = set()
+        # When each of stream_uses' work queued before the free is done (`insert_events`).
+        self.events: list[float | None] = []
         self.frames: list[dict[str, Any]] = []
         self.segment_frames: list[dict[str, Any]] = []
         self.gc_base = 0
@@ -388,6 +405,8 @@ class CachingAllocator:
         self.reserved_total = 0  # total_allocated_memory: every live segment's bytes
         self.active: set[Block] = set()
         self.deferred: list[Block] = []  # freed blocks other streams still use (record_stream)
+        # Where the other streams are (None: every stream is always done, as with no clock).
+        self.events: StreamEvents | None = None
         self.stats: dict[str, list[list[int]]] = {
             name: [_stat(), _stat(), _stat()] for name in ARRAY_STATS}
         # For each pool (small: True), each statistic's ("all", that pool) pair.
@@ -480,7 +499,7 @@ class CachingAllocator:
         if size < 0:
             raise ValueError(f"cannot allocate a negative size ({size})")
         if self.deferred:
-            self._process_deferred()
+            self._process_deferred(only_done=True)  # `process_events`, as CUDA's malloc
         frames = self._frames("state")
         if self._plain_rounding:
             rounded = KMIN_BLOCK if size < KMIN_BLOCK else (size + KMIN_BLOCK - 1) & -KMIN_BLOCK
@@ -553,6 +572,9 @@ class CachingAllocator:
             self._trace("free_requested", block.address, block.requested, block.stream,
                         self._frames("all") or block.frames)
         if block.stream_uses:
+            events = self.events
+            block.events = ([events.record(s) for s in sorted(block.stream_uses)]
+                            if events is not None else [])
             self.deferred.append(block)
         else:
             self._free_block(block)
@@ -778,12 +800,19 @@ class CachingAllocator:
         dst.size += src.size
         return src.size
 
-    def _process_deferred(self) -> None:
-        """The other streams' work is done (the simulation's streams finish in order): free
-        what was held back for them."""
-        deferred, self.deferred = self.deferred, []
-        for b in deferred:
+    def _process_deferred(self, only_done: bool = False) -> None:
+        """Free the blocks held back for other streams: all (a synchronize), or `only_done`
+        those whose streams have done the work queued before their free, as `process_events`
+        queries their events."""
+        events = self.events
+        if only_done and events is not None:
+            done = [b for b in self.deferred if all(events.done(t) for t in b.events)]
+            self.deferred = [b for b in self.deferred if b not in done]
+        else:
+            done, self.deferred = self.deferred, []
+        for b in done:
             b.stream_uses.clear()
+            b.events = []
             self._free_block(b)
 
     def _release(self, pool: _Pool, block: Block) -> None:

@@ -6,7 +6,9 @@ the same long random sequences of requests, frees, `record_stream`, synchronizat
 `empty_cache()`, resets and history recording, under several PYTORCH_CUDA_ALLOC_CONF settings
 and capacities small enough to run out of memory, and must answer alike at every step: the
 blocks handed out, every statistic of `memory_stats()`, the out-of-memory errors and their
-messages, `refusal()`, and the snapshot and trace.
+messages, `refusal()`, and the snapshot and trace. The streams run on a fake clock
+(`FakeStreams`, what the simulation's `StreamEvents` answers), so a block recorded on other
+streams waits across later requests until the host's time passes their work, as on main.
 """
 
 from __future__ import annotations
@@ -46,6 +48,25 @@ def _size(rng: random.Random) -> int:
     return rng.randrange(12 * MiB, 160 * MiB)
 
 
+STREAMS = (0, 1, 3, 7)
+
+
+class FakeStreams:
+    """The streams of one GPU on a made-up clock, as the allocator's `StreamEvents` asks
+    after them: each stream's queued work ends at some time, the host is at `now`; stream 3
+    reports no time (None: a stream without a model, always done)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.ends = dict.fromkeys(STREAMS, 0.0)
+
+    def record(self, stream: int) -> float | None:
+        return None if stream == 3 else max(self.ends[stream], self.now)
+
+    def done(self, at: float | None) -> bool:
+        return at is None or at <= self.now
+
+
 def _frames() -> list[dict[str, Any]]:
     return [{"filename": "cell.py", "line": 3, "name": "<module>"}]
 
@@ -64,12 +85,25 @@ def _step(a: Any, rng: random.Random, live: list[Any], mod: Any) -> Any:
             return ("oom", got.message(pid=1), got.alloc_size)
         live.append(got)
         return ("block", got.address, got.size, got.stream, got.requested)
-    if r < 0.85:
+    if r < 0.8:
         b = live.pop(rng.randrange(len(live)))
-        if rng.random() < 0.1:
-            a.record_stream(b, rng.choice((0, 1, 3)))
+        if rng.random() < 0.25:
+            for _ in range(rng.randrange(1, 3)):
+                a.record_stream(b, rng.choice(STREAMS))
         a.free(b)
         return ("free",)
+    if r < 0.82:
+        b = live[rng.randrange(len(live))]
+        a.record_stream(b, rng.choice(STREAMS))  # recorded while live, freed later
+        return ("record",)
+    if r < 0.85:
+        # The streams' work and the host's time move (the same for both: same rng)
+        clock = a.events
+        if clock is not None:
+            stream = rng.choice(STREAMS)
+            clock.ends[stream] = max(clock.ends[stream], clock.now) + rng.random()
+            clock.now += rng.random() * 0.5
+        return ("time",)
     if r < 0.88:
         return ("refusal", str(a.refusal(_size(rng) * 4, rng.choice((0, 1)))))
     if r < 0.9:
@@ -99,6 +133,10 @@ def test_tuned_allocator_answers_as_the_reference(conf: str, total: int | None,
                                   tuned.AllocatorConfig.parse(conf))
     ref = reference.CachingAllocator(3, total, 0 if total is None else 200 * MiB, allowed,
                                      reference.AllocatorConfig.parse(conf))
+    # Seed 0 runs without a clock (every stream always done, as without a model).
+    if seed:
+        fast.events, ref.events = FakeStreams(), FakeStreams()
+    waited = 0
     rng_fast, rng_ref = random.Random(seed), random.Random(seed)
     live_fast: list[Any] = []
     live_ref: list[Any] = []
@@ -111,7 +149,10 @@ def test_tuned_allocator_answers_as_the_reference(conf: str, total: int | None,
         assert (fast.allocated, fast.reserved, fast.peak_allocated, fast.peak_reserved) == (
             ref.allocated, ref.reserved, ref.peak_allocated, ref.peak_reserved)
         ooms += got[0] == "oom"
+        waited += got[0] == "block" and bool(fast.deferred)
     assert fast.snapshot() == ref.snapshot()
     assert _trace(fast) == _trace(ref)
     if total is not None or allowed is not None:
         assert ooms, "the sequence never reached the capacity: the OOM paths went untested"
+    if seed:
+        assert waited, "no block waited for its streams across a request: untested"

@@ -29,9 +29,9 @@ graphs' private pools, IPC sharing, the cudaMallocAsync backend.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import time
+from bisect import bisect_left, insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -264,6 +264,10 @@ def segment_size(size: int) -> int:
     return (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
 
 
+_NO_FRAMES: list[dict[str, Any]] = []  # shared, never written: blocks replace, not extend
+_NO_EVENTS: list[float | None] = []  # likewise
+
+
 class StreamEvents(Protocol):
     """Where a GPU's streams are, for `record_stream`: CUDA records an event on each stream a
     freed block was used on, and its malloc frees the block once all have completed."""
@@ -292,11 +296,13 @@ class Block:
         self.allocated = False
         self.prev: Block | None = None
         self.next: Block | None = None
-        self.stream_uses: set[int] = set()
+        # The other streams it is recorded on (record_stream): a set once there is one; the
+        # empty tuple until then, since making a set per block costs the hot path.
+        self.stream_uses: set[int] | tuple[()] = ()
         # When each of stream_uses' work queued before the free is done (`insert_events`).
-        self.events: list[float | None] = []
-        self.frames: list[dict[str, Any]] = []
-        self.segment_frames: list[dict[str, Any]] = []
+        self.events: list[float | None] = _NO_EVENTS
+        self.frames: list[dict[str, Any]] = _NO_FRAMES
+        self.segment_frames: list[dict[str, Any]] = _NO_FRAMES
         self.gc_base = 0
 
     @property
@@ -312,33 +318,42 @@ class Block:
 
 
 class _Pool:
-    """Cached free blocks of one pool, ordered as CUDA's `BlockComparatorSize`."""
+    """Cached free blocks of one pool, ordered as CUDA's `BlockComparatorSize`.
 
-    __slots__ = ("blocks", "free_calls", "keys", "small")
+    `entries` is kept sorted: one `(stream, size, address, block)` per cached block (addresses
+    are unique, so the block itself is never compared). `stats` holds the statistics lists a
+    block of this pool changes, each as its ("all", pool) pair (`CachingAllocator._stats_of`).
+    """
+
+    __slots__ = ("entries", "free_calls", "small", "stats")
 
     def __init__(self, small: bool) -> None:
         self.small = small
-        self.keys: list[tuple[int, int, int]] = []
-        self.blocks: dict[tuple[int, int, int], Block] = {}
+        self.entries: list[tuple[int, int, int, Block]] = []
         self.free_calls = 0  # get_free_blocks_call_count: the garbage collector's clock
+        self.stats: tuple[list[int], ...] = ()
+
+    @property
+    def blocks(self) -> list[Block]:
+        """The cached blocks, in the pool's order."""
+        return [e[3] for e in self.entries]
 
     def insert(self, block: Block) -> None:
         block.gc_base = self.free_calls
-        k = block.key()
-        bisect.insort(self.keys, k)
-        self.blocks[k] = block
+        insort(self.entries, (block.stream, block.size, block.address, block))
 
     def remove(self, block: Block) -> None:
-        k = block.key()
-        del self.keys[bisect.bisect_left(self.keys, k)]
-        del self.blocks[k]
+        entries = self.entries
+        del entries[bisect_left(entries, (block.stream, block.size, block.address))]
 
     def first_fit(self, stream: int, size: int) -> Block | None:
         """The smallest cached block of `stream` of at least `size` bytes."""
-        i = bisect.bisect_left(self.keys, (stream, size, 0))
-        if i == len(self.keys) or self.keys[i][0] != stream:
+        entries = self.entries
+        i = bisect_left(entries, (stream, size))
+        if i == len(entries):
             return None
-        return self.blocks[self.keys[i]]
+        e = entries[i]
+        return e[3] if e[0] == stream else None
 
 
 class OutOfMemory(Exception):
@@ -383,9 +398,6 @@ def format_size(size: int) -> str:
     return f"{size / 1073741824.0:.2f} GiB"
 
 
-_NO_FRAMES: list[dict[str, Any]] = []  # shared, never written: blocks replace, not extend
-
-
 def _stat() -> list[int]:
     return [0, 0, 0, 0]  # current, peak, allocated, freed
 
@@ -412,6 +424,17 @@ class CachingAllocator:
     `set_per_process_memory_fraction` (None: none). Addresses are made up, unique per GPU.
     """
 
+    # Note [The allocator's hot path]
+    # malloc and free run once per tensor, so they are written for speed (issue 27: at most
+    # 2 us per allocation event; benchmarks/allocator.py), against the plain port they replaced
+    # (tests/_allocator_reference.py, replayed beside it by tests/test_allocator_equivalence.py):
+    # - each pool keeps its cached blocks as one sorted list of (stream, size, address, block)
+    #   and the statistics lists its blocks change as a flat tuple of ("all", pool) pairs
+    #   (`_Pool.stats`, indexed by `_ALLOCATION`...), unpacked once per call and updated inline;
+    # - blocks share empty frames and stream lists until they get some of their own;
+    # - the history's and the garbage collector's switches are kept as flags (`_tracing`,
+    #   `_gc`), the configuration's max_split_size as `_max_split`.
+
     def __init__(self, device: int = 0, total: int | None = None, context: int = 0,
                  allowed: int | None = None, config: AllocatorConfig | None = None) -> None:
         if total is not None and context > total:
@@ -419,9 +442,12 @@ class CachingAllocator:
         self.device = device
         self.total = total
         self.context = context
-        self.allowed = allowed
         self.config = config or AllocatorConfig()
+        self._allowed = allowed
+        self._gc = False
+        self.allowed = allowed  # sets _gc
         self._plain_rounding = not any(self.config.roundup_power2_divisions)
+        self._max_split = self.config.max_split_size
         self.small = _Pool(small=True)
         self.large = _Pool(small=False)
         self.reserved_total = 0  # total_allocated_memory: every live segment's bytes
@@ -431,24 +457,31 @@ class CachingAllocator:
         self.events: StreamEvents | None = None
         self.stats: dict[str, list[list[int]]] = {
             name: [_stat(), _stat(), _stat()] for name in ARRAY_STATS}
-        # For each pool (small: True), each statistic's ("all", that pool) pair.
-        self._pairs = {small: {name: (arr[0], arr[1 if small else 2])
-                               for name, arr in self.stats.items()} for small in (True, False)}
-        # The statistics one hand-out, free request and completed free change, per pool:
-        # (counts..., bytes..., requested bytes...) for "all" and the pool alike.
-        self._handed = {small: _group(p, ("allocation", "active"),
-                                      ("allocated_bytes", "active_bytes"), "requested_bytes")
-                        for small, p in self._pairs.items()}
-        self._freed = {small: _group(p, ("allocation",), ("allocated_bytes",), None)
-                       for small, p in self._pairs.items()}
-        self._returned = {small: _group(p, ("active",), ("active_bytes",), "requested_bytes")
-                          for small, p in self._pairs.items()}
+        for pool in (self.small, self.large):
+            pool.stats = self._stats_of(pool.small)
         self.oversize_allocations = _stat()
         self.oversize_segments = _stat()
         self.counters = {"num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": 0,
                          "num_device_alloc": 0, "num_device_free": 0}
         self.history = History()
+        self._tracing = False  # history.enabled == "all"
         self._next_address = 0x7F0000000000 + (device << 36)
+
+    def _stats_of(self, small: bool) -> tuple[list[int], ...]:
+        """The ("all", pool) lists of every statistic, flat, in the order of `ARRAY_STATS`."""
+        p = 1 if small else 2
+        return tuple(s for name in ARRAY_STATS for s in (self.stats[name][0],
+                                                          self.stats[name][p]))
+
+    @property
+    def allowed(self) -> int | None:
+        """The per-process limit in bytes (None: none)."""
+        return self._allowed
+
+    @allowed.setter
+    def allowed(self, value: int | None) -> None:
+        self._allowed = value
+        self._gc = value is not None and self.config.garbage_collection_threshold > 0
 
     # -- what torch.cuda reads ---------------------------------------------------------------
 
@@ -511,9 +544,9 @@ class CachingAllocator:
         """Allocate `size` bytes on `stream`: a cached block, else a new segment; raises
         `OutOfMemory` where CUDA's allocator raises its out-of-memory error."""
         got = self.allocate(size, stream)
-        if isinstance(got, OutOfMemory):
-            raise got
-        return got
+        if got.__class__ is OutOfMemory:
+            raise got  # type: ignore[misc]
+        return got  # type: ignore[return-value]
 
     def allocate(self, size: int, stream: int = 0) -> Block | OutOfMemory:
         """`malloc` that returns its out-of-memory instead of raising it (a caller that turns
@@ -522,17 +555,39 @@ class CachingAllocator:
             raise ValueError(f"cannot allocate a negative size ({size})")
         if self.deferred:
             self._process_deferred(only_done=True)  # `process_events`, as CUDA's malloc
-        frames = self._frames("state")
+        h = self.history
+        frames = _NO_FRAMES if h.frames is None or h.context is None else self._frames("state")
         if self._plain_rounding:
             rounded = KMIN_BLOCK if size < KMIN_BLOCK else (size + KMIN_BLOCK - 1) & -KMIN_BLOCK
         else:
             rounded = round_size(size, self.config)
-        small = rounded <= SMALL_SIZE
-        pool = self.small if small else self.large
-        alloc_size = segment_size(rounded)
-        block = self._cached_block(pool, rounded, stream)
+        if rounded <= SMALL_SIZE:
+            pool = self.small
+            alloc_size = SMALL_BUFFER
+        else:
+            pool = self.large
+            alloc_size = (LARGE_BUFFER if rounded < MIN_LARGE_ALLOC
+                          else (rounded + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE)
+        # get_free_block, inline: the smallest cached block of the stream that fits
+        if self._gc:
+            pool.free_calls += 1
+        block: Block | None = None
+        entries = pool.entries
+        i = bisect_left(entries, (stream, rounded))
+        if i < len(entries):
+            e = entries[i]
+            if e[0] == stream:
+                found = e[3]
+                max_split = self._max_split
+                # an oversize block is not split for a smaller request, nor handed out whole
+                # for a much smaller one
+                if not ((rounded < max_split and found.size >= max_split)
+                        or (rounded >= max_split and found.size
+                            >= rounded + self.config.max_non_split_rounding)):
+                    del entries[i]
+                    block = found
         if block is None:
-            if self.allowed is not None and self.config.garbage_collection_threshold > 0:
+            if self._gc:
                 self._garbage_collect()
             block = (self._new_segment(pool, alloc_size, stream, frames, retry=False)
                      or (self._release_available(pool, rounded, stream)
@@ -561,7 +616,7 @@ class CachingAllocator:
         room = self._room()
         if room is None or alloc_size <= room:
             return None
-        releasable = sum(b.size for p in (self.small, self.large) for b in p.blocks.values()
+        releasable = sum(b.size for p in (self.small, self.large) for b in p.blocks
                          if not b.is_split)
         if alloc_size <= room + releasable:
             return None
@@ -587,10 +642,25 @@ class CachingAllocator:
         if not block.allocated:
             raise ValueError(f"{block!r} is not allocated")
         block.allocated = False
-        _count_out(self._freed[block.small], block.size, None)
-        if block.size >= self.config.max_split_size:
+        size = block.size
+        pool = self.small if block.small else self.large
+        st = pool.stats
+        # allocation -1, allocated_bytes -size ("all" and pool), unrolled: the hot path
+        x = st[_ALLOCATION]
+        x[0] -= 1
+        x[3] += 1
+        x = st[_ALLOCATION + 1]
+        x[0] -= 1
+        x[3] += 1
+        x = st[_ALLOCATED]
+        x[0] -= size
+        x[3] += size
+        x = st[_ALLOCATED + 1]
+        x[0] -= size
+        x[3] += size
+        if size >= self._max_split:
             _dec1(self.oversize_allocations, 1)
-        if self.history.enabled == "all":
+        if self._tracing:
             self._trace("free_requested", block.address, block.requested, block.stream,
                         self._frames("all") or block.frames)
         if block.stream_uses:
@@ -599,13 +669,16 @@ class CachingAllocator:
                             if events is not None else [])
             self.deferred.append(block)
         else:
-            self._free_block(block)
+            self._free_block(block, pool)
 
     def record_stream(self, block: Block, stream: int) -> None:
         """`recordStream`: `block` is in use on `stream` too, so it is not reused until that
         stream's work is done."""
         if stream != block.stream:
-            block.stream_uses.add(stream)
+            if block.stream_uses:
+                block.stream_uses.add(stream)  # type: ignore[union-attr]
+            else:
+                block.stream_uses = {stream}
 
     def synchronize(self) -> None:
         """Every stream is done: blocks held back for other streams are free."""
@@ -616,8 +689,7 @@ class CachingAllocator:
         self._process_deferred()
         self.counters["num_sync_all_streams"] += 1
         for pool in (self.large, self.small):
-            for k in list(pool.keys):
-                b = pool.blocks[k]
+            for b in pool.blocks:
                 if not b.is_split:
                     self._release(pool, b)
         return True
@@ -637,12 +709,12 @@ class CachingAllocator:
         trace = [] if (clear_history or enabled is None) else self.history.trace
         self.history = History(enabled, context if enabled else None, max_entries, frames,
                                trace, frozenset(skip_actions or ()))
+        self._tracing = enabled == "all"
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Every segment with its blocks, as `torch.cuda.memory._snapshot()["segments"]`."""
-        heads = {b for b in itertools.chain(self.active, self.deferred,
-                                            self.small.blocks.values(),
-                                            self.large.blocks.values()) if b.prev is None}
+        heads = {b for b in itertools.chain(self.active, self.deferred, self.small.blocks,
+                                            self.large.blocks) if b.prev is None}
         segments = []
         for head in sorted(heads, key=lambda b: b.address):
             blocks = []
@@ -697,21 +769,6 @@ class CachingAllocator:
             del h.trace[0]
         h.trace.append(entry)
 
-    def _cached_block(self, pool: _Pool, size: int, stream: int) -> Block | None:
-        """`get_free_block`: the best-fitting cached block, or None."""
-        if self.allowed is not None and self.config.garbage_collection_threshold > 0:
-            pool.free_calls += 1
-        b = pool.first_fit(stream, size)
-        if b is None:
-            return None
-        max_split = self.config.max_split_size
-        if size < max_split and b.size >= max_split:
-            return None  # an oversize block is not split for a smaller request
-        if size >= max_split and b.size >= size + self.config.max_non_split_rounding:
-            return None
-        pool.remove(b)
-        return b
-
     def _new_segment(self, pool: _Pool, size: int, stream: int,
                      frames: list[dict[str, Any]], retry: bool) -> Block | None:
         """`alloc_block`: cudaMalloc a segment, or None where it would not fit."""
@@ -724,103 +781,206 @@ class CachingAllocator:
         b = Block(self._next_address, size, stream, pool.small)
         self._next_address += (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
         b.segment_frames = frames
-        pairs = self._pairs[pool.small]
-        _inc(pairs["segment"], 1)
-        _inc(pairs["reserved_bytes"], size)
-        if size >= self.config.max_split_size:
+        st = pool.stats
+        _inc((st[_SEGMENT], st[_SEGMENT + 1]), 1)
+        _inc((st[_RESERVED], st[_RESERVED + 1]), size)
+        if size >= self._max_split:
             _inc1(self.oversize_segments, 1)
         self.counters["num_device_alloc"] += 1
-        if self.history.enabled == "all":
+        if self._tracing:
             self._trace("segment_alloc", b.address, size, stream, frames)
         return b
-
-    def _should_split(self, block: Block, size: int) -> bool:
-        remaining = block.size - size
-        if block.small:
-            return remaining >= KMIN_BLOCK
-        return size < self.config.max_split_size and remaining > SMALL_SIZE
 
     def _hand_out(self, block: Block, pool: _Pool, size: int, requested: int, stream: int,
                   frames: list[dict[str, Any]]) -> Block:
         """`alloc_found_block`: split off what the request does not need, mark it allocated."""
-        pairs = self._pairs[pool.small]
-        already_split = block.is_split
-        if self._should_split(block, size):
+        st = pool.stats
+        already_split = block.prev is not None or block.next is not None
+        remaining = block.size - size
+        # should_split
+        if remaining >= KMIN_BLOCK if pool.small else (size < self._max_split
+                                                       and remaining > SMALL_SIZE):
             rest = block
             block = Block(rest.address, size, stream, pool.small)
-            block.prev = rest.prev
-            if block.prev is not None:
-                block.prev.next = block
+            prev = block.prev = rest.prev
+            if prev is not None:
+                prev.next = block
             block.next = rest
             block.segment_frames = rest.segment_frames
-            rest.segment_frames = []
+            rest.segment_frames = _NO_FRAMES
             rest.prev = block
             rest.address += size
-            rest.size -= size
-            pool.insert(rest)
+            rest.size = remaining
+            rest.gc_base = pool.free_calls
+            insort(pool.entries, (stream, remaining, rest.address, rest))
             if already_split:
-                _dec(pairs["inactive_split_bytes"], block.size)
+                x = st[_SPLIT_BYTES]
+                x[0] -= size
+                x[3] += size
+                x = st[_SPLIT_BYTES + 1]
+                x[0] -= size
+                x[3] += size
             else:
-                _inc(pairs["inactive_split_bytes"], rest.size)
-                _inc(pairs["inactive_split"], 1)
-        elif already_split:
-            _dec(pairs["inactive_split_bytes"], block.size)
-            _dec(pairs["inactive_split"], 1)
+                x = st[_SPLIT_BYTES]
+                v = x[0] = x[0] + remaining
+                x[2] += remaining
+                if v > x[1]:
+                    x[1] = v
+                x = st[_SPLIT_BYTES + 1]
+                v = x[0] = x[0] + remaining
+                x[2] += remaining
+                if v > x[1]:
+                    x[1] = v
+                x = st[_SPLIT]
+                v = x[0] = x[0] + 1
+                x[2] += 1
+                if v > x[1]:
+                    x[1] = v
+                x = st[_SPLIT + 1]
+                v = x[0] = x[0] + 1
+                x[2] += 1
+                if v > x[1]:
+                    x[1] = v
+        else:
+            size = block.size
+            if already_split:
+                _dec((st[_SPLIT_BYTES], st[_SPLIT_BYTES + 1]), size)
+                _dec((st[_SPLIT], st[_SPLIT + 1]), 1)
         block.allocated = True
         block.requested = requested
         block.frames = frames
         self.active.add(block)
-        if self.history.enabled == "all":
+        if self._tracing:
             self._trace("alloc", block.address, requested, stream, frames)
-        _count_in(self._handed[pool.small], block.size, requested)
-        if block.size >= self.config.max_split_size:
+        # allocation and active +1, allocated_bytes and active_bytes +size, requested_bytes
+        # +requested ("all" and pool): unrolled, this is the hottest code of the model
+        n, pn, _, _, ac, pac, _, _, nb, pnb, _, _, ab, pab, _, _, r, pr = st
+        v = n[0] = n[0] + 1
+        n[2] += 1
+        if v > n[1]:
+            n[1] = v
+        v = pn[0] = pn[0] + 1
+        pn[2] += 1
+        if v > pn[1]:
+            pn[1] = v
+        v = ac[0] = ac[0] + 1
+        ac[2] += 1
+        if v > ac[1]:
+            ac[1] = v
+        v = pac[0] = pac[0] + 1
+        pac[2] += 1
+        if v > pac[1]:
+            pac[1] = v
+        v = nb[0] = nb[0] + size
+        nb[2] += size
+        if v > nb[1]:
+            nb[1] = v
+        v = pnb[0] = pnb[0] + size
+        pnb[2] += size
+        if v > pnb[1]:
+            pnb[1] = v
+        v = ab[0] = ab[0] + size
+        ab[2] += size
+        if v > ab[1]:
+            ab[1] = v
+        v = pab[0] = pab[0] + size
+        pab[2] += size
+        if v > pab[1]:
+            pab[1] = v
+        v = r[0] = r[0] + requested
+        r[2] += requested
+        if v > r[1]:
+            r[1] = v
+        v = pr[0] = pr[0] + requested
+        pr[2] += requested
+        if v > pr[1]:
+            pr[1] = v
+        if size >= self._max_split:
             _inc1(self.oversize_allocations, 1)
         return block
 
-    def _free_block(self, block: Block) -> None:
-        """`free_block`: merge with free neighbours and go back to the pool."""
-        if self.history.enabled == "all":
+    def _free_block(self, block: Block, pool: _Pool) -> None:
+        """`free_block`: merge with free neighbours (`try_merge_blocks`, inline) and go back
+        to the pool."""
+        if self._tracing:
             self._trace("free_completed", block.address, block.requested, block.stream,
                         block.frames)
-        pool = self.small if block.small else self.large
         size, requested = block.size, block.requested
+        st = pool.stats
+        entries = pool.entries
         split_blocks = split_bytes = 0
-        for other in (block.prev, block.next):
-            merged = self._merge(block, other, pool)
-            if merged:
-                split_blocks -= 1
-                split_bytes -= merged
+        # A block waiting for other streams keeps its stream_uses, so it is never merged.
+        src = block.prev
+        if src is not None and not src.allocated and not src.stream_uses:
+            del entries[bisect_left(entries, (src.stream, src.size, src.address))]
+            block.address = src.address
+            prev = block.prev = src.prev
+            if prev is not None:
+                prev.next = block
+            block.segment_frames = src.segment_frames
+            block.size += src.size
+            split_blocks -= 1
+            split_bytes -= src.size
+        src = block.next
+        if src is not None and not src.allocated and not src.stream_uses:
+            del entries[bisect_left(entries, (src.stream, src.size, src.address))]
+            nxt = block.next = src.next
+            if nxt is not None:
+                nxt.prev = block
+            block.size += src.size
+            split_blocks -= 1
+            split_bytes -= src.size
         self.active.discard(block)
-        block.frames = []
+        block.frames = _NO_FRAMES
         block.requested = 0
-        pool.insert(block)
-        if block.is_split:
+        block.gc_base = pool.free_calls
+        insort(entries, (block.stream, block.size, block.address, block))
+        if block.prev is not None or block.next is not None:
             split_blocks += 1
             split_bytes += block.size
-        pairs = self._pairs[block.small]
-        if split_blocks:
-            _move(pairs["inactive_split"], split_blocks)
-        if split_bytes:
-            _move(pairs["inactive_split_bytes"], split_bytes)
-        _count_out(self._returned[block.small], size, requested)
-
-    def _merge(self, dst: Block, src: Block | None, pool: _Pool) -> int:
-        """`try_merge_blocks`: fold a free neighbour into `dst`; the bytes it held, or 0."""
-        if src is None or src.allocated or src.stream_uses or src in self.deferred:
-            return 0
-        pool.remove(src)
-        if dst.prev is src:
-            dst.address = src.address
-            dst.prev = src.prev
-            if dst.prev is not None:
-                dst.prev.next = dst
-            dst.segment_frames = src.segment_frames
-        else:
-            dst.next = src.next
-            if dst.next is not None:
-                dst.next.prev = dst
-        dst.size += src.size
-        return src.size
+        _, _, _, _, ac, pac, sn, psn, _, _, _, _, ab, pab, sb, psb, r, pr = st
+        # inactive_split and its bytes move by what the merges and the block's own split made
+        if split_blocks > 0:
+            v = sn[0] = sn[0] + split_blocks
+            sn[2] += split_blocks
+            if v > sn[1]:
+                sn[1] = v
+            v = psn[0] = psn[0] + split_blocks
+            psn[2] += split_blocks
+            if v > psn[1]:
+                psn[1] = v
+        elif split_blocks < 0:
+            sn[0] += split_blocks
+            sn[3] -= split_blocks
+            psn[0] += split_blocks
+            psn[3] -= split_blocks
+        if split_bytes > 0:
+            v = sb[0] = sb[0] + split_bytes
+            sb[2] += split_bytes
+            if v > sb[1]:
+                sb[1] = v
+            v = psb[0] = psb[0] + split_bytes
+            psb[2] += split_bytes
+            if v > psb[1]:
+                psb[1] = v
+        elif split_bytes < 0:
+            sb[0] += split_bytes
+            sb[3] -= split_bytes
+            psb[0] += split_bytes
+            psb[3] -= split_bytes
+        # active -1, active_bytes -size, requested_bytes -requested ("all" and pool)
+        ac[0] -= 1
+        ac[3] += 1
+        pac[0] -= 1
+        pac[3] += 1
+        ab[0] -= size
+        ab[3] += size
+        pab[0] -= size
+        pab[3] += size
+        r[0] -= requested
+        r[3] += requested
+        pr[0] -= requested
+        pr[3] += requested
 
     def _process_deferred(self, only_done: bool = False) -> None:
         """Free the blocks held back for other streams: all (a synchronize), or `only_done`
@@ -829,22 +989,24 @@ class CachingAllocator:
         events = self.events
         if only_done and events is not None:
             done = [b for b in self.deferred if all(events.done(t) for t in b.events)]
+            if not done:
+                return
             self.deferred = [b for b in self.deferred if b not in done]
         else:
             done, self.deferred = self.deferred, []
         for b in done:
-            b.stream_uses.clear()
-            b.events = []
-            self._free_block(b)
+            b.stream_uses = ()
+            b.events = _NO_EVENTS
+            self._free_block(b, self.small if b.small else self.large)
 
     def _release(self, pool: _Pool, block: Block) -> None:
         """`release_block`: cudaFree a whole cached segment."""
         pool.remove(block)
         self.reserved_total -= block.size
-        pairs = self._pairs[block.small]
-        _dec(pairs["segment"], 1)
-        _dec(pairs["reserved_bytes"], block.size)
-        if block.size >= self.config.max_split_size:
+        st = pool.stats
+        _dec((st[_SEGMENT], st[_SEGMENT + 1]), 1)
+        _dec((st[_RESERVED], st[_RESERVED + 1]), block.size)
+        if block.size >= self._max_split:
             _dec1(self.oversize_segments, 1)
         self.counters["num_device_free"] += 1
         self._trace("segment_free", block.address, block.size, block.stream,
@@ -860,8 +1022,8 @@ class CachingAllocator:
         if b is not None:
             self._release(pool, b)
             return True
-        candidates = [pool.blocks[k] for k in reversed(pool.keys)
-                      if k[0] == stream and k[1] >= max_split]
+        candidates = [e[3] for e in reversed(pool.entries)
+                      if e[0] == stream and e[1] >= max_split]
         released = 0
         for b in candidates:
             if released >= want:
@@ -879,7 +1041,7 @@ class CachingAllocator:
             return
         target = self.reserved_total - threshold
         pool = self.large
-        freeable = [b for b in pool.blocks.values() if not b.is_split]
+        freeable = [b for b in pool.blocks if not b.is_split]
         if not freeable:
             return
         total_age = sum(pool.free_calls - b.gc_base for b in freeable)
@@ -889,7 +1051,7 @@ class CachingAllocator:
         while reclaimed < target and freed_one and count > 0:
             threshold_age = total_age / count
             freed_one = False
-            for b in [pool.blocks[k] for k in list(pool.keys)]:
+            for b in pool.blocks:
                 age = pool.free_calls - b.gc_base
                 if not b.is_split and age >= threshold_age:
                     freed_one = True
@@ -899,8 +1061,13 @@ class CachingAllocator:
                     self._release(pool, b)
 
 
+# Where each statistic's ("all", pool) pair sits in `_Pool.stats` (the order of ARRAY_STATS).
+(_ALLOCATION, _SEGMENT, _ACTIVE, _SPLIT, _ALLOCATED, _RESERVED, _ACTIVE_BYTES, _SPLIT_BYTES,
+ _REQUESTED) = range(0, 2 * len(ARRAY_STATS), 2)
+
+
 # A statistic is [current, peak, allocated, freed], kept for "all" and for the block's pool:
-# each change below touches both (one call for the pair: this is the allocator's hot path).
+# each change below touches both.
 
 def _inc(pair: tuple[list[int], list[int]], n: int) -> None:
     a, p = pair
@@ -927,51 +1094,6 @@ def _move(pair: tuple[list[int], list[int]], n: int) -> None:
         _inc(pair, n)
     elif n < 0:
         _dec(pair, -n)
-
-
-_Group = tuple[tuple[list[int], ...], tuple[list[int], ...], tuple[list[int], ...]]
-
-
-def _group(pairs: dict[str, tuple[list[int], list[int]]], counts: tuple[str, ...],
-           sizes: tuple[str, ...], requested: str | None) -> _Group:
-    def flat(names: tuple[str, ...]) -> tuple[list[int], ...]:
-        return tuple(s for n in names for s in pairs[n])
-    return flat(counts), flat(sizes), flat((requested,) if requested else ())
-
-
-def _count_in(group: _Group, size: int, requested: int) -> None:
-    """One block handed out: +1 in the counts, +size and +requested in the byte statistics."""
-    counts, sizes, req = group
-    for s in counts:
-        s[0] += 1
-        s[2] += 1
-        if s[0] > s[1]:
-            s[1] = s[0]
-    for s in sizes:
-        s[0] += size
-        s[2] += size
-        if s[0] > s[1]:
-            s[1] = s[0]
-    for s in req:
-        s[0] += requested
-        s[2] += requested
-        if s[0] > s[1]:
-            s[1] = s[0]
-
-
-def _count_out(group: _Group, size: int, requested: int | None) -> None:
-    """The reverse of `_count_in` (the freed totals grow)."""
-    counts, sizes, req = group
-    for s in counts:
-        s[0] -= 1
-        s[3] += 1
-    for s in sizes:
-        s[0] -= size
-        s[3] += size
-    if requested is not None:
-        for s in req:
-            s[0] -= requested
-            s[3] += requested
 
 
 def _inc1(s: list[int], n: int) -> None:
