@@ -113,7 +113,10 @@ def run_fresh(fn: Callable[[], Any], *, model: str | None = "T4", growth: bool =
         raise TypeError(f"fn cannot be sent to a new process: {type(e).__name__}: {e}") from None
     # A plain interpreter rather than multiprocessing's spawn: spawn re-runs the caller's
     # __main__ script, and fn travels by value anyway. The child sees this process's sys.path.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    # No real GPU in the child: the simulation it runs refuses to sit beside one, and the
+    # chart is of the modeled GPU wherever the notebook runs.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+               CUDA_VISIBLE_DEVICES="")
     try:
         done = subprocess.run([sys.executable, "-c", "from devlab.memory.fresh import _child; "
                                "_child()"], input=payload, capture_output=True, env=env,
