@@ -74,3 +74,14 @@ def test_bad_arguments_are_named(kwargs: dict, match: str) -> None:
     fn = kwargs.pop("fn", _four_blocks)
     with pytest.raises((TypeError, ValueError), match=match):
         run_fresh(fn, **kwargs)
+
+
+def _sleeps() -> None:
+    time.sleep(60)
+
+
+def test_timeout_stops_the_process() -> None:
+    t = time.perf_counter()
+    with pytest.raises(TimeoutError, match="within 4 s"):
+        run_fresh(_sleeps, timeout=4)
+    assert time.perf_counter() - t < 30  # stopped, not waited for
