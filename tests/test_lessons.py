@@ -216,6 +216,23 @@ def claims_02(nb: nbformat.NotebookNode, env: Env) -> None:
     assert text(cell_with(nb, "LogicalDeviceConfiguration(memory_limit=256)")).strip() == \
         f"{env.physical_gpus(1)} Physical GPU, 1 Logical GPUs"
     assert "cannot be modified after being initialized" in text(cell_with(nb, "set_memory_growth(gpus[0], False)"))
+    # Growth on and off in a fresh process on a modeled T4: off reserves nine tenths of the
+    # memory left after the CUDA context at the first tensor; on, only the tensors' 128 MiB.
+    from devlab import simulated
+    from devlab.gpu_model import capacity
+
+    fresh = cell_with(nb, "devlab.memory.run_fresh(four_blocks")
+    lines = re.findall(r"memory growth (on|off) ?: allocated (\d+) MiB, reserved (\d+) MiB "
+                       r"of (\d+) MiB", text(fresh))
+    said = {growth: tuple(map(int, numbers)) for growth, *numbers in lines}
+    t4 = simulated.gpu_spec("T4")
+    total_mib = capacity.total_memory(t4) / 2**20
+    free_mib = total_mib - capacity.context_bytes(t4) / 2**20
+    assert said["on"] == (128, 128, round(total_mib))
+    allocated, reserved, total = said["off"]
+    assert allocated == 128 and total == round(total_mib)
+    assert 0.9 * free_mib - 1 <= reserved <= 0.9 * free_mib + 2
+    assert len(pngs(fresh)) == 2
     grew = text(cell_with(nb, "%%memwatch --device /GPU:0\nblocks"))
     # The prose: up to 192 MiB, back down to half, under the 256 MB limit set above.
     assert "GPU:0 (simulated): peak 192.0 MiB" in grew and "still held 96.0 MiB" in grew

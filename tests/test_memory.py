@@ -438,11 +438,11 @@ def test_the_package_exports_every_public_name_once():
     # and are the very objects the modules define (no second copy anywhere).
     import devlab.figures
     import devlab.memory
-    from devlab.memory import chart, readers, sampler, summary
+    from devlab.memory import chart, fresh, readers, sampler, summary
 
     # devlab.memory.timeline is the function; its module is devlab.memory's "timeline" module.
     timeline_module = importlib.import_module("devlab.memory.timeline")
-    homes = (readers, sampler, summary, chart, timeline_module, devlab.figures)
+    homes = (readers, sampler, summary, chart, fresh, timeline_module, devlab.figures)
     for name in devlab.memory.__all__:
         obj = getattr(devlab.memory, name)
         assert [m for m in homes if getattr(m, name, None) is obj and name in m.__all__], name

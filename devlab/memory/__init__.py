@@ -12,6 +12,8 @@
 - `devlab.memory.timeline`: `timeline(snapshot)`, an `AllocationTimeline` of every allocation
   and free a trace in `torch.cuda.memory._snapshot()`'s format recorded, with the user's line
   behind each (self-contained SVG, plot, top lines at the peak, export for PyTorch's viewer).
+- `devlab.memory.fresh`: `run_fresh(fn, growth=False, model="T4")` runs a function in a new
+  process under memory settings this one can no longer change, and returns its readings.
 
 Every public name is importable from `devlab.memory` itself.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from devlab.figures import ensure_figure_formatter, figure_png
 from devlab.memory.chart import MemoryChart
+from devlab.memory.fresh import FreshRun, run_fresh
 from devlab.memory.readers import (
     MemoryReader,
     MemoryReading,
@@ -68,4 +71,6 @@ __all__ = [
     "LineUsage",
     "Peak",
     "is_user_file",
+    "run_fresh",
+    "FreshRun",
 ]
