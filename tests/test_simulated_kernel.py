@@ -38,6 +38,7 @@ def test_the_issues_cases_in_a_kernel() -> None:
         "    del a, b\n"
         "    c = torch.empty(80 * 2**20 // 4, device='cuda')\n"
         "    del c\n"
+        "torch._C._cuda_clearCublasWorkspaces()  # cuBLAS keeps its workspace until then\n"
         "print(torch.cuda.memory_allocated())",
         # pinned memory
         "p = torch.empty(4, pin_memory=True)\n"
@@ -127,6 +128,7 @@ def test_an_interrupt_inside_a_long_simulated_op_keeps_nothing_alive() -> None:
             "print(type(sys.last_value).__name__)  # IPython keeps the interrupt's traceback\n"
             "y = None; del x\n"
             "gc.collect(); torch.cuda.synchronize()\n"
+            "torch._C._cuda_clearCublasWorkspaces()  # cuBLAS keeps its workspace until then\n"
             "print(torch.cuda.memory_allocated())\n"
             "print(state() == before)"))
         assert _stdout(check).split() == ["KeyboardInterrupt", "0", "True"], check

@@ -645,7 +645,8 @@ class CachingAllocator:
         size = block.size
         pool = self.small if block.small else self.large
         st = pool.stats
-        # allocation -1, allocated_bytes -size ("all" and pool), unrolled: the hot path
+        # allocation -1, allocated_bytes -size ("all" and pool), unrolled (See Note [The
+        # allocator's hot path])
         x = st[_ALLOCATION]
         x[0] -= 1
         x[3] += 1

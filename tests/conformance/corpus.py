@@ -1401,6 +1401,7 @@ CORPUS += (
         expect_error=(r"^ProcessRaisedException: AssertionError: A CPU backend must be enabled "
                       r"for async save; try initializing process group with "
                       r"'cpu:gloo,cuda:nccl'$"),
+        expect_error_at="distributed_async_checkpoint_recipe.py:101",  # its mp.spawn
         gpus_used=2,
         own_network=True,
         ranks=Ranks(world=2),
