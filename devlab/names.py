@@ -320,6 +320,12 @@ def _string_to_components(spec: str) -> tuple[str | None, int | None, int | None
             raise ValueError(
                 f"Unknown attribute {echo(y[0])} is encountered while parsing the device spec: {echo(spec)}."
             )
+        elif part:
+            # TensorFlow skips a part such as ':;' unread; devlab refuses what it cannot read.
+            raise ValueError(
+                f"The part {echo(part)} of the device spec {echo(spec)} names no attribute: a part "
+                "is job:NAME, replica:N, task:N, device:TYPE:N or TYPE[:N]."
+            )
     return job, replica, task, device_type, device_index
 
 

@@ -55,6 +55,9 @@ def test_fields_match_tensorflow() -> None:
     ("text", "message"),
     [
         ("/foo:1", "Unknown attribute 'foo' is encountered while parsing the device spec: '/foo:1'."),
+        # TensorFlow skips such a part unread (Hypothesis found ':;' accepted as the empty spec)
+        ("/GPU:0/:;", "The part ':;' of the device spec '/GPU:0/:;' names no attribute: a part is "
+                      "job:NAME, replica:N, task:N, device:TYPE:N or TYPE[:N]."),
         ("/cpu:0/gpu:1", "Multiple device types are not allowed while parsing the device spec: /cpu:0/gpu:1."),
         ("/device:GPU", "Unknown attribute 'device' is encountered while parsing the device spec: '/device:GPU'."),
         ("/GPU:x", "Invalid device index 'x' while parsing the device spec: '/GPU:x'"),
