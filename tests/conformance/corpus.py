@@ -189,10 +189,12 @@ class Program:
     prelude: str = ""
     steps: tuple[str, ...] = ()
     pseudo: tuple[tuple[str, str], ...] = ()
+    # Another program whose stored files this one runs (the same script, launched otherwise).
+    files_of: str = ""
 
     @property
     def folder(self) -> Path:
-        return PROGRAMS / self.name
+        return PROGRAMS / (self.files_of or self.name)
 
     @property
     def reference(self) -> str:
@@ -928,6 +930,7 @@ FRAMEWORKS: tuple[Program, ...] = (
                           5982, "af5a2a3ce30ea8b7b9cd67a75964f297d7036db90525a76934d88f341960475f"),),
         licence=APACHE_ACCELERATE,
         entry="test_merge_weights.py",
+        files_of="accelerate_test_merge_weights",
         launch=("accelerate", "launch", "--use_fsdp", "--num_processes", "2",
                 "--main_process_port", "0", "--fsdp_offload_params", "true",
                 "--mixed_precision", "bf16"),
@@ -947,7 +950,7 @@ FRAMEWORKS: tuple[Program, ...] = (
         gpus_used=2,
         ranks=Ranks(world=2),
         notes="Its sizes are fixed (a 16-16-16 model, 128 samples, 3 epochs); it has no flags. "
-              "The file is accelerate_test_merge_weights' (the same stored copy).",
+              "The file is accelerate_test_merge_weights' stored copy (`files_of`).",
     ),
     Program(
         name="accelerate_notebook_launcher",
