@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,10 +54,11 @@ from devlab.simulated.distributed import nccl  # noqa: E402
 WIDTH, LAYERS, BATCH = 1024, 8, 128  # 8 x (1024 x 1024 + 1024) parameters: 33.6 MB of gradients
 
 
-def ddp_step(steps: int, charge: bool = True) -> dict:
-    """One rank: the modeled time of a DDP step, of its backward pass alone, and the wall
-    time of its fastest step (the least disturbed by other load on this machine's cores);
-    `charge=False` leaves the collectives uncharged."""
+def _warm_ddp(charge: bool) -> tuple[nn.parallel.DistributedDataParallel, torch.Tensor,
+                                    Callable[[], None]]:
+    """This rank's process group, DDP model, batch and training step, after three warm-up
+    steps (the first rebuilds DDP's buckets), the ranks level; `charge=False` leaves the
+    collectives uncharged."""
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
@@ -74,10 +76,18 @@ def ddp_step(steps: int, charge: bool = True) -> dict:
         model(x).square().mean().backward()
         opt.step()
 
-    for _ in range(3):  # the first rebuilds DDP's buckets
+    for _ in range(3):
         step()
     torch.cuda.synchronize()
     dist.barrier()
+    return model, x, step
+
+
+def ddp_step(steps: int, charge: bool = True) -> dict:
+    """One rank: the modeled time of a DDP step, of its backward pass alone, and the wall
+    time of its fastest step (the least disturbed by other load on this machine's cores);
+    `charge=False` leaves the collectives uncharged."""
+    model, x, step = _warm_ddp(charge)
     t0 = simulated.modeled_time()
     step()
     torch.cuda.synchronize()
@@ -107,28 +117,8 @@ def ddp_step(steps: int, charge: bool = True) -> dict:
 def counted_steps(steps: int, charge: bool) -> None:
     """One rank: 3 warm-up steps, then `steps` steps inside `operator.call` (what callgrind
     counts), with or without the communication model."""
-    rank = int(os.environ["RANK"])
     torch.set_num_threads(1)
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
-    if not charge:
-        nccl.ProcessGroupNCCL._charge = lambda self, *args, **kwargs: None
-    torch.manual_seed(0)
-    layers = [m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())]
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers).to(rank),
-                                                device_ids=[rank])
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(BATCH, WIDTH, device=rank)
-
-    def step() -> None:
-        opt.zero_grad()
-        model(x).square().mean().backward()
-        opt.step()
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    dist.barrier()
+    _, _, step = _warm_ddp(charge)
 
     def counted() -> None:
         for _ in range(steps):
