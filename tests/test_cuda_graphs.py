@@ -11,6 +11,7 @@ values must be equal, not close.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import chain
 
 import pytest
@@ -40,9 +41,21 @@ def _whole_network(device: str, graphed: bool) -> tuple[list[float], list[torch.
         optimizer.step()
         return loss
 
+    losses = _captured_training(step, lambda: None, optimizer, static_input, static_target,
+                                graphed)
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def _captured_training(step: Callable[[], torch.Tensor], after: Callable[[], None],
+                       optimizer: torch.optim.Optimizer, static_input: torch.Tensor,
+                       static_target: torch.Tensor, graphed: bool) -> list[float]:
+    """The notes' pattern around a captured `step`: three eager warm-up steps, the capture
+    (graphed) and ten steps on new data copied into the static tensors, each a replay
+    (graphed) or `step` run eagerly, then `after` (eager in both); the losses."""
     for _ in range(3):
         optimizer.zero_grad(set_to_none=True)
         step()
+        after()
     if graphed:
         g = torch.cuda.CUDAGraph()
         optimizer.zero_grad(set_to_none=True)
@@ -59,8 +72,9 @@ def _whole_network(device: str, graphed: bool) -> tuple[list[float], list[torch.
         else:
             optimizer.zero_grad(set_to_none=True)
             static_loss = step()
+        after()
         losses.append(static_loss.item())
-    return losses, [p.detach().cpu() for p in model.parameters()]
+    return losses
 
 
 def _partial_network(device: str, graphed: bool) -> tuple[list[float], list[torch.Tensor]]:
@@ -113,30 +127,13 @@ def _amp(device: str, graphed: bool) -> tuple[list[float], list[torch.Tensor]]:
         scaler.scale(loss).backward()
         return loss
 
-    for _ in range(3):
-        optimizer.zero_grad(set_to_none=True)
-        forward_backward()
+
+    def scaler_step() -> None:
         scaler.step(optimizer)
         scaler.update()
-    if graphed:
-        g = torch.cuda.CUDAGraph()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.cuda.graph(g):
-            static_loss = forward_backward()
-    real_inputs = [torch.rand_like(static_input) for _ in range(10)]
-    real_targets = [torch.rand_like(static_target) for _ in range(10)]
-    losses = []
-    for data, target in zip(real_inputs, real_targets, strict=True):
-        static_input.copy_(data)
-        static_target.copy_(target)
-        if graphed:
-            g.replay()
-        else:
-            optimizer.zero_grad(set_to_none=True)
-            static_loss = forward_backward()
-        scaler.step(optimizer)
-        scaler.update()
-        losses.append(static_loss.item())
+
+    losses = _captured_training(forward_backward, scaler_step, optimizer, static_input,
+                                static_target, graphed)
     return losses, [p.detach().cpu() for p in model.parameters()]
 
 
