@@ -1,6 +1,6 @@
 """Launches that fork their ranks, over and over, three at once: how many hang?
 
-Run: .venv/bin/python benchmarks/fork_stress.py [--runs N] [--timeout S] [--no-barrier]
+Run: .venv/bin/python benchmarks/fork_stress.py [--runs N] [--timeout S] [--no-barrier] [--progress]
      .venv/bin/python benchmarks/fork_stress.py --resolver [--forks N]
 
 Three workers run at once, each in its own process with two simulated GPUs, each launching one
@@ -209,6 +209,7 @@ def main() -> None:
                         help="seconds after which a run counts as hung (default 120)")
     parser.add_argument("--no-barrier", action="store_true", help="devlab's fork barrier off")
     parser.add_argument("--jobs", default=",".join(JOBS), help="comma-separated, of " + str(JOBS))
+    parser.add_argument("--progress", action="store_true", help="print each run as it ends")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--resolver", action="store_true", help="the glibc hazard alone")
     parser.add_argument("--forks", type=int, default=1500, help="forks for --resolver")
@@ -238,6 +239,8 @@ def main() -> None:
         for line in procs[job].stdout:  # type: ignore[union-attr]
             if line.startswith("{"):
                 results[job].append(json.loads(line))
+                if args.progress:  # a long stress can be read (or stopped) part way
+                    print(line.strip(), flush=True)
 
     readers = [threading.Thread(target=read, args=(job,)) for job in jobs]
     for t in readers:
