@@ -4,7 +4,8 @@ Run: .venv/bin/python benchmarks/fork_stress.py [--runs N] [--timeout S] [--no-b
      .venv/bin/python benchmarks/fork_stress.py --resolver [--forks N]
 
 Three workers run at once, each in its own process with two simulated GPUs, each launching one
-kind of job N times in a row in that process (as a notebook's kernel would, cell after cell):
+kind of job N times in a row in that process (as a notebook's kernel would, cell after cell; a
+job done first goes on until all are, so every run is made three at once):
 
 - `lesson06`: lesson 06's training cell (accelerate's `notebook_launcher`, which starts torch
   elastic's agent here: its TCPStore server thread names every rank that connects);
@@ -30,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -135,8 +137,9 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def worker(job: str, runs: int, timeout: float, barrier: bool) -> None:
-    """Run one job `runs` times in this process; print one JSON line per run."""
+def worker(job: str, runs: int, timeout: float, barrier: bool, stop: Path | None) -> None:
+    """Run one job `runs` times in this process, and on until `stop` exists when given (so the
+    machine stays as loaded until the slowest job has made its runs); one JSON line per run."""
     import tempfile
 
     import devlab
@@ -146,7 +149,8 @@ def worker(job: str, runs: int, timeout: float, barrier: bool) -> None:
     if not barrier:
         _without_barrier()
     run = {"lesson06": _lesson06, "accelerate": _accelerate, "lightning": _lightning}[job]
-    for i in range(runs):
+    i = 0
+    while i < runs or (stop is not None and not stop.exists()):
         out = Path(tempfile.mkdtemp())
         start = time.monotonic()
         try:
@@ -157,6 +161,7 @@ def worker(job: str, runs: int, timeout: float, barrier: bool) -> None:
         seconds = time.monotonic() - start
         print(json.dumps({"job": job, "run": i, "outcome": outcome, "seconds": seconds,
                           "hung": seconds >= timeout}), flush=True)
+        i += 1
 
 
 def _without_barrier() -> None:
@@ -211,6 +216,7 @@ def main() -> None:
     parser.add_argument("--jobs", default=",".join(JOBS), help="comma-separated, of " + str(JOBS))
     parser.add_argument("--progress", action="store_true", help="print each run as it ends")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--stop-file", help=argparse.SUPPRESS)
     parser.add_argument("--resolver", action="store_true", help="the glibc hazard alone")
     parser.add_argument("--forks", type=int, default=1500, help="forks for --resolver")
     args = parser.parse_args()
@@ -218,7 +224,8 @@ def main() -> None:
         resolver(args.forks)
         return
     if args.worker:
-        worker(args.worker, args.runs, args.timeout, not args.no_barrier)
+        worker(args.worker, args.runs, args.timeout, not args.no_barrier,
+               Path(args.stop_file) if args.stop_file else None)
         return
     jobs = [j for j in args.jobs.split(",") if j]
     unknown = sorted(set(jobs) - set(JOBS))
@@ -229,9 +236,12 @@ def main() -> None:
     env.pop("DEVLAB_SIMULATE_GPUS", None)
     logs = {job: open(Path(os.environ.get("TMPDIR", "/tmp")) / f"fork_stress_{job}.log", "w")
             for job in jobs}
+    # Jobs that finish their runs first go on until every job has made its own, so that each
+    # run of each job is made three at once.
+    stop = Path(tempfile.mkdtemp()) / "stop"
     procs = {job: subprocess.Popen(
         [sys.executable, __file__, "--worker", job, "--runs", str(args.runs), "--timeout",
-         str(args.timeout)] + (["--no-barrier"] if args.no_barrier else []),
+         str(args.timeout), "--stop-file", str(stop)] + (["--no-barrier"] if args.no_barrier else []),
         stdout=subprocess.PIPE, stderr=logs[job], text=True, env=env) for job in jobs}
     results: dict[str, list[dict]] = {job: [] for job in jobs}
 
@@ -239,6 +249,8 @@ def main() -> None:
         for line in procs[job].stdout:  # type: ignore[union-attr]
             if line.startswith("{"):
                 results[job].append(json.loads(line))
+                if all(len(results[j]) >= args.runs for j in jobs):
+                    stop.touch()
                 if args.progress:  # a long stress can be read (or stopped) part way
                     print(line.strip(), flush=True)
 

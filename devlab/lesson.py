@@ -14,7 +14,8 @@ model="T4")`. Whatever the machine, the lesson then has `gpus` logical GPUs, and
   CUDA device (`cuda:0`), sharing its compute and memory; simulated, each is its own device,
   and with a timing model they share one queue;
 - more: the extra ones are hidden (`config.set_visible_devices`), so names and counts are the
-  lesson's.
+  lesson's; a one-GPU lesson whose `separate_gpus` cells need a second CUDA device keeps a
+  second real one for them.
 
 It prints one line saying what it did. Where something the lesson needs cannot be had (the
 runtime has started, so settings are fixed; a real GPU has no timing model; one real GPU
@@ -224,15 +225,23 @@ def _arrange(gpus: int, memory_limit: int | None, started: bool, cells: dict[str
              did: list[str], notes: list[str]) -> None:
     """Hide GPUs beyond `gpus`, or split the first GPU when there are fewer."""
     visible = config.get_visible_devices("GPU")
-    if len(visible) > gpus:
-        extra = ", ".join(g.name.replace("/physical_device:", "") for g in visible[gpus:])
+    keep = gpus
+    if "separate_gpus" in cells and gpus < 2 and len(visible) >= 2 and not visible[1].simulated:
+        # A one-GPU lesson (the TensorFlow guide's split) whose DDP cells need a second CUDA
+        # device: on a machine that has one (Kaggle's two T4s) those cells run on it, and the
+        # guide's split of the first GPU then makes three logical GPUs, as TensorFlow's does there.
+        keep = 2
+        did.append(f"{visible[1].name.replace('/physical_device:', '')} kept visible for "
+                   f"{cells['separate_gpus']} (one CUDA device per rank)")
+    if len(visible) > keep:
+        extra = ", ".join(g.name.replace("/physical_device:", "") for g in visible[keep:])
         if started:
-            notes.append(f"This lesson uses {gpus} GPU{'s' if gpus != 1 else ''}; {extra} "
+            notes.append(f"This lesson uses {keep} GPU{'s' if keep != 1 else ''}; {extra} "
                          "stay visible (the GPUs are already in use), so device counts and "
                          f"names below may differ from the text. {RESTART}")
         else:
-            config.set_visible_devices(visible[:gpus], "GPU")
-            did.append(f"{extra} hidden (set_visible_devices): this lesson uses {gpus}")
+            config.set_visible_devices(visible[:keep], "GPU")
+            did.append(f"{extra} hidden (set_visible_devices): this lesson uses {keep}")
     logical = config.logical_devices("GPU")
     if len(logical) < gpus:
         if started:
@@ -255,10 +264,10 @@ def _arrange(gpus: int, memory_limit: int | None, started: bool, cells: dict[str
             did.append(f"all are cuda:{first.index}, sharing its compute and memory")
     if "separate_gpus" in cells and _real_cuda_devices() < 2:
         real = len(config.list_physical_devices("GPU"))
-        # More real GPUs than the lesson uses (Kaggle's two T4s, for a one-GPU lesson): the
-        # others were hidden above, and the ranks these cells start inherit that.
+        # More real GPUs than the lesson uses, hidden above while in use elsewhere: the ranks
+        # these cells start inherit that.
         has = ("this machine has one real GPU" if real < 2 else
-               f"this lesson hides all but one of this machine's {real} real GPUs")
+               f"this lesson shows only one of this machine's {real} real GPUs")
         said = _will_not_run(cells["separate_gpus"], "two separate CUDA devices (cuda:0 and "
                              f"cuda:1), and {has}")
         notes.append(f"{said[0].upper()}{said[1:]} {CPU_RUNTIME}")

@@ -170,18 +170,31 @@ def test_on_kaggles_two_t4s_the_lessons_use_both_and_their_times_are_measured(re
     assert lab.times == "measured with CUDA events on the real GPUs"
 
 
-def test_on_kaggles_two_t4s_lesson_04_keeps_one_and_says_its_ddp_cells_will_not_run(
-        real_gpus, capsys) -> None:
-    """Lesson 04 follows the TensorFlow guide on one GPU: on Kaggle's two T4s it hides the
-    second, so its DDP cells (one rank per CUDA device) cannot run, and it says why in those
-    words, not that the machine has one GPU."""
-    real_gpus(2)
+def test_on_kaggles_two_t4s_lesson_04_keeps_the_second_for_its_ddp_cells(real_gpus,
+                                                                        capsys) -> None:
+    """Lesson 04 follows the TensorFlow guide on one GPU, and its DDP cells need one CUDA device
+    per rank: on Kaggle's two T4s it keeps the second visible for them (a third would be hidden),
+    says so, and the guide's split of the first GPU then gives three logical GPUs, as
+    TensorFlow's gives on a two-GPU machine."""
+    real_gpus(3)
     lab = lesson.setup(gpus=1, model="T4", cells={"separate_gpus": "the DDP cells"})
     line, *notes = capsys.readouterr().out.splitlines()
+    assert "GPU:1 kept visible for the DDP cells (one CUDA device per rank)" in line, line
+    assert "GPU:2 hidden (set_visible_devices): this lesson uses 2" in line, line
+    assert notes == ["Times on a real GPU are measured, not modeled on the T4."], notes
+    assert lab.gpus == [CUDA0, torch.device("cuda", 1)]
+    first = config.list_physical_devices("GPU")[0]
+    config.set_logical_device_configuration(
+        first, [config.LogicalDeviceConfiguration(memory_limit=1024)] * 2)  # the guide's cell
+    assert lab.names == ["/GPU:0", "/GPU:1", "/GPU:2"]
+    assert lab.gpus == [CUDA0, CUDA0, torch.device("cuda", 1)]
+
+
+def test_a_one_gpu_lesson_without_ddp_cells_hides_the_second_real_gpu(real_gpus, capsys) -> None:
+    real_gpus(2)
+    lab = lesson.setup(gpus=1)
+    (line,) = capsys.readouterr().out.splitlines()
     assert "GPU:1 hidden (set_visible_devices): this lesson uses 1" in line, line
-    assert ("The DDP cells need two separate CUDA devices (cuda:0 and cuda:1), and this lesson "
-            "hides all but one of this machine's 2 real GPUs, so they will not run here") in \
-        " ".join(notes), notes
     assert lab.gpus == [CUDA0]
 
 
