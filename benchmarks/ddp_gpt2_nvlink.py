@@ -1,7 +1,16 @@
 """A communication-bound whole step: GPT-2 fine-tuning with DDP on two modeled TITAN RTX, with
 an NVLink bridge and without peer-to-peer, beside Hugging Face's published runs.
 
-Run: .venv/bin/python benchmarks/ddp_gpt2_nvlink.py [--markdown]
+Run: .venv/bin/python benchmarks/ddp_gpt2_nvlink.py [--simulate]
+
+By default the step is costed by the pure model (seconds): the forward pass's kernels as
+Hugging Face's eager GPT-2 runs them (benchmarks/gpu_model.py's `gpt2_forward`, plus the loss),
+the backward pass taken as twice each part's forward (an assumption: no source splits the
+step), the gradient clipping's and AdamW's per-parameter kernels, and DDP's buckets through
+`gpu_model.data_parallel_step` with each parameter's gradient written when the backward pass
+leaves its layer (the LM head's first, the tied embedding's last). `--simulate` runs the same
+step on simulated GPUs instead (below): the whole simulation, slow on a CPU (minutes per step
+and rank).
 
 The measurement ([hf-hardware]: huggingface/transformers, docs/source/en/perf_hardware.md,
 commit 5ea83b0e4bed678bda24e6a1512b7afae30f359a, "Multi-GPU Connectivity"): run_clm.py
@@ -157,17 +166,96 @@ def run(ranks: int, p2p: bool) -> float:
     if not p2p:
         os.environ["NCCL_P2P_DISABLE"] = "1"  # the ranks inherit it, as torchrun's would
     try:
-        results = devlab.launch(rank_step, nprocs=ranks, timeout=3600)
+        results = devlab.launch(rank_step, nprocs=ranks, timeout=3600, start_method="spawn")
     finally:
         if saved is None:
             os.environ.pop("NCCL_P2P_DISABLE", None)
         else:
             os.environ["NCCL_P2P_DISABLE"] = saved
         devlab.config.stop_simulation()
-    return max(r["modeled"] for r in results)
+    step = max(r["modeled"] for r in results)
+    print(f"    ({ranks} rank(s), {'P2P on' if p2p else 'NCCL_P2P_DISABLE=1'}: "
+          f"{results[0]['topology']}, {step * 1e3:.1f} ms)", flush=True)
+    return step
+
+
+def pure_steps() -> dict[str, object]:
+    """The pure model's step on 1 GPU and on 2 joined by each machine (StepTime)."""
+    from benchmarks.gpu_model import Op, gpt2_block, queued_seconds
+    from devlab.gpu_model import data_parallel_step, predict
+
+    gpu, t = "TITAN-RTX", BATCH * SEQUENCE
+    head = [Op("ln_f", "layer_norm", ((t, WIDTH),)),
+            Op("lm_head (mm)", "mm", ((t, WIDTH), (WIDTH, VOCAB))),
+            Op("shifted logits (contiguous)", "copy", (((t - BATCH) * VOCAB,),)),
+            Op("log_softmax", "softmax", ((t - BATCH, VOCAB),)),
+            Op("nll_loss", "sum", (((t - BATCH) * VOCAB // VOCAB,),))]
+    embed = [Op("token embedding", "embedding", ((t, WIDTH),), (t, WIDTH)),
+             Op("position embedding", "embedding", ((SEQUENCE, WIDTH),), (SEQUENCE, WIDTH)),
+             Op("embeddings add", "add", ((t, WIDTH), (SEQUENCE, WIDTH)), (t, WIDTH))]
+    f_head, f_embed = queued_seconds(head, gpu), queued_seconds(embed, gpu)
+    f_block = queued_seconds(gpt2_block(BATCH, SEQUENCE, WIDTH, HEADS), gpu)
+    forward = f_embed + LAYERS * f_block + f_head
+    backward = 2 * forward
+    model = GPT2LMHead()
+    sizes = {name: p.numel() * 4 for name, p in model.named_parameters()}
+    grads, clock = [], 2 * f_head
+    grads += [(clock, sizes["ln_f.weight"]), (clock, sizes["ln_f.bias"])]
+    for i in reversed(range(LAYERS)):
+        clock += 2 * f_block
+        grads += [(clock, n) for name, n in sizes.items() if name.startswith(f"h.{i}.")]
+    grads += [(backward, sizes["wpe.weight"]), (backward, sizes["wte.weight"])]
+    # Clipping (a norm per gradient, then a scale) and AdamW's single-tensor kernels: each
+    # moves its tensors' bytes (torch.optim.adamw._single_tensor_adamw, weight decay 0).
+    optimizer = 0.0
+    for n in sizes.values():
+        e = n // 4
+        one, two, three = ((e,),), ((e,), (e,)), ((e,), (e,), (e,))
+        for op, shapes in (("norm", one), ("mul", two),  # clip: norm, then scale
+                           ("lerp", two), ("mul", one), ("addcmul", three),  # moments
+                           ("sqrt", one), ("div", one), ("add", one),  # denominator
+                           ("addcdiv", three)):  # the update
+            k = predict(op, shapes, "float32", gpu)
+            optimizer += max(k.seconds, SPECS_LAUNCH)
+    steps = {"one": data_parallel_step(grads, 1, "nvlink2-bridge", forward=forward,
+                                       backward=backward, optimizer=optimizer, gpu_name=gpu)}
+    for key in ("nvlink2-bridge", "pcie3-host"):
+        steps[key] = data_parallel_step(grads, 2, key, forward=forward, backward=backward,
+                                        optimizer=optimizer, gpu_name=gpu)
+    return steps
+
+
+SPECS_LAUNCH = 4e-6  # a kernel cannot be queued faster than the host launches it (specs.py)
+
+
+def main_pure() -> None:
+    steps = pure_steps()
+    one, nvlink, host = steps["one"], steps["nvlink2-bridge"], steps["pcie3-host"]
+    print(f"GPT-2 small, {parameters_of() / 1e6:.1f} M parameters, batch {BATCH} x {SEQUENCE} "
+          "per GPU, FP32, on modeled TITAN RTX (pure model; every figure modeled):")
+    print(f"  one GPU: forward {one.forward * 1e3:.1f} ms, backward {one.backward * 1e3:.1f} ms"
+          f" (2x forward, assumed), clip + AdamW {one.optimizer * 1e3:.1f} ms = "
+          f"{one.seconds * 1e3:.1f} ms")
+    for name, st, published in (("NVLink bridge (nvlink2-bridge)", nvlink, PUBLISHED["nvlink"]),
+                                ("NCCL_P2P_DISABLE=1 (pcie3-host)", host, PUBLISHED["no-p2p"])):
+        print(f"  2 GPUs, {name:32}: {st.seconds * 1e3:7.1f} ms/step (all-reduce "
+              f"{st.communication * 1e3:.1f} ms in {len(st.buckets)} buckets, "
+              f"{st.exposed * 1e3:.1f} ms not hidden); x {STEPS} = {st.seconds * STEPS:.1f} s; "
+              f"published {published:.1f} s ({published / STEPS * 1e3:.0f} ms/step), "
+              f"model / published {st.seconds * STEPS / published:.2f}")
+    measured_ratio = PUBLISHED["no-p2p"] / PUBLISHED["nvlink"]
+    ratio = host.seconds / nvlink.seconds
+    print(f"  without / with NVLink: published {measured_ratio:.3f}, model {ratio:.3f} "
+          f"(model / published {ratio / measured_ratio:.3f})")
+    print(f"  what NVLink saves per step: published "
+          f"{(PUBLISHED['no-p2p'] - PUBLISHED['nvlink']) / STEPS * 1e3:.0f} ms, model "
+          f"{(host.seconds - nvlink.seconds) * 1e3:.0f} ms")
 
 
 def main() -> None:
+    if "--simulate" not in sys.argv:
+        main_pure()
+        return
     n = parameters_of()
     print(f"GPT-2 small, {n / 1e6:.1f} M parameters ({n * 4 / 1e6:.0f} MB of FP32 gradients), "
           f"batch {BATCH} x {SEQUENCE} tokens per GPU, FP32, AdamW, DDP 25 MiB buckets, "
