@@ -230,7 +230,46 @@ def test_link_bandwidths_are_nccls_own() -> None:
     assert TOPOLOGIES["nvlink3-4gpu"].bus_gbs == 80.0
     assert [TOPOLOGIES[f"pcie{g}-p2p"].bus_gbs for g in (3, 4, 5)] == [12.0, 24.0, 48.0]
     assert not TOPOLOGIES["pcie3-host"].p2p and TOPOLOGIES["pcie3-p2p"].p2p
-    assert all(t.ll128 == (t.hw == links.NVLINK) for t in TOPOLOGIES.values())
+    # NCCL enables LL128 by default on NVLink paths of compute capability 7.0, 8.0, 9.0 and
+    # 10.0 only ([nccl-tuning]: "default: pEnable &= 0"), so not on Turing's NVLink bridge.
+    assert all(t.ll128 == (t.hw == links.NVLINK and t.compute_capability in
+                           ("7.0", "8.0", "9.0", "10.0")) for t in TOPOLOGIES.values())
+
+
+def test_two_titan_rtx_on_an_nvlink_bridge_or_through_host_memory() -> None:
+    # TU102's bridge: 2 NVLink 2 links (NV2), each NCCL's SM70 figure (Volta and Turing).
+    bridge = TOPOLOGIES["nvlink2-bridge"]
+    spec = SPECS["TITAN-RTX"]
+    assert bridge.bus_gbs == 2 * links.SM70_NVLINK_GBS and bridge.max_ranks == 2
+    assert bridge.compute_capability == spec.compute_capability and not bridge.ll128
+    # The datasheet's link is 25 GB/s per link and direction: NCCL counts 80 % of it.
+    assert bridge.bus_gbs == pytest.approx(0.8 * spec.peer_link_gbs)
+    assert [t.key for t in topologies("TITAN-RTX")] == ["pcie3-host", "pcie3-p2p",
+                                                        "nvlink2-bridge"]
+    # A large all-reduce runs at the link's bus bandwidth, LL128 never chosen on Turing.
+    for size in (MiB, 16 * MiB, GiB):
+        t = collective_time("all_reduce", size, 2, bridge)
+        assert t.protocol != "LL128"
+    big = collective_time("all_reduce", GiB, 2, bridge)
+    host = collective_time("all_reduce", GiB, 2, "pcie3-host", gpu_name="TITAN-RTX")
+    assert big.busbw_gbs == pytest.approx(bridge.bus_gbs, rel=0.01)
+    assert host.busbw_gbs == pytest.approx(links.PCIE_GBS[3] * links.HOST_DUPLEX, rel=0.01)
+    assert host.seconds / big.seconds == pytest.approx(big.busbw_gbs / host.busbw_gbs)
+
+
+def test_nccl_p2p_disable_stages_every_byte_through_host_memory() -> None:
+    for name, spec in SPECS.items():
+        gen = next(g for g in links.PCIE_GBS if f"PCIe Gen{g}" in spec.host_link)
+        for topo in topologies(name):
+            off = links.nccl_topology(topo, name, {"NCCL_P2P_DISABLE": "1"})
+            # P2P (NVLink, PCIe peer-to-peer) off: NCCL's SHM transport over the GPU's PCIe
+            assert off is (topo if not topo.p2p else TOPOLOGIES[f"pcie{gen}-host"])
+            assert not off.p2p and off.hw == links.PCI
+            for env in ({}, {"NCCL_P2P_DISABLE": "0"}, {"NCCL_P2P_DISABLE": " "}):
+                assert links.nccl_topology(topo, name, env) is topo
+    with pytest.raises(ValueError, match=r"NCCL_P2P_DISABLE='yes' is not a number.*set it to 1"):
+        links.nccl_topology(TOPOLOGIES["nvlink2-bridge"], "TITAN-RTX",
+                            {"NCCL_P2P_DISABLE": "yes"})
 
 
 # --- bad input ---------------------------------------------------------------------------------

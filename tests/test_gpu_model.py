@@ -342,7 +342,7 @@ def test_wrong_model_names_fail_clearly() -> None:
     with pytest.raises(ValueError, match="no performance model for a GPU named 'A10'; the "
                                          "models are T4, P4, P100, V100, L4, A100-40GB, "
                                          "A100-80GB, A100-PCIe-40GB, A100-PCIe-80GB, H100, "
-                                         "H100-PCIe \\(and A100 = A100-80GB\\)"):
+                                         "H100-PCIe, TITAN-RTX \\(and A100 = A100-80GB\\)"):
         devlab.config.simulate_gpus(2, model="A10")
     assert not simulated.is_active()
     with pytest.raises(RuntimeError, match="no modeled GPU"):

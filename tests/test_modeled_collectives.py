@@ -431,3 +431,16 @@ def test_nccl_buffer_sizes_follow_nccls_variables() -> None:
     assert nccl_buffer_bytes(2, "NVLink", small) == MiB + 512 * 1024 + 4_915_200
     with pytest.raises(ValueError, match="NCCL_BUFFSIZE='lots'"):
         nccl_buffer_bytes(2, "PCI", {"NCCL_BUFFSIZE": "lots"})
+
+
+def test_nccl_p2p_disable_times_collectives_through_host_memory(monkeypatch) -> None:
+    bridge = gpu_model.topology("nvlink2-bridge")
+    monkeypatch.delenv("NCCL_P2P_DISABLE", raising=False)
+    on = Charges(Clock(gpu_model.gpu("TITAN-RTX"), 2), bridge)._time("all_reduce", (MiB * 64,), 2)
+    assert on.topology == "nvlink2-bridge"
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    off = Charges(Clock(gpu_model.gpu("TITAN-RTX"), 2), bridge)._time("all_reduce", (MiB * 64,), 2)
+    # NCCL's SHM transport: the modeled time is the host-staged machine's, not the bridge's.
+    assert off.topology == "pcie3-host"
+    assert off.seconds == gpu_model.collective_time("all_reduce", MiB * 64, 2, "pcie3-host").seconds
+    assert off.seconds > on.seconds

@@ -77,6 +77,7 @@ CITED_TFLOPS: dict[str, dict[str, float]] = {
     "H100": {"tf32": 402.15, "float16": 760.04, "bfloat16": 797.51},
     # [chsasank] "Nvidia H100-PCIe 80GB", torch.matmul best of n = 256…6888: FP16 435, BF16 449.
     "H100-PCIe": {"float16": 435.0, "bfloat16": 449.0},
+    "TITAN-RTX": {},
 }
 
 # --- fitted: `benchmarks/gpu_model.py --fit` prints this part from the measurements -----------
@@ -112,3 +113,14 @@ for _sxm, _pcie in (("A100-40GB", "A100-PCIe-40GB"), ("A100-80GB", "A100-PCIe-80
 # its own peaks and bandwidth.
 CALIBRATION["H100-PCIe"] = replace(CALIBRATION["H100"], tflops=CITED_TFLOPS["H100-PCIe"],
                                    source="the H100's fractions (same chip)")
+
+# The TITAN RTX has no measured rows: its constants are the rule for GPUs the model was not fitted
+# on (NeuSight's protocol; benchmarks/gpu_measurements.Rule, fitted on the P4, P100, V100, T4 and
+# A100 PCIe 40 GB, docs/gpu-models.md "On GPUs the model was not fitted on"): FP32 fraction
+# min(0.85, 63 GFLOPS/W x 280 W / 16.3 TFLOPS) = 0.85 for products and min(0.88, 58 x 280 / 16.3)
+# = 0.88 for batched ones (power to spare at 280 W), the memory fractions and alone floor the
+# five GPUs' means, the tiles of the GPU nearest in compute capability (the T4: 7.5, Turing).
+CALIBRATION["TITAN-RTX"] = Calibration(
+    GemmFit(CALIBRATION["T4"].mm.tile, 0.85), GemmFit(CALIBRATION["T4"].bmm.tile, 0.88),
+    0.820, 0.646, 0.593, 19.6, CITED_TFLOPS["TITAN-RTX"], None,
+    "the rule for GPUs without rows (NeuSight's protocol); the T4's tiles")

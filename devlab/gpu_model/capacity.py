@@ -31,6 +31,9 @@ TOTAL_MEMORY: dict[str, int] = {
     # No figure from an H100 PCIe card is published (only "79" GB, rounded): it has the same
     # 80 GB of memory as the SXM5 board, whose figure stands in for it until one is.
     "H100-PCIe": 85_017_755_648,
+    # 24220.4375 MiB: `get_device_properties(i).total_memory / 1024 ** 2` printed for two
+    # "NVIDIA TITAN RTX" under torch 1.12 (pytorch/pytorch#80876, driver not stated).
+    "TITAN-RTX": 25_396_969_472,
 }
 
 # The CUDA context with lazy module loading (torch's default since CUDA 11.7): pytorch/pytorch

@@ -23,6 +23,7 @@ NVLINK, PCI = "NVLink", "PCI"  # NCCL's two intra-node hardware classes for per-
 # [nccl-topo] topo.h: what NCCL counts one NVLink as moving, per direction, from SM copies
 # (a 25 GB/s line "converts to ~20GB/s effective bandwidth with a 128B payload size", nccl-tests
 # issue #149, sjeaugey).
+SM70_NVLINK_GBS = 20.0  # SM70_NVLINK_BW: Volta and Turing (NVLink 2; ncclTopoNVLinkBw: 7.x)
 SM80_NVLINK_GBS = 20.0  # SM80_NVLINK_BW: A100 (NVLink 3)
 SM90_NVLINK_GBS = 20.6  # SM90_NVLINK_BW: H100 (NVLink 4)
 # [nccl-topo] topo.cc: a PCIe link is width x speed / 80 GB/s, speed in 100 Mb/s per lane
@@ -113,6 +114,14 @@ TOPOLOGIES: dict[str, Topology] = {
                                True, ll128=True, compute_capability="9.0",
                                source="fitted on the one published measurement "
                                "[nccl-tests#194]; NCCL's 12 x 20.6 GB/s would be 247"),
+    # Two TITAN RTX (TU102) joined by an NVLink bridge: 2 second-generation links ("NV2" in
+    # `nvidia-smi topo -m`), 25 GB/s per direction each ("100 GB/s" both ways), which NCCL
+    # counts at SM70_NVLINK_BW (20 GB/s) each. NCCL enables LL128 by default on compute
+    # capability 7.0, 8.0, 9.0 and 10.0 only, so not on Turing (7.5) ([nccl-tuning]).
+    "nvlink2-bridge": Topology("nvlink2-bridge", "NVLink bridge between two TITAN RTX cards "
+                               "(2 NVLink 2 links, NV2)", NVLINK, 2 * SM70_NVLINK_GBS, 2, True,
+                               ll128=False, compute_capability="7.5",
+                               source="2 links x NCCL's 20 GB/s [TITAN-RTX], [nccl-topo]"),
 }
 
 # The machines each GPU is sold in, the first one its default (what `explain()` names).
@@ -131,6 +140,7 @@ GPU_TOPOLOGIES: dict[str, tuple[str, ...]] = {
     "A100-80GB": ("nvswitch-a100", "nvlink3-4gpu"),
     "H100": ("nvswitch-h100",),
     "H100-PCIe": ("pcie5-host", "pcie5-p2p", "nvlink4-bridge"),
+    "TITAN-RTX": ("pcie3-host", "pcie3-p2p", "nvlink2-bridge"),
 }
 
 
@@ -167,6 +177,35 @@ def topology(name: str | Topology, gpu_name: str | GpuSpec | None = None) -> Top
             raise ValueError(f"the {label} is not sold in a {found.key} machine ({found.name});"
                              f" its topologies are {', '.join(t.key for t in sold)}")
     return found
+
+
+def without_p2p(topo: Topology, gpu_name: str | GpuSpec) -> Topology:
+    """The machine `topo` becomes with NCCL's peer-to-peer transport off (NCCL_P2P_DISABLE=1):
+    neither NVLink nor PCIe peer-to-peer carries the bytes, NCCL's SHM transport stages them
+    through host memory over each GPU's own PCIe link (the host-staged topology of its PCIe
+    generation). A topology without peer-to-peer is itself."""
+    if not topo.p2p:
+        return topo
+    spec = gpu(gpu_name)
+    gen = next((g for g in PCIE_GBS if f"PCIe Gen{g}" in spec.host_link), None)
+    if gen is None:
+        raise ValueError(f"the {spec.name}'s host link {spec.host_link!r} names no PCIe "
+                         f"generation ({', '.join(f'Gen{g}' for g in PCIE_GBS)})")
+    return TOPOLOGIES[f"pcie{gen}-host"]
+
+
+def nccl_topology(topo: Topology, gpu_name: str | GpuSpec, env: dict[str, str]) -> Topology:
+    """The machine NCCL runs on given its environment `env`: `topo`, or `without_p2p(topo)`
+    where NCCL_P2P_DISABLE is 1. NCCL reads an integer (unset or 0: peer-to-peer on)."""
+    raw = env.get("NCCL_P2P_DISABLE", "").strip()
+    if not raw:
+        return topo
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"NCCL_P2P_DISABLE={raw!r} is not a number: set it to 1 to turn "
+                         "NCCL's peer-to-peer transport off, or 0 (or unset) to keep it") from None
+    return without_p2p(topo, gpu_name) if value == 1 else topo
 
 
 assert set(GPU_TOPOLOGIES) >= set(SPECS), "every GPU needs its topologies"

@@ -108,6 +108,18 @@ SPECS: dict[str, GpuSpec] = {
                          peer_link="PCIe Gen5 x16 (NVLink bridges can join two cards)",
                          peer_link_gbs=64.0, **_HOST, sms=114, board_power_w=350.0,
                          compute_capability="9.0"),
+    # NVIDIA TITAN RTX (the full TU102 chip): 16.3 FP32 TFLOPS at the 1,770 MHz boost clock,
+    # "130 Tensor TFLOPS" (FP16 inputs; the TITAN, unlike GeForce cards, accumulates in FP32
+    # at full rate), 24 GB GDDR6 at 672 GB/s (14 Gbps on 384 bits), PCIe Gen3 x16, 280 W,
+    # 4,608 CUDA cores (Turing: 64 per SM, so 72 SMs); NVLink "100 GB/s" both ways: two
+    # second-generation links of 25 GB/s per direction between two cards joined by a bridge.
+    # Turing has no TF32 and no BF16 hardware. Added for the communication-bound published
+    # whole-step measurement (Hugging Face's GPT-2 DDP runs, issue 28).
+    "TITAN-RTX": GpuSpec("TITAN-RTX", "NVIDIA TITAN RTX (24 GB, PCIe)", 16.3, None, 130.0,
+                         None, 24.0, 672.0, host_link="PCIe Gen3 x16", host_link_gbs=16.0,
+                         peer_link="NVLink 2 bridge (2 links) or PCIe Gen3 x16",
+                         peer_link_gbs=50.0, **_HOST, sms=72, board_power_w=280.0,
+                         compute_capability="7.5"),
 }
 
 # Other names a user may type. "A100" is the SXM4 80 GB board, as it was before the variants

@@ -27,6 +27,7 @@ each aten op, but costs more per op than the whole simulation may).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -36,7 +37,7 @@ import torch
 from devlab import ops_catalog
 from devlab.gpu_model.collectives import CollectiveTime, coalesced_time, collective_time
 from devlab.gpu_model.kernels import COPY, QUEUED, kernel_seconds
-from devlab.gpu_model.links import Topology, default_topology
+from devlab.gpu_model.links import Topology, default_topology, nccl_topology
 from devlab.sizes import format_bytes
 
 from ..core import session as _session
@@ -565,7 +566,8 @@ class Charges(NoCharges):
         key = (op, sizes, ranks)
         timed = self._timed.get(key)
         if timed is None:
-            topo = self.topology
+            # NCCL_P2P_DISABLE=1 turns NVLink and PCIe peer-to-peer off: through host memory.
+            topo = nccl_topology(self.topology, self.spec, dict(os.environ))
             n = min(ranks, topo.max_ranks)  # beyond one machine: timed as the largest
             timed = (collective_time(op, sizes[0], n, topo) if len(sizes) == 1 else
                      coalesced_time(op, list(sizes), n, topo))

@@ -46,7 +46,7 @@ from torch._C._distributed_c10d import (
 )
 
 from devlab.gpu_model.capacity import nccl_buffer_bytes
-from devlab.gpu_model.links import default_topology
+from devlab.gpu_model.links import default_topology, nccl_topology
 
 from ..core import errors as _errors
 from ..core import session as _session
@@ -461,8 +461,10 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         if index is None or index in held or index >= len(sess.devices):
             return
         topology = getattr(sess.charges, "topology", None)
-        hw = (topology if topology is not None else default_topology(sess.spec)).hw
-        nbytes = nccl_buffer_bytes(self.size(), hw, dict(os.environ))
+        env = dict(os.environ)
+        hw = nccl_topology(topology if topology is not None else default_topology(sess.spec),
+                           sess.spec, env).hw
+        nbytes = nccl_buffer_bytes(self.size(), hw, env)
         dev = sess.devices[index]
         with _session.lock:
             fits = dev.hold_outside(id(self), nbytes)
