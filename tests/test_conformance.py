@@ -66,6 +66,7 @@ COMPARED = [p.name for p in corpus.CORPUS if p.compare is not None]
 NOTEBOOKS = [p.name for p in corpus.CORPUS if p.notebook_cells]
 RANKED = [p.name for p in corpus.CORPUS if p.ranks is not None]
 PRINTING = [p.name for p in corpus.CORPUS if p.expect_stdout]
+RELAUNCHED = [p.name for p in corpus.CORPUS if p.relaunch]
 
 
 def test_corpus_is_large_enough_and_covers_two_gpus() -> None:
@@ -163,6 +164,20 @@ def test_ranks_train_one_model(name: str) -> None:
     assert not found, "\n".join(found) + "\n" + sim.describe()
 
 
+@pytest.mark.parametrize("name", _runs_of(RELAUNCHED))
+def test_second_launch_resumes_where_the_first_saved(name: str) -> None:
+    # torchtitan's own checkpoint test: the relaunch loads the step the first launch saved
+    # part way and must take the same steps to the same parameters
+    program = corpus.get(name)
+    sim = _run(name, GPUS)
+    assert sim.returncode == 0, sim.describe()
+    assert program.compare is not None
+    first, second = run_program.launch_numbers(sim.stdout, program.compare)
+    assert second and len(second) < len(first)
+    found = run_program.relaunch_problems(program, sim)
+    assert not found, "\n".join(found) + "\n" + sim.describe()
+
+
 @pytest.mark.parametrize("name", _runs_of(NOTEBOOKS))
 def test_notebook_shows_its_stored_gpu_outputs(name: str) -> None:
     program = corpus.get(name)
@@ -228,6 +243,40 @@ def test_rank_checks_catch_ranks_that_disagree() -> None:
     seeded = {"replay": {"initial": [0.5, 2.0], "final": [1.0, 2.0]}}
     assert "initial parameters differ from the CPU replay" in " ".join(
         run_program.rank_problems(replayed, good, seeded))
+
+
+def test_relaunch_checks_catch_a_resume_that_is_not_the_first_launchs_steps() -> None:
+    program = corpus.get("torchtitan_llama3_resume")
+    marker = run_program.RELAUNCH_MARKER
+
+    def out(first: str, second: str) -> str:
+        lines = [f"step: {i}  loss: {v}  grad_norm: 1.5\n" for i, v in enumerate(first.split())]
+        again = [f"step: {i}  loss: {v}  grad_norm: 1.5\n" for i, v in enumerate(second.split())]
+        return "".join([*lines, "Training completed\n", f"{marker} --x\n", *again,
+                        "Training completed\n"])
+
+    def rank(r: int, launch: str, final: list[str]) -> dict:
+        return {"pid": 10 * int(launch) + r, "rank": r, "launch": launch, "final": final}
+
+    ranks = [rank(0, "0", ["a"]), rank(1, "0", ["a"]), rank(0, "1", ["a"]), rank(1, "1", ["a"])]
+
+    def run(stdout: str, processes: list[dict]) -> run_program.RunResult:
+        return run_program.RunResult(program.name, 2, 0, False, 1.0, stdout, "",
+                                     {"processes": processes})
+
+    assert run_program.launch_numbers(out("8.0 7.5 7.0", "7.5 7.0"), program.compare) == [
+        [8.0, 1.5, 7.5, 1.5, 7.0, 1.5], [7.5, 1.5, 7.0, 1.5]]
+    assert run_program.relaunch_problems(program, run(out("8.0 7.5 7.0", "7.5 7.0"), ranks)) == []
+    assert "resumed steps differ" in " ".join(
+        run_program.relaunch_problems(program, run(out("8.0 7.5 7.0", "8.0 7.5"), ranks)))
+    moved = [*ranks[:3], rank(1, "1", ["b"])]
+    assert "rank 1 of the second launch ended with other parameters" in " ".join(
+        run_program.relaunch_problems(program, run(out("8.0 7.5 7.0", "7.5 7.0"), moved)))
+    assert "second launch never started" in " ".join(
+        run_program.relaunch_problems(program, run("step: 1  loss: 8.0  grad_norm: 1.5\n",
+                                                   ranks[:2])))
+    assert "ranks [] in the second launch" in " ".join(
+        run_program.relaunch_problems(program, run(out("8.0 7.5 7.0", "7.5 7.0"), ranks[:2])))
 
 
 def test_ranks_that_need_not_train_are_known_by_their_launchers_rank() -> None:

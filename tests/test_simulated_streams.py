@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import devlab
+from devlab.simulated.core import workers as _workers
 
 MIB = 1 << 20
 
@@ -323,3 +324,69 @@ def test_caching_allocator_alloc_takes_the_stream_it_is_given() -> None:
     ptr = torch.cuda.caching_allocator_alloc(MIB, 0, s)
     assert [seg["stream"] for seg in torch.cuda.memory_snapshot()] == [s.stream_id]
     torch.cuda.caching_allocator_delete(ptr)
+
+
+_REAL_EXTERNAL_STREAM = torch.cuda.ExternalStream  # torch's own, before any simulation
+
+
+def test_an_external_stream_is_the_simulated_stream_its_pointer_names() -> None:
+    devlab.config.simulate_gpus(2, model="T4")
+    s = torch.cuda.Stream()
+    ext = torch.cuda.ExternalStream(s.cuda_stream)
+    assert isinstance(ext, torch.cuda.ExternalStream) and isinstance(ext, torch.Stream)
+    assert ext == s and (ext.stream_id, ext.device_index) == (s.stream_id, 0)
+    on1 = torch.cuda.ExternalStream(torch.cuda.default_stream(1).cuda_stream, device=1)
+    assert on1 == torch.cuda.default_stream(1)
+    # work queued through the external stream is the pool stream's: one queue on the clock
+    a = torch.randn(2048, 2048, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(ext):
+        assert torch.cuda.current_stream() == s
+        a @ a
+    assert not s.query() and torch.cuda.current_stream().query()
+    s.synchronize()
+    assert ext.query()
+    y = torch.ones(4, device="cuda")
+    y.record_stream(ext)  # torch's C++ argument parser takes it
+    before = torch.cuda.current_stream()
+    for ptr, error, words in ((0x7F3A_2000_0000, ValueError, "no CUDA stream of another"),
+                              (2, ValueError, "stream_ptr=0x2"), (-1, TypeError, "integer"),
+                              ("3", TypeError, "integer")):
+        with pytest.raises(error, match=words):
+            torch.cuda.ExternalStream(ptr)
+    with pytest.raises(AssertionError, match="Invalid device id"):
+        torch.cuda.ExternalStream(0, device=5)
+    assert torch.cuda.current_stream() == before
+    devlab.config.reset()
+    assert torch.cuda.ExternalStream is _REAL_EXTERNAL_STREAM  # restored at stop
+
+
+def test_queries_answer_from_the_modeled_clock() -> None:
+    devlab.config.simulate_gpus(1, model="T4")
+    a = torch.randn(2048, 2048, device="cuda")
+    torch.cuda.synchronize()
+    assert torch.cuda.Event().query()  # never recorded: done, as CUDA's
+    e = torch.cuda.Event(enable_timing=True)
+    start = torch.cuda.Event(enable_timing=True)
+    start.record()
+    a @ a  # milliseconds of modeled T4 work; the host's next call comes microseconds later
+    e.record()
+    _workers.wait(0)  # the CPU has computed the product: only the modeled clock is behind
+    assert not e.query() and not torch.cuda.current_stream().query()
+    assert e.query() is False  # asking again does not wait for it
+    e.synchronize()
+    assert e.query() and torch.cuda.current_stream().query()
+    # a loop polling an unfinished event ends, each query costing the host a call's time
+    a @ a
+    e.record()
+    polls = 0
+    while not e.query():
+        polls += 1
+    assert polls > 10 and torch.cuda.current_stream().query()
+    assert start.elapsed_time(e) > 0
+    # a side stream's query is its own: the default stream's work does not keep it busy
+    s = torch.cuda.Stream()
+    a @ a
+    assert s.query() and not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    assert torch.cuda.current_stream().query()

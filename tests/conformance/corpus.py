@@ -191,6 +191,11 @@ class Program:
     pseudo: tuple[tuple[str, str], ...] = ()
     # Another program whose stored files this one runs (the same script, launched otherwise).
     files_of: str = ""
+    # A second launch in the same folder after the first ended well, with these arguments added
+    # to the first's (own or cpu_*): a run that resumes from a checkpoint the first saved part
+    # way. It must print the numbers (`compare`) the first printed from that point on, and its
+    # ranks end with the first launch's final parameters (see run_program.relaunch_problems).
+    relaunch: tuple[str, ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -1293,6 +1298,70 @@ CORPUS += (
               "`torch.distributed.set_timeout`); torchtitan imports Triton (its MoE kernels), "
               "which the test extra installs (import only: nothing compiles). Its sizes come "
               "from its own flags (3 steps, 64-token sequences, the debug model).",
+    ),
+)
+
+# torchtitan's own checkpoint test (tests/integration_tests: train with checkpoints, then train
+# again from one): 4 steps of FSDP2 over 2 GPUs from the seed checkpoint, the full training
+# state (model, optimizer, learning-rate schedule, data loader, step) saved at step 2 with
+# `dcp.async_save`, then a second launch loading step 2 with `dcp.load` and taking steps 3
+# and 4 again.
+TITAN_RESUME = (*datagen.TITAN_MODEL, "--training.steps", "4", "--training.seq_len",
+                str(datagen.TITAN_SEQ_LEN), "--metrics.log_freq", "1", "--checkpoint.enable",
+                "--checkpoint.initial_load_path", datagen.TITAN_SEED_STEP,
+                "--checkpoint.interval", "2", "--checkpoint.async_mode", "async")
+CORPUS += (
+    Program(
+        name="torchtitan_llama3_resume",
+        title="torchtitan: the debug Llama 3 with FSDP2 (2 GPUs), an async distributed "
+              "checkpoint at step 2, then a second launch resuming from it",
+        repo="pytorch/torchtitan",
+        files=(),
+        module="torchtitan.train",
+        package=TORCHTITAN,
+        entry="",
+        licence="BSD-3-Clause (pytorch/torchtitan LICENSE, (c) Meta Platforms, Inc. and "
+                "affiliates; from the package registry, nothing of it committed)",
+        launch=TORCHRUN_2,
+        argv=(*TITAN_RESUME, "--parallelism.data_parallel_shard_degree", "2",
+              "--training.local_batch_size", "1"),
+        cpu_launch=("torchrun", "--standalone", "--nproc-per-node", "1"),
+        cpu_argv=(*TITAN_RESUME, "--training.local_batch_size", "2"),
+        relaunch=("--checkpoint.load_step", "2"),
+        env=(("HF_HOME", "hf"),),
+        data="torchtitan_assets",
+        reference_gpus=1,
+        exercises="`torch.distributed.checkpoint` with FSDP2, as PyTorch's training platform "
+                  "uses it, unmodified: the seed checkpoint loaded into `fully_shard`'s "
+                  "DTensor shards (`dcp.load`), the whole training state (model and AdamW "
+                  "state as DTensors through `get_state_dict`, the learning-rate scheduler, "
+                  "torchdata's stateful loader, the step) saved at step 2 by `dcp.async_save` "
+                  "over a gloo group of its own (staged to the host, written by a thread while "
+                  "training goes on), the last step's model saved with `dcp.save`; a second "
+                  "torchrun in the same folder loading step 2 (`--checkpoint.load_step 2`) "
+                  "with `dcp.load`/`set_state_dict` and training steps 3 and 4 again",
+        compare=Compare(rf"loss:\s+({FLOAT})\s+\S*grad_norm:\s+({FLOAT})", rtol=1e-4,
+                        until=r"Training completed"),
+        compare_note="as torchtitan_llama3_2d: the reference is the same two launches "
+                     "unparallelized on one simulated GPU (batch 2 = the two dp ranks' "
+                     "sequences); compared: rank 0's loss and gradient norm at each step of "
+                     "both launches (4 + 2), rtol 1e-4. The second launch checks itself too: "
+                     "its steps 3 and 4 must print the first launch's numbers and end with "
+                     "its final parameters (bit for bit), which holds only if the step-2 "
+                     "checkpoint held the whole training state",
+        expect_stdout=(r"Building device mesh with parallelism: pp=1, dp_replicate=1, "
+                       r"dp_shard=2, cp=1, tp=1,",
+                       r"Applied FSDP to the model",
+                       r"Saving the checkpoint \(or staging if async is enabled\)",
+                       r"Loading the checkpoint from \S*step-2\.",
+                       r"Training completed"),
+        gpus_used=2,
+        ranks=Ranks(world=2),
+        timeout=420.0,
+        notes="Two torchruns in one folder (`relaunch`): the first saves outputs/checkpoint/"
+              "step-2 (async) and step-4 (the model only, torchtitan's default for the last "
+              "step); the second loads step 2. Sizes from torchtitan's own flags, as "
+              "torchtitan_llama3_2d.",
     ),
 )
 

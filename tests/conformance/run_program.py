@@ -87,6 +87,10 @@ import datagen  # noqa: E402
 MARKER = "CONFORMANCE-RESULT "
 OBSERVER = HERE / "observer"
 OBSERVE_VARIABLE = "CONFORMANCE_OBSERVE"
+# Which launch of a relaunched program a rank belongs to (the observer records it), and the
+# stdout line between the launches' outputs.
+LAUNCH_VARIABLE = "CONFORMANCE_LAUNCH"
+RELAUNCH_MARKER = "CONFORMANCE-RELAUNCH"
 
 
 # --------------------------------------------------------------------------- run mode (child)
@@ -475,12 +479,23 @@ def run_here(name: str, simulate: int, replay: str | None = None,
         elif program.is_notebook:
             report["cells"] = _run_notebook(entry)
         elif launch:
-            logs = Path(tempfile.mkdtemp(prefix=f"conformance-{name}-logs-")).resolve()
             launcher, *launch_args = launch
-            flags, variables = _rank_logs(launcher, logs)
-            os.environ.update(variables)
-            sys.argv = [launcher, *launch_args, *flags, *target, *argv]
-            sys.exit(_console_script(launcher)())
+            # A relaunch (Program.relaunch) comes after the first launch ended well, in the
+            # same folder; each launch's rank logs are echoed when it ends, then a marker line.
+            launches = [(), program.relaunch] if program.relaunch else [()]
+            for number, added in enumerate(launches):
+                if logs is not None:
+                    _echo_rank_logs(logs)
+                    shutil.rmtree(logs, ignore_errors=True)
+                    print(f"{RELAUNCH_MARKER} {' '.join(added)}", flush=True)
+                logs = Path(tempfile.mkdtemp(prefix=f"conformance-{name}-logs-")).resolve()
+                flags, variables = _rank_logs(launcher, logs)
+                os.environ.update(variables)
+                os.environ[LAUNCH_VARIABLE] = str(number)
+                sys.argv = [launcher, *launch_args, *flags, *target, *argv, *added]
+                status = _console_script(launcher)()
+                if status:
+                    sys.exit(status)
         else:
             import runpy
 
@@ -661,7 +676,19 @@ def network_of_its_own() -> tuple[str, ...] | None:
 # --------------------------------------------------------------------------- judging a run
 
 def numbers(text: str, spec: corpus.Compare) -> list[float]:
-    """The numbers `spec` takes from a run's stdout (see corpus.Compare)."""
+    """The numbers `spec` takes from a run's stdout (see corpus.Compare); of a relaunched
+    program, those of each launch's output in turn (`after` and `until` apply to each)."""
+    return [n for launch in launch_numbers(text, spec) for n in launch]
+
+
+def launch_numbers(text: str, spec: corpus.Compare) -> list[list[float]]:
+    """The numbers `spec` takes from each launch's part of a run's stdout (one part, unless
+    the run has RELAUNCH_MARKER lines)."""
+    parts = re.split(rf"^{RELAUNCH_MARKER}\b.*\n?", text, flags=re.M)
+    return [_numbers_of(part, spec) for part in parts]
+
+
+def _numbers_of(text: str, spec: corpus.Compare) -> list[float]:
     lines = text.splitlines(keepends=True)
     if spec.by_process:
         def process(line: str) -> str:
@@ -750,6 +777,8 @@ def rank_problems(program: corpus.Program, report: dict[str, Any],
     ranks = program.ranks
     assert ranks is not None
     records = _rank_records(ranks, report.get("processes") or [])
+    if program.relaunch:  # the first launch's ranks here; relaunch_problems the second's
+        records = [r for r in records if r.get("launch") in (None, "0")]
     found = sorted(r["rank"] for r in records)
     if found != list(range(ranks.world)):
         return [f"observed ranks {found} (processes: {len(report.get('processes') or [])}), "
@@ -804,6 +833,39 @@ def rank_problems(program: corpus.Program, report: dict[str, Any],
     return out
 
 
+def relaunch_problems(program: corpus.Program, sim: RunResult) -> list[str]:
+    """What a relaunched program's second launch breaks: it must print the numbers (`compare`)
+    the first launch printed last, as many as it prints, and its ranks end with the parameters
+    the first launch's same ranks ended with (each rank, bit for bit: the same steps from the
+    same saved state)."""
+    if not program.relaunch:
+        return []
+    if not re.search(rf"^{RELAUNCH_MARKER}\b", sim.stdout, re.M):
+        return [f"no {RELAUNCH_MARKER} line: the second launch never started"]
+    out: list[str] = []
+    if program.compare is not None:
+        before, after = launch_numbers(sim.stdout, program.compare)[:2]
+        if not after or len(after) > len(before):
+            out.append(f"the second launch printed {len(after)} numbers, the first "
+                       f"{len(before)}")
+        elif (diff := compare_numbers(after, before[len(before) - len(after):],
+                                      program.compare)):
+            out.append("the resumed steps differ from the first launch's: " + diff)
+    if program.ranks is not None:
+        records = _rank_records(program.ranks, (sim.report or {}).get("processes") or [])
+        launches = {n: {r["rank"]: r for r in records if r.get("launch") == n}
+                    for n in ("0", "1")}
+        if sorted(launches["1"]) != sorted(launches["0"]) or not launches["1"]:
+            out.append(f"ranks {sorted(launches['1'])} in the second launch, "
+                       f"{sorted(launches['0'])} in the first")
+        for rank, second_rank in launches["1"].items():
+            first_rank = launches["0"].get(rank)
+            if first_rank is not None and second_rank.get("final") != first_rank.get("final"):
+                out.append(f"rank {rank} of the second launch ended with other parameters "
+                           "than the first launch's")
+    return out
+
+
 def problems(program: corpus.Program, sim: RunResult, cpu: RunResult | None) -> list[str]:
     """Everything about a simulated run (and its CPU twin) that breaks the manifest."""
     out: list[str] = []
@@ -834,6 +896,7 @@ def problems(program: corpus.Program, sim: RunResult, cpu: RunResult | None) -> 
         out.extend(notebook_mismatches(program, rep))
     if program.ranks is not None:
         out.extend(rank_problems(program, rep, cpu.report if cpu is not None else None))
+    out.extend(relaunch_problems(program, sim))
     if program.compare is not None:
         if cpu is None or cpu.returncode != 0:
             out.append("the CPU run failed: " + (cpu.describe() if cpu else "not run"))

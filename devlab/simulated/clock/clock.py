@@ -311,6 +311,16 @@ class Clock:
         with self.lock:
             return until <= self.host
 
+    def poll(self, until: float) -> bool:
+        """An event's or stream's query: whether work ending at `until` has ended by the
+        host's time now. A query is a driver call the host pays as it pays an op's launch, so
+        a loop polling an unfinished event moves the host's time on and ends, as on a GPU."""
+        with self.lock:
+            if until <= self.host:
+                return True
+            self.host += self._launch
+            return False
+
     def now(self) -> float:
         with self.lock:
             return self.host
@@ -650,6 +660,11 @@ class Charges(NoCharges):
     def done(self, until: float | None) -> bool:
         """Whether the GPUs have reached `until` by the host's time now."""
         return until is None or self.clock.done(until)
+
+    def poll(self, until: float | None) -> bool:
+        """An event's or stream's query of work ending at `until`: done by the host's time
+        now? (The host pays the call.)"""
+        return until is None or self.clock.poll(until)
 
     def reset(self, count: int, queues: list[int] | None = None) -> None:
         """Start the clock again at 0 with `count` idle GPUs."""

@@ -278,6 +278,11 @@ class NoCharges:
         the caching allocator makes it): without a model, always."""
         return True
 
+    def poll(self, until: float | None) -> bool:
+        """An event's or stream's query of work ending at `until` (a time `reached` gave):
+        without a model, never asked (the GPU's queue answers), so done."""
+        return True
+
     def reset(self, count: int, queues: list[int] | None = None) -> None:
         """The GPUs were reconfigured before first use."""
 

@@ -357,6 +357,13 @@ class Stream(torch._C.Stream):
             sess.charges.sync_stream(self.device_index, self.stream_id)
 
     def query(self) -> bool:
+        """Whether the stream's work is done: on a modeled GPU, whether the host's modeled
+        time has passed the stream's (a False answer costs the host one call's time, so a
+        polling loop ends); otherwise whether the GPU's queue is idle."""
+        sess = _session.session
+        at = sess.charges.reached(self.device_index, self.stream_id) if sess is not None else None
+        if sess is not None and at is not None:
+            return sess.charges.poll(at)
         return _workers.idle(self.device_index)
 
     @entry
@@ -406,6 +413,46 @@ class Stream(torch._C.Stream):
                 f"stream_id={self.stream_id}>")
 
 
+def _handed_out(stream_ptr: int) -> bool:
+    """Whether `stream_ptr` is a stream handle a simulated GPU hands out (`cuda_stream`): 0,
+    the default stream, or a pool stream's id (see _pool_stream_id)."""
+    kind = (stream_ptr >> 1) & ((1 << _STREAM_TYPE_BITS) - 1)
+    return stream_ptr == 0 or (stream_ptr & 1 == 1 and 1 <= kind <= _PRIORITIES
+                               and stream_ptr >> (_STREAM_TYPE_BITS + 1) < _STREAMS_PER_POOL)
+
+
+class ExternalStream(Stream):
+    """torch.cuda.ExternalStream(stream_ptr, device=None): a stream the program got from
+    elsewhere as its `cudaStream_t` value. On a simulated GPU the only such values are its own
+    streams' (`torch.cuda.Stream().cuda_stream`, 0 for the default stream): the external
+    stream is that stream (its stream_id is the pointer, as c10 makes an external stream's),
+    so work queued on either is ordered as one stream's. Any other pointer (a stream of CuPy,
+    Numba or a C++ extension) names nothing here: devlab's error says so."""
+
+    @entry
+    def __new__(cls, stream_ptr: Any, device: Any = None, **kwargs: Any) -> Any:
+        if kwargs:
+            raise _errors.user_error(TypeError(
+                f"ExternalStream takes (stream_ptr, device=None); got {sorted(kwargs)}"))
+        if isinstance(stream_ptr, bool) or not isinstance(stream_ptr, int) or stream_ptr < 0:
+            raise _errors.user_error(TypeError(
+                "ExternalStream's stream_ptr is a cudaStream_t's integer value (a "
+                f"stream's .cuda_stream), got {stream_ptr!r}"))
+        index = _devices.cuda_index(device)
+        if not _handed_out(stream_ptr):
+            raise _errors.user_error(ValueError(
+                f"torch.cuda.ExternalStream(stream_ptr={stream_ptr:#x}) on a simulated GPU: "
+                "no CUDA stream of another library (CuPy, Numba, a C++ extension) exists "
+                "here; the pointers a simulated GPU knows are its own streams' "
+                "(torch.cuda.Stream().cuda_stream, 0 for the default stream). Pass one of "
+                "those, or run this part on a real GPU."))
+        return super().__new__(cls, stream_id=stream_ptr, device_index=index)
+
+    def __repr__(self) -> str:
+        return (f"<simulated torch.cuda.ExternalStream device=cuda:{self.device_index} "
+                f"cuda_stream={self.stream_id:#x}>")
+
+
 class Event:
     """torch.cuda.Event for simulated GPUs: records when the device's queue reaches it.
 
@@ -443,6 +490,15 @@ class Event:
         self.time = time.perf_counter()
 
     def query(self) -> bool:
+        """Whether the work the event recorded is done: True for an event never recorded, as
+        CUDA's; on a modeled GPU, whether the host's modeled time has passed the event's (a
+        False answer costs the host one call's time, so a polling loop ends); otherwise
+        whether the GPU's queue has reached it."""
+        if self.device_index is None:
+            return True
+        sess = _session.session
+        if self.modeled and sess is not None:
+            return sess.charges.poll(self.time)
         return self.time is not None
 
     @entry
@@ -620,6 +676,7 @@ _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "set_rng_state_all": set_rng_state_all,
     "device": device,
     "Stream": Stream,
+    "ExternalStream": ExternalStream,
     "Event": Event,
     "current_stream": current_stream,
     "default_stream": default_stream,

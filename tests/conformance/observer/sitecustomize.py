@@ -234,6 +234,8 @@ class _Observer:
                 record["errors"].append(f"final: {type(e).__name__}: {e}")
         # The rank a launcher gave the process, for one that never stepped an optimizer.
         record["env_rank"] = os.environ.get("RANK")
+        # Which launch of a program launched twice in one folder (the runner's relaunch).
+        record["launch"] = os.environ.get("CONFORMANCE_LAUNCH")
         devlab = sys.modules.get("devlab")
         if devlab is None and not record["steps"]:
             return
