@@ -794,6 +794,9 @@ class CachingAllocator:
         pp = self.graph_pools.get(pool_id)
         if pp is None:
             pp = self.graph_pools[pool_id] = PrivatePool(pool_id)
+            # its blocks count in the device's statistics, by pool size (get_stat_types_for_pool)
+            pp.small.stats = self._stats_of(True)
+            pp.large.stats = self._stats_of(False)
         elif pp.use_count == 0:
             # CUDA asserts here (TORCH_INTERNAL_ASSERT(use_count > 0)): the pool was released
             raise PoolError(f"memory pool {pool_id} was released (no graph or MemPool uses "
