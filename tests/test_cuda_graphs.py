@@ -311,21 +311,98 @@ def test_notes_multistream_capture_branches_out_and_rejoins(no_simulation) -> No
     assert z.tolist() == [9.0] * 4
 
 
-def test_graph_memory_lives_until_reset(no_simulation) -> None:
-    devlab.simulated.start(1)
-    x = torch.ones(1024, 1024, device="cuda")
-    before = torch.cuda.memory_allocated()
+MiB = 1 << 20
+
+
+def _pool_segments(pool_id: tuple[int, int]) -> list[dict]:
+    return [s for s in torch.cuda.memory_snapshot() if s["segment_pool_id"] == pool_id]
+
+
+def test_capture_allocates_from_the_graphs_private_pool(no_simulation) -> None:
+    """The notes' "Graph memory management": the capture's tensors come from the graph's own
+    segments; a block the program lets go of stays reserved in that pool, reused by it alone;
+    reset() releases the pool, whose segments the next empty_cache() frees."""
+    devlab.simulated.start(1, model="T4")
+    x = torch.ones(256, 1024, device="cuda")  # 1 MiB, in the device's small pool
+    torch.cuda.set_stream(torch.cuda.Stream())
+    a0, r0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        y = (x * 2).sum(0)
-    del y  # the graph keeps what its capture allocated, as its private pool does
-    captured = torch.cuda.memory_allocated()
-    assert captured - before >= x.nbytes  # x * 2, kept for replays
+        y = x * 2  # 1 MiB: a 2 MiB segment of the graph's small pool, split
+        z = (y + 1).sum()  # y + 1 fills the segment; z (512 B) needs a second one
+    pool = g.pool()
+    assert pool[0] > 0 and pool[1] == 0  # a graph's own pool: the first number set
+    segs = _pool_segments(pool)
+    assert [s["total_size"] for s in segs] == [2 * MiB, 2 * MiB]
+    assert all(s["segment_type"] == "small" for s in segs)
+    # y + 1 died with the capture: its block is back in the pool, reserved, not allocated
+    assert torch.cuda.memory_allocated() - a0 == MiB + 512
+    assert torch.cuda.memory_reserved() - r0 == 4 * MiB
+    stats = torch.cuda.memory_stats()
+    assert stats["segment.small_pool.current"] == 3  # x's segment and the pool's two
+    del y
+    assert torch.cuda.memory_allocated() - a0 == 512
+    w = torch.empty(MiB, dtype=torch.uint8, device="cuda")  # outside any capture
+    assert _pool_segments((0, 0))[-1]["allocated_size"] == MiB  # not the pool's free block
+    torch.cuda.empty_cache()  # a live graph's pool keeps its segments
+    assert [s["total_size"] for s in _pool_segments(pool)] == [2 * MiB, 2 * MiB]
+    x.fill_(3)
     g.replay()
+    assert z.item() == 7 * 256 * 1024
     g.reset()
-    assert torch.cuda.memory_allocated() == before
+    assert [s["total_size"] for s in _pool_segments(pool)] == [2 * MiB, 2 * MiB]  # until...
+    torch.cuda.empty_cache()  # ...the pool's unused segment goes; z still holds the other
+    assert [s["allocated_size"] for s in _pool_segments(pool)] == [512]
+    del z, w
+    torch.cuda.empty_cache()
+    assert _pool_segments(pool) == []
+    assert torch.cuda.memory_allocated() == a0
     with pytest.raises(RuntimeError, match="without a preceding successful capture"):
         g.replay()
+
+
+def test_captures_share_a_pool_through_pool_and_graph_pool_handle(no_simulation) -> None:
+    """The notes' "Sharing memory across captures": a second capture given the first's pool
+    (or both a graph_pool_handle()) allocates from the same segments, reusing what the first
+    freed; the pool lives until every graph sharing it is reset."""
+    devlab.simulated.start(1, model="T4")
+    x = torch.ones(64, 1024, device="cuda")  # 256 KiB
+    torch.cuda.set_stream(torch.cuda.Stream())
+    handle = torch.cuda.graph_pool_handle()
+    assert handle[0] == 0 and handle[1] > 0
+    g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g1, pool=handle):
+        y1 = (x + 1) * 2  # x + 1 freed: its 256 KiB return to the pool
+    with torch.cuda.graph(g2, pool=g1.pool()):
+        y2 = (y1 + 1) * 2
+    assert g1.pool() == g2.pool() == handle
+    segs = _pool_segments(handle)
+    assert len(segs) == 1 and segs[0]["total_size"] == 2 * MiB  # one segment serves both
+    assert segs[0]["allocated_size"] == 2 * x.nbytes  # y1 and y2
+    g1.replay()
+    g2.replay()
+    assert y2.tolist()[0][0] == ((1 + 1) * 2 + 1) * 2
+    g1.reset()
+    del y1, y2
+    torch.cuda.empty_cache()
+    assert len(_pool_segments(handle)) == 1  # g2 still uses the pool
+    g2.reset()
+    torch.cuda.empty_cache()
+    assert _pool_segments(handle) == []
+
+
+def test_deleting_a_graph_releases_its_pool(no_simulation) -> None:
+    devlab.simulated.start(1, model="T4")
+    x = torch.ones(1024, 1024, device="cuda")
+    torch.cuda.set_stream(torch.cuda.Stream())
+    r0 = torch.cuda.memory_reserved()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        (x * 2).sum()
+    assert torch.cuda.memory_reserved() > r0
+    del g  # CUDAGraph's destructor resets it
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() == r0
 
 
 def test_errors_in_cudas_words(no_simulation) -> None:

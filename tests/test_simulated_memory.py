@@ -272,3 +272,59 @@ def test_caching_allocator_alloc_for_another_framework() -> None:
     assert torch.cuda.memory_allocated() == 0
     with pytest.raises(RuntimeError, match="invalid device pointer"):
         torch.cuda.caching_allocator_delete(ptr)
+
+
+def test_mem_pool_routes_this_threads_allocations_to_its_own_segments() -> None:
+    """torch.cuda.MemPool and use_mem_pool (torch/cuda/memory.py, c10's MemPool): inside the
+    block this thread's tensors come from the pool's segments; the pool keeps them through
+    empty_cache() while it lives; its end releases it and frees its unused segments."""
+    MiB = 1 << 20
+    simulated.start(1, model="T4")
+    keep = torch.ones(1, device="cuda")  # a segment of the device's own that stays
+    r0 = torch.cuda.memory_reserved()
+    pool = torch.cuda.MemPool()
+    assert pool.id[0] == 0 and pool.id[1] > 0 and pool.use_count() == 1
+    with torch.cuda.use_mem_pool(pool):
+        assert pool.use_count() == 2  # the block holds a use of its own
+        a = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+    b = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+    assert pool.use_count() == 1
+    mine = pool.snapshot()
+    assert [(s["segment_pool_id"], s["total_size"], s["allocated_size"]) for s in mine] == [
+        (pool.id, 20 * MiB, 3 * MiB)]  # a 1-10 MiB request: a 20 MiB segment, of the pool's
+    assert sum(s["segment_pool_id"] == (0, 0) and s["allocated_size"] == 3 * MiB
+               for s in torch.cuda.memory_snapshot()) == 1  # b, in the device's own pool
+    assert torch.cuda.memory_allocated() >= a.nbytes + b.nbytes
+    del a, b
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() - r0 == 20 * MiB  # the live pool's segment stays
+    del pool  # MemPool's end: releasePool, then emptyCache(id)
+    assert torch.cuda.memory_reserved() == r0
+    assert keep.device.type == "cuda"
+
+
+def test_a_graph_captures_into_a_mem_pool_and_no_split_keeps_blocks_whole() -> None:
+    MiB = 1 << 20
+    simulated.start(1, model="T4")
+    x = torch.ones(256, device="cuda")
+    pool = torch.cuda.MemPool(no_split=True)
+    torch.cuda.set_stream(torch.cuda.Stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool.id):
+        y = x + 1  # 1 KiB, given the pool's whole 2 MiB segment (no_split)
+    assert pool.use_count() == 2  # the MemPool and the graph
+    assert [(s["total_size"], s["allocated_size"]) for s in pool.snapshot()] == [
+        (2 * MiB, 2 * MiB)]
+    assert y.untyped_storage().nbytes() == x.nbytes
+    g.reset()
+    assert pool.use_count() == 1
+
+
+def test_what_mem_pool_cannot_model_is_devlabs_own_error() -> None:
+    simulated.start(1)
+    with pytest.raises(NotImplementedError, match="use_on_oom=True.*not simulated by devlab"):
+        torch.cuda.MemPool(use_on_oom=True)
+    with pytest.raises(NotImplementedError, match="allocator of its own"):
+        torch.cuda.MemPool(allocator=object())
+    with pytest.raises(TypeError, match="a pair of ints"):
+        torch._C._cuda_releasePool(0, "pool")  # type: ignore[arg-type]

@@ -23,8 +23,18 @@ What it keeps, as CUDA's does:
 - statistics under the keys of `torch.cuda.memory_stats()`, a snapshot in the format of
   `torch.cuda.memory._snapshot()`, and the trace of `_record_memory_history`.
 
-Not modeled: expandable segments (refused by `AllocatorConfig.parse`, naming the option), CUDA
-graphs' private pools, IPC sharing, the cudaMallocAsync backend.
+- private pools (`PrivatePool`, CUDA's of the same name): while a capture or `use_mem_pool` is
+  under way (`begin_allocate_to_pool`, with the filter saying which requests it takes), a
+  request goes to that pool's own small and large pools, in segments of its own; a block freed
+  returns to the pool it came from, so only that pool reuses it; `release_pool` (a graph's
+  reset, a MemPool's end) drops a use, and at none the pool is freeable: `empty_cache()` (or the
+  out-of-memory retry) then releases its unsplit cached segments, and forgets the pool once it
+  holds none (`release_cached_blocks`, `graph_pools_freeable`).
+
+Not modeled: expandable segments (refused by `AllocatorConfig.parse`, naming the option), IPC
+sharing, the cudaMallocAsync backend, a MemPool's own allocator (CUDAPluggableAllocator) and its
+`use_on_oom` fallback, the private pools' checkpoints (`setCheckpointPoolState`, used by
+torch.compile's cudagraph trees).
 """
 
 from __future__ import annotations
@@ -282,16 +292,18 @@ class StreamEvents(Protocol):
 
 
 class Block:
-    """A piece of a segment: allocated to a tensor, or cached free in its pool."""
+    """A piece of a segment: allocated to a tensor, or cached free in its pool (`pool`: the
+    one it returns to, a device's own or a private pool's, as CUDA's `Block::pool`)."""
 
-    __slots__ = ("address", "allocated", "events", "frames", "gc_base", "next", "prev",
+    __slots__ = ("address", "allocated", "events", "frames", "gc_base", "next", "pool", "prev",
                  "requested", "segment_frames", "size", "small", "stream", "stream_uses")
 
-    def __init__(self, address: int, size: int, stream: int, small: bool) -> None:
+    def __init__(self, address: int, size: int, stream: int, pool: _Pool) -> None:
         self.address = address
         self.size = size
         self.stream = stream
-        self.small = small
+        self.pool = pool
+        self.small = pool.small
         self.requested = 0
         self.allocated = False
         self.prev: Block | None = None
@@ -325,10 +337,11 @@ class _Pool:
     block of this pool changes, each as its ("all", pool) pair (`CachingAllocator._stats_of`).
     """
 
-    __slots__ = ("entries", "free_calls", "small", "stats")
+    __slots__ = ("entries", "free_calls", "owner", "small", "stats")
 
-    def __init__(self, small: bool) -> None:
+    def __init__(self, small: bool, owner: PrivatePool | None = None) -> None:
         self.small = small
+        self.owner = owner  # owner_PrivatePool: None for the device's own pools
         self.entries: list[tuple[int, int, int, Block]] = []
         self.free_calls = 0  # get_free_blocks_call_count: the garbage collector's clock
         self.stats: tuple[list[int], ...] = ()
@@ -356,12 +369,42 @@ class _Pool:
         return e[3] if e[0] == stream else None
 
 
+PoolId = tuple[int, int]  # MempoolId_t
+DEFAULT_POOL: PoolId = (0, 0)
+
+
+class PrivatePool:
+    """CUDA's `PrivatePool`: a CUDA graph's (or a `torch.cuda.MemPool`'s) memory, with block
+    pools of its own. `use_count` counts the graphs, MemPools and `use_mem_pool` blocks using
+    it; `segments` its live segments (cudaMalloc_count): a pool nobody uses is forgotten once
+    it holds none."""
+
+    __slots__ = ("id", "large", "no_split", "segments", "small", "use_count")
+
+    def __init__(self, pool_id: PoolId) -> None:
+        self.id = pool_id
+        self.small = _Pool(small=True, owner=self)
+        self.large = _Pool(small=False, owner=self)
+        self.use_count = 1
+        self.segments = 0
+        self.no_split = False  # MemPool(no_split=True): its blocks are never split
+
+    def __repr__(self) -> str:
+        return f"PrivatePool({self.id}, use_count={self.use_count}, segments={self.segments})"
+
+
+class PoolError(RuntimeError):
+    """A private-pool call torch refuses (its TORCH_CHECK), in torch's words."""
+
+
 class OutOfMemory(Exception):
     """A request the allocator could not satisfy, with the figures of CUDA's message."""
 
     def __init__(self, device: int, alloc_size: int, total: int, free: int, allocated: int,
-                 reserved: int, allowed: int | None, process_bytes: int) -> None:
+                 reserved: int, allowed: int | None, process_bytes: int,
+                 in_private_pools: int = 0) -> None:
         self.device = device
+        self.in_private_pools = in_private_pools
         self.alloc_size = alloc_size
         self.total = total
         self.free = free
@@ -376,11 +419,16 @@ class OutOfMemory(Exception):
         proc = ("" if pid is None else
                 f"Process {pid} has {format_size(self.process_bytes)} memory in use. ")
         allowed = "" if self.allowed is None else f"{format_size(self.allowed)} allowed; "
+        # The cached blocks of private pools count as allocated, as CUDA's message counts them.
+        private = self.in_private_pools
+        pools = (f"with {format_size(private)} allocated in private pools (e.g., CUDA Graphs), "
+                 if private > 0 else "")
         return (f"CUDA out of memory. Tried to allocate {format_size(self.alloc_size)}. GPU "
                 f"{self.device} has a total capacity of {format_size(self.total)} of which "
                 f"{format_size(self.free)} is free. {proc}{allowed}Of the allocated memory "
-                f"{format_size(self.allocated)} is allocated by PyTorch, and "
-                f"{format_size(self.reserved - self.allocated)} is reserved by PyTorch but "
+                f"{format_size(self.allocated + private)} is allocated by PyTorch, {pools}and "
+                f"{format_size(self.reserved - self.allocated - private)} is reserved by "
+                "PyTorch but "
                 "unallocated. If reserved but unallocated memory is large try setting "
                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
                 "documentation for Memory Management  "
@@ -465,6 +513,13 @@ class CachingAllocator:
                          "num_device_alloc": 0, "num_device_free": 0}
         self.history = History()
         self._tracing = False  # history.enabled == "all"
+        # Private pools (See Note [Interaction with CUDA graph capture] in
+        # CUDACachingAllocator.cpp): every live one, those no graph or MemPool uses any more
+        # (graph_pools_freeable), and the captures and use_mem_pool blocks under way, each with
+        # the filter that says whether a request on a stream goes to its pool, newest last.
+        self.graph_pools: dict[PoolId, PrivatePool] = {}
+        self.freeable: dict[PoolId, PrivatePool] = {}
+        self.captures: list[tuple[PoolId, Callable[[int], bool]]] = []
         self._next_address = 0x7F0000000000 + (device << 36)
 
     def _stats_of(self, small: bool) -> tuple[list[int], ...]:
@@ -553,8 +608,10 @@ class CachingAllocator:
         it into an error of its own keeps no traceback of the allocator's frames)."""
         if size < 0:
             raise ValueError(f"cannot allocate a negative size ({size})")
-        if self.deferred:
-            self._process_deferred(only_done=True)  # `process_events`, as CUDA's malloc
+        if self.deferred and not self.captures:
+            # `process_events`, as CUDA's malloc; skipped while a capture is under way (CUDA
+            # may not query events then)
+            self._process_deferred(only_done=True)
         h = self.history
         frames = _NO_FRAMES if h.frames is None or h.context is None else self._frames("state")
         if self._plain_rounding:
@@ -568,6 +625,8 @@ class CachingAllocator:
             pool = self.large
             alloc_size = (LARGE_BUFFER if rounded < MIN_LARGE_ALLOC
                           else (rounded + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE)
+        if self.captures:  # get_pool: a capture's (or use_mem_pool's) private pool
+            pool = self._capture_pool(pool, stream)
         # get_free_block, inline: the smallest cached block of the stream that fits
         if self._gc:
             pool.free_calls += 1
@@ -592,7 +651,7 @@ class CachingAllocator:
             block = (self._new_segment(pool, alloc_size, stream, frames, retry=False)
                      or (self._release_available(pool, rounded, stream)
                          and self._new_segment(pool, alloc_size, stream, frames, retry=False))
-                     or (self.empty_cache()
+                     or (not self.captures and self.empty_cache()
                          and self._new_segment(pool, alloc_size, stream, frames, retry=True)))
         if not block:
             self.counters["num_ooms"] += 1
@@ -606,6 +665,8 @@ class CachingAllocator:
         changing nothing: a caller asks before it makes what it would allocate."""
         rounded = round_size(size, self.config)
         pool = self.small if rounded <= SMALL_SIZE else self.large
+        if self.captures:
+            pool = self._capture_pool(pool, stream)
         b = pool.first_fit(stream, rounded)
         max_split = self.config.max_split_size
         if b is not None and not (
@@ -632,9 +693,11 @@ class CachingAllocator:
         return min(bounds) if bounds else None
 
     def _oom(self, alloc_size: int, free: int) -> OutOfMemory:
+        private = sum(e[1] for pp in self.graph_pools.values()
+                      for p in (pp.large, pp.small) for e in p.entries)
         return OutOfMemory(self.device, alloc_size, self.total if self.total is not None else 0,
                            free, self.allocated, self.reserved, self.allowed,
-                           self.context + self.reserved_total)
+                           self.context + self.reserved_total, private)
 
     def free(self, block: Block) -> None:
         """The tensor's memory is given back: the block returns to its pool (after the other
@@ -643,7 +706,7 @@ class CachingAllocator:
             raise ValueError(f"{block!r} is not allocated")
         block.allocated = False
         size = block.size
-        pool = self.small if block.small else self.large
+        pool = block.pool
         st = pool.stats
         # allocation -1, allocated_bytes -size ("all" and pool), unrolled (See Note [The
         # allocator's hot path])
@@ -685,15 +748,96 @@ class CachingAllocator:
         """Every stream is done: blocks held back for other streams are free."""
         self._process_deferred()
 
-    def empty_cache(self) -> bool:
-        """`release_cached_blocks`: release every cached block that is a whole segment."""
-        self._process_deferred()
-        self.counters["num_sync_all_streams"] += 1
-        for pool in (self.large, self.small):
-            for b in pool.blocks:
-                if not b.is_split:
-                    self._release(pool, b)
+    def empty_cache(self, pool_id: PoolId = DEFAULT_POOL) -> bool:
+        """`release_cached_blocks`: release every cached block that is a whole segment, of the
+        device's own pools (unless a capture is under way) and of the private pools no graph or
+        MemPool uses any more (`pool_id`: of that one only, and not the device's own). A freeable
+        pool left with no segment is forgotten."""
+        if pool_id == DEFAULT_POOL and not self.captures:
+            self._process_deferred()
+            self.counters["num_sync_all_streams"] += 1
+            for pool in (self.large, self.small):
+                self._release_blocks(pool)
+        for pid, pp in list(self.freeable.items()):
+            if pool_id not in (DEFAULT_POOL, pid):
+                continue
+            if pool_id != DEFAULT_POOL:
+                # synchronize_and_free_events(context, pool): that pool's held-back blocks
+                self._process_deferred(owner=pp)
+            self._release_blocks(pp.small)
+            self._release_blocks(pp.large)
+            if pp.segments == 0:
+                del self.graph_pools[pid]
+                del self.freeable[pid]
         return True
+
+    def _release_blocks(self, pool: _Pool) -> None:
+        """`release_blocks`: release the pool's cached blocks that are whole segments."""
+        for b in pool.blocks:
+            if not b.is_split:
+                self._release(pool, b)
+
+    # -- private pools (CUDA graphs, torch.cuda.MemPool) -------------------------------------
+
+    def _capture_pool(self, pool: _Pool, stream: int) -> _Pool:
+        """`get_pool`: the private pool of the newest capture whose filter takes `stream`
+        (its small or large pool, as `pool` is), else `pool`."""
+        for pool_id, takes in reversed(self.captures):
+            if takes(stream):
+                pp = self.graph_pools[pool_id]
+                return pp.small if pool.small else pp.large
+        return pool
+
+    def create_or_incref_pool(self, pool_id: PoolId) -> PrivatePool:
+        """`create_or_incref_pool`: a new private pool (use count 1), or one more use of a
+        live one."""
+        pp = self.graph_pools.get(pool_id)
+        if pp is None:
+            pp = self.graph_pools[pool_id] = PrivatePool(pool_id)
+            # its blocks count in the device's statistics, by pool size (get_stat_types_for_pool)
+            pp.small.stats = self._stats_of(True)
+            pp.large.stats = self._stats_of(False)
+        elif pp.use_count == 0:
+            # CUDA asserts here (TORCH_INTERNAL_ASSERT(use_count > 0)): the pool was released
+            raise PoolError(f"memory pool {pool_id} was released (no graph or MemPool uses "
+                            "it any more) and cannot be shared; capture into a new pool")
+        else:
+            pp.use_count += 1
+        return pp
+
+    def begin_allocate_to_pool(self, pool_id: PoolId, takes: Callable[[int], bool]) -> None:
+        """`beginAllocateToPool`: requests on the streams `takes` accepts go to the pool (made,
+        or one more use of it)."""
+        if any(pid == pool_id for pid, _ in self.captures):
+            raise PoolError("beginAllocateToPool: already recording to mempool_id")
+        self.create_or_incref_pool(pool_id)
+        self.captures.append((pool_id, takes))
+
+    def end_allocate_to_pool(self, pool_id: PoolId) -> None:
+        """`endAllocateToPool`: requests no longer go to the pool (its use stays)."""
+        for i, (pid, _) in enumerate(self.captures):
+            if pid == pool_id:
+                del self.captures[i]
+                return
+        raise PoolError("endAllocatePool: not currently recording to mempool_id")
+
+    def release_pool(self, pool_id: PoolId) -> None:
+        """`releasePool`: one use fewer; at none the pool is freeable (its cached segments go
+        at the next `empty_cache()`, its blocks still allocated when they are freed)."""
+        pp = self.graph_pools.get(pool_id)
+        if pp is None or pp.use_count <= 0:
+            raise PoolError(f"releasePool: no memory pool {pool_id} in use on device "
+                            f"{self.device}")
+        pp.use_count -= 1
+        if pp.use_count == 0:
+            self.freeable[pool_id] = pp
+
+    def pool_use_count(self, pool_id: PoolId) -> int:
+        """`getPoolUseCount`."""
+        pp = self.graph_pools.get(pool_id)
+        if pp is None:
+            raise PoolError(f"no memory pool {pool_id} on device {self.device}")
+        return pp.use_count
 
     # -- history and snapshots ---------------------------------------------------------------
 
@@ -712,10 +856,17 @@ class CachingAllocator:
                                trace, frozenset(skip_actions or ()))
         self._tracing = enabled == "all"
 
-    def snapshot(self) -> list[dict[str, Any]]:
-        """Every segment with its blocks, as `torch.cuda.memory._snapshot()["segments"]`."""
-        heads = {b for b in itertools.chain(self.active, self.deferred, self.small.blocks,
-                                            self.large.blocks) if b.prev is None}
+    def snapshot(self, pool_id: PoolId = DEFAULT_POOL) -> list[dict[str, Any]]:
+        """Every segment with its blocks, as `torch.cuda.memory._snapshot()["segments"]`, each
+        with the private pool it belongs to (`segment_pool_id`, (0, 0): the device's own);
+        `pool_id`: that private pool's segments only (none if there is no such pool)."""
+        cached = [self.small.blocks, self.large.blocks]
+        for pp in self.graph_pools.values():
+            cached += [pp.small.blocks, pp.large.blocks]
+        heads = {b for b in itertools.chain(self.active, self.deferred, *cached)
+                 if b.prev is None}
+        if pool_id != DEFAULT_POOL:
+            heads = {b for b in heads if b.pool.owner is not None and b.pool.owner.id == pool_id}
         segments = []
         for head in sorted(heads, key=lambda b: b.address):
             blocks = []
@@ -740,7 +891,9 @@ class CachingAllocator:
                              "active_size": active, "requested_size": requested,
                              "stream": head.stream,
                              "segment_type": "small" if head.small else "large",
-                             "segment_pool_id": (0, 0), "is_expandable": False,
+                             "segment_pool_id": (DEFAULT_POOL if head.pool.owner is None
+                                                 else head.pool.owner.id),
+                             "is_expandable": False,
                              "frames": list(head.segment_frames), "blocks": blocks})
         return segments
 
@@ -779,7 +932,9 @@ class CachingAllocator:
         if room is not None and size > room:
             return None
         self.reserved_total += size
-        b = Block(self._next_address, size, stream, pool.small)
+        b = Block(self._next_address, size, stream, pool)
+        if pool.owner is not None:
+            pool.owner.segments += 1
         self._next_address += (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
         b.segment_frames = frames
         st = pool.stats
@@ -798,11 +953,12 @@ class CachingAllocator:
         st = pool.stats
         already_split = block.prev is not None or block.next is not None
         remaining = block.size - size
-        # should_split
-        if remaining >= KMIN_BLOCK if pool.small else (size < self._max_split
-                                                       and remaining > SMALL_SIZE):
+        # should_split (never in a MemPool made with no_split)
+        if (remaining >= KMIN_BLOCK if pool.small else (size < self._max_split
+                                                        and remaining > SMALL_SIZE)) and (
+                pool.owner is None or not pool.owner.no_split):
             rest = block
-            block = Block(rest.address, size, stream, pool.small)
+            block = Block(rest.address, size, stream, pool)
             prev = block.prev = rest.prev
             if prev is not None:
                 prev.next = block
@@ -983,12 +1139,16 @@ class CachingAllocator:
         pr[0] -= requested
         pr[3] += requested
 
-    def _process_deferred(self, only_done: bool = False) -> None:
-        """Free the blocks held back for other streams: all (a synchronize), or `only_done`
-        those whose streams have done the work queued before their free, as `process_events`
-        queries their events."""
+    def _process_deferred(self, only_done: bool = False,
+                          owner: PrivatePool | None = None) -> None:
+        """Free the blocks held back for other streams: all (a synchronize; `owner`: those of
+        that private pool), or `only_done` those whose streams have done the work queued
+        before their free, as `process_events` queries their events."""
         events = self.events
-        if only_done and events is not None:
+        if owner is not None:
+            done = [b for b in self.deferred if b.pool.owner is owner]
+            self.deferred = [b for b in self.deferred if b.pool.owner is not owner]
+        elif only_done and events is not None:
             done = [b for b in self.deferred if all(events.done(t) for t in b.events)]
             if not done:
                 return
@@ -998,11 +1158,13 @@ class CachingAllocator:
         for b in done:
             b.stream_uses = ()
             b.events = _NO_EVENTS
-            self._free_block(b, self.small if b.small else self.large)
+            self._free_block(b, b.pool)
 
     def _release(self, pool: _Pool, block: Block) -> None:
         """`release_block`: cudaFree a whole cached segment."""
         pool.remove(block)
+        if pool.owner is not None:
+            pool.owner.segments -= 1
         self.reserved_total -= block.size
         st = pool.stats
         _dec((st[_SEGMENT], st[_SEGMENT + 1]), 1)

@@ -44,7 +44,8 @@ class DeviceState:
     # `queued` before the op's tensors go (`core/workers.py`), so the count never takes a
     # storage for queued work's alone while the user still holds it.
 
-    __slots__ = ("allocator", "context", "index", "limit", "opened", "outside", "queued", "raw",
+    __slots__ = ("allocator", "context", "graphs", "index", "limit", "opened", "outside",
+                 "queued", "raw",
                  "reserve_up_front", "torch_device", "watches", "workspace", "workspace_bytes")
 
     def __init__(self, index: int, limit: int | None, reserve_up_front: bool = False,
@@ -73,12 +74,15 @@ class DeviceState:
         # devlab's own watches (%%memwatch): each keeps its peak apart from `peak`, which
         # torch.cuda.max_memory_allocated reads and only the user resets.
         self.watches: list[PeakWatch] = []
+        # What CUDA graphs captured on this GPU keep alive (cuda/graphs.py `_Hold`): `settle`
+        # gives back to their private pools the blocks only a graph still uses.
+        self.graphs: list[Any] = []
         self.torch_device = torch.device("cuda", index)
 
     @property
     def allocated(self) -> int:
         """Bytes allocated now: the blocks the user's tensors hold."""
-        if self.queued:
+        if self.queued or self.graphs:
             with lock:
                 self.settle()
         return self.allocator.allocated
@@ -144,8 +148,10 @@ class DeviceState:
             self.workspace = None
 
     def settle(self) -> None:
-        """Free the blocks of storages only queued work still uses (the caller holds the lock;
-        See Note [Why queued work's storages are uncounted])."""
+        """Free the blocks of storages only queued work, or a CUDA graph, still uses (the
+        caller holds the lock; See Note [Why queued work's storages are uncounted])."""
+        for hold in self.graphs:
+            hold.settle()
         held: dict[int, list] = {}
         for marks in list(self.queued.values()):
             for m in marks:

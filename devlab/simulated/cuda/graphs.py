@@ -22,12 +22,19 @@ What a GPU does during capture, the simulation does too:
   a replay costs the host ONE launch for the whole graph, its kernels running back to back with
   their modeled times (`clock.Clock.replay`): the lesson CUDA graphs teach.
 
-Memory: what the capture allocates is kept alive by the graph until `reset()` or the graph is
-gone, and counts in `memory_allocated` (on CUDA, blocks the capture freed return to the graph's
-private pool, which counts them as reserved, not allocated: that pool is not modeled; pools
-shared through `pool=` are accepted and share nothing). External inputs a capture read are kept
-alive too (CUDA would read freed memory). Random ops draw fresh values at each replay from the
-CPU's generator, as a GPU's replay draws fresh Philox offsets.
+Memory is the graph's private pool, as CUDA's caching allocator keeps it (Note [Interaction
+with CUDA graph capture] in CUDACachingAllocator.cpp; `devlab.gpu_model.allocator.PrivatePool`):
+what the capture allocates comes from that pool's own segments (`beginAllocateToPool`, for the
+capturing stream and, in devlab, the capturing thread's other streams); `pool=` (another
+graph's `pool()`, `graph_pool_handle()` or a MemPool's `id`) shares one pool. The graph keeps
+each tensor its capture made alive for its replays, through tensors of its own on the same
+storages (`_Hold`), so a storage only the graph still uses is one the program let go of: its
+block goes back to the private pool, reserved, no longer allocated (checked before each op of
+the capture and whenever memory is read), and only that pool reuses it. `reset()` (or the
+graph's end) releases the pool (`releasePool`): with no graph or MemPool left using it, the next
+`empty_cache()` frees its unused segments. External inputs a capture read are kept alive (CUDA
+would read freed memory). Random ops draw fresh values at each replay from the CPU's
+generator, as a GPU's replay draws fresh Philox offsets.
 
 Not simulated: work on another GPU than the capturing one (devlab's own error: how CUDA
 orders another device's stream with a capture is not modeled); printing a GPU tensor during
@@ -38,8 +45,9 @@ this machine (the modeled clock still queues it).
 
 from __future__ import annotations
 
-import itertools
+import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -47,6 +55,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from devlab.aten_ops import COPY_OPS, SYNC_OPS
+from devlab.gpu_model.allocator import PoolError
 
 from ..core import errors as _errors
 from ..core import session as _session
@@ -54,8 +63,10 @@ from ..core import workers as _workers
 from ..core.errors import entry
 from ..core.marks import is_pinned, live_mark, storage_of, tensors_of
 from ..core.patcher import Patcher
+from ..core.session import _BARE_REFS, _use_count
 from ..mode.dispatched import run as _run_dispatched
 from . import api as _api
+from .memory import new_pool_id, pool_id_of
 
 Tensor = torch.Tensor
 _DisableTF = torch._C.DisableTorchFunction
@@ -83,14 +94,79 @@ def _torch_check(message: str) -> RuntimeError:
     return _errors.user_error(RuntimeError(message))
 
 
-_pool_ids = itertools.count(1)
-
-
 @entry
 def graph_pool_handle() -> tuple[int, int]:
     """torch.cuda.graph_pool_handle(): a token graphs share a memory pool by (user-made pools
     have only the second number set, as CUDA's `MemPool::graph_pool_handle`)."""
-    return (0, next(_pool_ids))
+    return new_pool_id(True)
+
+
+class _Hold:
+    """What a graph keeps alive of its capture's memory: for each storage the capture made, its
+    mark and how many tensors of the graph's own (aliases of the program's) are on it. The
+    program's tensors are not kept, so a storage used by the graph's tensors alone is one the
+    program let go of; `settle` gives its block back to the private pool it came from, as
+    CUDA's allocator does when the tensor is freed (See Note [Why queued work's storages are
+    uncounted] in core/session.py: the same count)."""
+
+    def __init__(self) -> None:
+        # storage key -> [its mark, the graph's tensors on it, a weak reference to it]
+        self.marks: dict[int, list] = {}
+        self.aliases: dict[int, tuple[Any, Tensor]] = {}  # id(program's tensor) -> (ref, alias)
+        self.dropped: list[int] = []  # storages a recorded tensor of the program's left
+
+    def alias(self, t: Tensor, s: torch.UntypedStorage) -> Tensor:
+        """The graph's own tensor for the program's `t` (same storage, sizes, strides)."""
+        got = self.aliases.get(id(t))
+        if got is not None and got[0] is not None and got[0]() is t:
+            return got[1]
+        with _DisableTF(), _disable_current_modes():
+            alias = t.detach()
+        k = _key(s)
+        entry = self.marks.get(k)
+        if entry is None:
+            # An op's fresh output is marked once the op returns (mode.ops), after it is
+            # recorded: its mark is looked up when it is first needed.
+            self.marks[k] = [live_mark(s), 1, weakref.ref(s)]
+        else:
+            entry[1] += 1
+        dropped = self.dropped
+        try:
+            ref: Any = weakref.ref(t, lambda _r, k=k: dropped.append(k))
+        except TypeError:  # a tensor type without weak references: checked at reads only
+            ref = None
+        self.aliases[id(t)] = (ref, alias)
+        return alias
+
+    def settle(self, every: bool = True) -> None:
+        """Free the blocks of the storages only the graph uses (`every`: all it holds, else
+        those a recorded tensor of the program's has left since). The caller holds the lock."""
+        keys = list(self.marks) if every else self.dropped
+        if not every:
+            self.dropped = []
+        for k in keys:
+            entry = self.marks.get(k)
+            if entry is None:
+                continue
+            m, n, sref = entry
+            if m is None:
+                st = sref()
+                m = entry[0] = live_mark(st) if st is not None else None
+                if m is None:
+                    continue  # not (yet) on a simulated GPU's allocator
+            s = m()
+            if s is None or m.block is None:
+                continue
+            if _use_count(s._cdata) == 1 + n and sys.getrefcount(s) <= _BARE_REFS:
+                m.session.devices[m.index].allocator.free(m.block)
+                m.block = None
+            elif not every:
+                self.dropped.append(k)  # still used (it may be dying now): look again later
+
+    def clear(self) -> None:
+        self.marks.clear()
+        self.aliases.clear()
+        self.dropped = []
 
 
 class _Op(NamedTuple):
@@ -166,6 +242,11 @@ class _Recorder(TorchDispatchMode):
                 cap.refuse(SYNC_OPS[func])
         elif func in COPY_OPS:
             cap.check_copy(func, args, kwargs)
+        if cap.hold.dropped:
+            # Blocks the program let go of go back to the private pool before this op
+            # allocates, as CUDA's allocator frees them when the tensor is freed.
+            with _session.lock:
+                cap.hold.settle(every=False)
         cap.save_written(func, args, kwargs)
         out, index = _run_dispatched(func, args, kwargs)
         if index is not None and index != cap.device:
@@ -192,6 +273,8 @@ class _Capture:
         self.recorder = _Recorder(self)
         self.clock_state: Any = None
         self.rng_state: Tensor | None = None
+        self.hold = _Hold()
+        self.pool: tuple[int, int] | None = None  # set once its allocation goes to the pool
 
     def on_gpu(self, t: Tensor) -> bool:
         s = storage_of(t)
@@ -262,11 +345,26 @@ class _Capture:
         targets = []
         for i, (o, fresh) in enumerate(zip(leaves, flags, strict=False)):
             if fresh and isinstance(o, Tensor):
-                targets.append((i, o))
                 s = storage_of(o)
                 if s is not None:
                     self.fresh.add(_key(s))
-        self.ops.append(_Op(func, args, dict(kwargs), tuple(targets)))
+                targets.append((i, self.own(o)))
+        self.ops.append(_Op(func, tuple(self.own_all(a) for a in args),
+                            {k: self.own_all(v) for k, v in kwargs.items()}, tuple(targets)))
+
+    def own(self, t: Tensor) -> Tensor:
+        """The graph's own alias of `t` if the capture made its storage, else `t` itself."""
+        s = storage_of(t)
+        if s is None or _key(s) not in self.fresh:
+            return t
+        return self.hold.alias(t, s)
+
+    def own_all(self, v: Any) -> Any:
+        if isinstance(v, Tensor):
+            return self.own(v)
+        if isinstance(v, (list, tuple)) and any(isinstance(x, Tensor) for x in v):
+            return type(v)(self.own(x) if isinstance(x, Tensor) else x for x in v)
+        return v
 
     def restore(self) -> None:
         """Put back the GPU storages the capture wrote that it did not make."""
@@ -288,6 +386,8 @@ class CUDAGraph:
         self._pool: tuple[int, int] | None = None
         self._ended = False
         self._capture: _Capture | None = None
+        self._hold: _Hold | None = None
+        self._held_by: tuple[Any, int, tuple[int, int] | None] | None = None
 
     @entry
     @_api.initializes
@@ -317,9 +417,24 @@ class CUDAGraph:
         # Simulated GPUs draw from the CPU's generator. A GPU's capture reserves Philox offsets
         # without advancing its generator (each replay advances it), so the capture's draws
         # are given back at its end.
+        pool_id = pool_id_of(pool) if pool else new_pool_id(False)
+        if sess is not None:
+            # beginAllocateToPool: the capturing stream's requests go to the graph's pool (and,
+            # in devlab, the capturing thread's on other streams: those joined to the capture)
+            stream = _session.current_streams().get(cap.device, 0)
+            thread = cap.thread
+            with _session.lock:
+                try:
+                    sess.devices[cap.device].allocator.begin_allocate_to_pool(
+                        pool_id, lambda s: s == stream or threading.get_ident() == thread)
+                except PoolError as e:
+                    if cap.clock_state is not None:
+                        sess.charges.end_capture(cap.clock_state)
+                    raise _torch_check(str(e)) from None
+            cap.pool = pool_id
         cap.rng_state = torch.default_generator.get_state()
         cap.recorder.__enter__()
-        self._pool = pool if pool else (next(_pool_ids), 0)
+        self._pool = pool_id
         self._capture = cap
         _session.capture = cap
 
@@ -335,6 +450,10 @@ class CUDAGraph:
             raise _torch_check("Capture must end on the same stream it began on.")
         ops = tuple(cap.ops)
         kernels = self._finish(cap)
+        if cap.failed or cap.refused is not None:
+            # No graph: nothing uses its pool any more (devlab puts the allocator back too,
+            # where torch would leave the capture's pool routed)
+            self._release_pool(cap)
         if cap.failed:
             raise cuda_error(INVALIDATED)
         if cap.refused is not None:
@@ -343,6 +462,13 @@ class CUDAGraph:
         self._kernels = kernels
         self._device = cap.device
         self._ended = True
+        self._hold = cap.hold
+        self._held_by = (_session.session, cap.device, cap.pool)
+        sess = _session.session
+        if sess is not None:
+            with _session.lock:
+                sess.devices[cap.device].graphs.append(cap.hold)
+                cap.hold.settle()
         if not self._ops:
             import warnings
 
@@ -357,6 +483,10 @@ class CUDAGraph:
             _session.capture = None
         try:
             cap.recorder.__exit__(None, None, None)
+            sess = _session.session
+            if cap.pool is not None and sess is not None:
+                with _session.lock:  # endAllocateToPool
+                    sess.devices[cap.device].allocator.end_allocate_to_pool(cap.pool)
         finally:
             # The mode and its capture refer to each other: let go of what they hold now, not
             # at the next garbage collection (a storage returns to its GPU when it dies).
@@ -376,6 +506,17 @@ class CUDAGraph:
         cap = self._capture
         if cap is not None:
             self._finish(cap)
+            self._release_pool(cap)
+
+    @staticmethod
+    def _release_pool(cap: _Capture) -> None:
+        """A capture that made no graph gives its pool back (`releasePool`)."""
+        sess = _session.session
+        if cap.pool is not None and sess is not None:
+            with _session.lock:
+                sess.devices[cap.device].allocator.release_pool(cap.pool)
+            cap.pool = None
+        cap.hold.clear()
 
     @entry
     def replay(self) -> None:
@@ -404,11 +545,35 @@ class CUDAGraph:
 
     @entry
     def reset(self) -> None:
-        """Drop the graph and what it keeps alive (its memory returns to the allocator)."""
+        """Drop the graph and what it keeps alive: its blocks go back to its private pool, and
+        the pool is released (`releasePool`): with nothing else using it, the next
+        `empty_cache()` frees its segments."""
         self.abort()
         self._ops = ()
         self._kernels = ()
+        held, self._held_by = self._held_by, None
+        hold, self._hold = self._hold, None
+        if held is not None:
+            sess, device, pool_id = held
+            if sess is _session.session and sess is not None:
+                with _session.lock:
+                    try:
+                        sess.devices[device].graphs.remove(hold)
+                    except ValueError:
+                        pass
+                    if pool_id is not None:
+                        sess.devices[device].allocator.release_pool(pool_id)
+        if hold is not None:
+            hold.clear()  # the graph's aliases go: storages only they held die
         self._ended = False
+
+    def __del__(self) -> None:
+        # CUDAGraph::~CUDAGraph calls reset(): the graph's pool is released with it.
+        try:
+            if getattr(self, "_held_by", None) is not None:
+                self.reset()
+        except Exception:  # noqa: S110 - at interpreter exit torch or devlab may be gone
+            pass
 
     @entry
     def pool(self) -> tuple[int, int]:

@@ -2,18 +2,23 @@
 (`devlab.gpu_model.allocator`): torch.cuda's memory functions, and the `torch._C` entry points
 torch's own Python code calls (`memory_summary`'s table, `memory_snapshot`,
 `torch.cuda.memory._record_memory_history`, `_snapshot` and `_dump_snapshot`), so those run
-unchanged and read what a GPU's allocator would report."""
+unchanged and read what a GPU's allocator would report; and memory pools: `torch.cuda.MemPool`
+(a private pool of the allocator's, `PrivatePool`) and the entry points torch's own
+`use_mem_pool` calls (`_cuda_beginAllocateCurrentThreadToPool`, `_cuda_endAllocateToPool`,
+`_cuda_releasePool`)."""
 
 from __future__ import annotations
 
 import collections
+import itertools
 import sys
+import threading
 from types import FrameType
 from typing import Any
 
 import torch
 
-from devlab.gpu_model.allocator import OutOfMemory
+from devlab.gpu_model.allocator import OutOfMemory, PoolError
 
 from ..core import devices as _devices
 from ..core import errors as _errors
@@ -88,7 +93,7 @@ def nested_stats(device: Any = None) -> dict[str, Any]:
     """`torch._C._cuda_memoryStats`: the allocator's statistics, nested as CUDA's."""
     dev = _gpu(device)
     with _session.lock:
-        if dev.queued:
+        if dev.queued or dev.graphs:
             dev.settle()
         return dev.allocator.memory_stats()
 
@@ -129,7 +134,7 @@ def empty_cache() -> None:
     """Release every cached segment with nothing allocated in it, on every GPU."""
     for dev in _devices_all():
         with _session.lock:
-            if dev.queued:
+            if dev.queued or dev.graphs:
                 dev.settle()
             dev.allocator.empty_cache()
 
@@ -211,17 +216,155 @@ def record_memory_history_legacy(enabled: bool, record_context: bool = True,
 
 
 def memory_snapshot(arg: Any = None) -> dict[str, Any]:
-    """`torch._C._cuda_memorySnapshot`: every GPU's segments and recorded traces."""
+    """`torch._C._cuda_memorySnapshot`: every GPU's segments and recorded traces; with a pool
+    id (`(first, second, include_traces)`, as `memory_snapshot(mempool_id)` passes it) that
+    pool's segments only."""
     include_traces = not (isinstance(arg, tuple) and len(arg) > 2 and not arg[2])
+    pool_id = (int(arg[0]), int(arg[1])) if isinstance(arg, tuple) and len(arg) > 1 else (0, 0)
     segments: list[dict[str, Any]] = []
     traces: list[list[dict[str, Any]]] = []
     for dev in _devices_all():
         with _session.lock:
-            if dev.queued:
+            if dev.queued or dev.graphs:
                 dev.settle()
-            segments.extend(dev.allocator.snapshot())
+            segments.extend(dev.allocator.snapshot(pool_id))
             traces.append(dev.allocator.trace() if include_traces else [])
     return {"segments": segments, "device_traces": traces}
+
+
+# -- memory pools --------------------------------------------------------------------------------
+
+# c10::generate_mempool_id's two counters: ids made by the user (graph_pool_handle, MemPool)
+# set the second number, a CUDA graph's own pool the first.
+_user_pool_ids = itertools.count(1)
+_graph_pool_ids = itertools.count(1)
+
+
+def new_pool_id(user_created: bool) -> tuple[int, int]:
+    """A fresh memory-pool id, as `c10::generate_mempool_id` makes it."""
+    return (0, next(_user_pool_ids)) if user_created else (next(_graph_pool_ids), 0)
+
+
+def pool_id_of(pool: Any) -> tuple[int, int]:
+    """A memory-pool id argument (a pair of ints, or a MemPool) as a pair, or a TypeError
+    naming what it takes."""
+    if isinstance(pool, MemPool):
+        return pool.id
+    try:
+        a, b = pool
+        if isinstance(a, int) and isinstance(b, int):
+            return (a, b)
+    except (TypeError, ValueError):
+        pass
+    raise _errors.user_error(TypeError(
+        "a memory pool is given by its id, a pair of ints (from CUDAGraph.pool(), "
+        f"torch.cuda.graph_pool_handle() or MemPool.id), not {pool!r}"))
+
+
+def _pool_call(index: int, call: str, *args: Any) -> Any:
+    """Call the allocator's private-pool method on simulated GPU `index`, torch's
+    RuntimeError for what it refuses."""
+    dev = _gpu(index)
+    with _session.lock:
+        try:
+            return getattr(dev.allocator, call)(*args)
+        except PoolError as e:
+            raise _errors.user_error(RuntimeError(str(e))) from None
+
+
+class MemPool:
+    """torch.cuda.MemPool on simulated GPUs: a private pool of the current GPU's caching
+    allocator (`c10::cuda::MemPool`: made with one use, `createOrIncrefPool`; released and its
+    unused segments freed when it goes, `releasePool` then `emptyCache(id)`).
+
+    `allocator=` (a CUDAPluggableAllocator) and `use_on_oom=True` are devlab's own error: the
+    simulated allocator is CUDA's native one, and its out-of-memory fallback to pools is not
+    modeled."""
+
+    @entry
+    def __init__(self, allocator: Any = None, use_on_oom: bool = False,
+                 no_split: bool = False) -> None:
+        if allocator is not None:
+            raise _errors.not_simulated(
+                "a MemPool with an allocator of its own (torch.cuda.memory."
+                "CUDAPluggableAllocator)", "use torch.cuda.MemPool() with the caching allocator")
+        if use_on_oom:
+            raise _errors.not_simulated(
+                "MemPool(use_on_oom=True) (the allocator's fallback to a pool when it runs out "
+                "of memory)", "leave use_on_oom=False")
+        _fork.initialize()
+        index = _session.current_device()
+        self._released = True  # until the pool exists: __del__ then has nothing to give back
+        self._device = index
+        self._session = _session.session
+        self._id = new_pool_id(True)
+        pp = _pool_call(index, "create_or_incref_pool", self._id)
+        pp.no_split = bool(no_split)
+        self._released = False
+
+    @property
+    def id(self) -> tuple[int, int]:
+        """The pool's id, a pair of ints (user-made: the first is 0)."""
+        return self._id
+
+    @property
+    def allocator(self) -> None:
+        """The pool's own allocator: none (the caching allocator's)."""
+        return None
+
+    @entry
+    def use_count(self) -> int:
+        """How many uses the pool has: the MemPool, each `use_mem_pool` block under way, each
+        CUDA graph captured into it (`getPoolUseCount`)."""
+        return int(_pool_call(self._device, "pool_use_count", self._id))
+
+    def snapshot(self, include_traces: bool = True) -> list[dict[str, Any]]:
+        """The pool's segments, as `torch.cuda.memory_snapshot(self.id)` gives them."""
+        return torch.cuda.memory_snapshot(self.id, include_traces=include_traces)
+
+    def __del__(self) -> None:
+        # MemPool::~MemPool: releasePool, then emptyCache(id).
+        try:
+            if self._released or self._session is not _session.session:
+                return
+            self._released = True
+            dev = _gpu(self._device)
+            with _session.lock:
+                dev.allocator.release_pool(self._id)
+                dev.allocator.empty_cache(self._id)
+        except Exception:  # noqa: S110 - at interpreter exit torch or devlab may be gone
+            pass
+
+    def __repr__(self) -> str:
+        return f"<simulated torch.cuda.MemPool {self._id} on cuda:{self._device}>"
+
+
+@entry
+def begin_allocate_current_thread_to_pool(device: int, mempool_id: Any) -> None:
+    """`torch._C._cuda_beginAllocateCurrentThreadToPool`: this thread's requests on the GPU go
+    to the pool (one more use of it)."""
+    thread = threading.get_ident()
+    _pool_call(_devices.cuda_index(device), "begin_allocate_to_pool", pool_id_of(mempool_id),
+               lambda _stream: threading.get_ident() == thread)
+
+
+@entry
+def end_allocate_to_pool(device: int, mempool_id: Any) -> None:
+    """`torch._C._cuda_endAllocateToPool`."""
+    _pool_call(_devices.cuda_index(device), "end_allocate_to_pool", pool_id_of(mempool_id))
+
+
+@entry
+def release_pool(device: int, mempool_id: Any) -> None:
+    """`torch._C._cuda_releasePool`: one use fewer of the pool."""
+    _pool_call(_devices.cuda_index(device), "release_pool", pool_id_of(mempool_id))
+
+
+_POOL_FUNCS = {
+    "_cuda_beginAllocateCurrentThreadToPool": begin_allocate_current_thread_to_pool,
+    "_cuda_endAllocateToPool": end_allocate_to_pool,
+    "_cuda_releasePool": release_pool,
+}
 
 
 def reset_peak_c(device: Any = None) -> None:
@@ -270,6 +413,14 @@ CUDA_FUNCS = {
 
 
 def install(p: Patcher) -> None:
-    """Put the allocator's entry points where torch's Python code calls them."""
+    """Put the allocator's entry points where torch's Python code calls them (torch.cuda.memory
+    bound the pool ones, and MemPool's base class, when it was imported)."""
+    import torch.cuda.memory as torch_memory
+
     for name, fn in _C_FUNCS.items():
         p.set(torch._C, name, fn)
+    for name, fn in _POOL_FUNCS.items():
+        p.set(torch._C, name, fn)
+        p.set(torch_memory, name, fn)
+    p.set(torch_memory, "MemPool", MemPool)
+    p.set(torch.cuda, "MemPool", MemPool)
