@@ -37,6 +37,9 @@ _workers: dict[int, _Worker] = {}
 # process while the main thread waits is raised then, even if the signal woke another thread.
 _WAKE = 0.1
 
+# Set in a forked child: its workers take one thread each (see fork._after_in_child).
+_forked = False
+
 # Threads the simulation starts for itself, which must not route work (see mode.threads).
 UNROUTED = "_devlab_unrouted"
 
@@ -126,7 +129,9 @@ def submit(index: int, fn: Callable[[], None], holds: list | None = None) -> Non
     sess = _session.session
     if w is None:
         count = sess.count if sess is not None else 1
-        w = _workers[index] = _Worker(index, max(1, cpu_cores() // count))
+        # In a forked child one thread each, as its main thread (see fork._after_in_child).
+        threads = 1 if _forked else max(1, cpu_cores() // count)
+        w = _workers[index] = _Worker(index, threads)
     w.submit(fn, sess.devices[index] if holds and sess is not None else None, holds)
 
 
@@ -214,7 +219,8 @@ def _at_exit() -> None:
 
 def forget_in_child() -> None:
     """A forked child has none of the parent's threads: start over with no workers (`_fork`)."""
-    global _pending_total, _alert, _lock
+    global _pending_total, _alert, _lock, _forked
+    _forked = True
     _lock = threading.Lock()
     _workers.clear()
     _pending_total = 0
