@@ -424,6 +424,7 @@ def _quiet_after_in_parent() -> None:
         return
     window = mine[0]
     try:
+        window.last = time.monotonic()  # the quiet period counts from the fork's end
         if window.timer is None:
             window.timer = threading.Thread(target=_close_when_quiet, args=(window,),
                                             name="devlab-fork-quiet", daemon=True)
