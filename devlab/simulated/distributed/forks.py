@@ -1,4 +1,4 @@
-"""Ranks torch forks while GPUs are simulated: a barrier at their start, a watchdog for hangs.
+"""Ranks forked or spawned while GPUs are simulated: a barrier at their start, a watchdog for hangs.
 
 `torch.multiprocessing.start_processes(start_method="fork")` is how torch elastic's agent
 (accelerate's `notebook_launcher`) and Lightning's `ddp_notebook` start their ranks. It forks one
@@ -28,6 +28,17 @@ for `hang_timeout()` seconds, each writes where its threads wait to its stderr, 
 notebook shows under the cell, and exits with status 124 (HANG_EXIT), so the launcher in the
 cell raises rather than waiting for ever. faulthandler's own timer backs the thread up, should a
 hang keep the thread from Python (the GIL held while blocked).
+
+Forks no launcher announces (a program's own `multiprocessing` fork loop, `os.fork`): while
+simulating, a fork from a process in which a c10d store server thread runs (`pt_tcpstore*`)
+opens a *quiet window*: its children wait until the parent has not forked for QUIET seconds (a
+timer thread in the parent closes the pipe they wait on) or has died. They are watched too, with
+the parent's processor time counting as progress, except DataLoader workers. Forks from a
+process without a store thread are untouched.
+
+Spawned ranks (`start_method="spawn"` or `"forkserver"`: mp.spawn, torch elastic) inherit
+nothing: start_processes wraps their function so that each child maps a small file of slots and
+starts the same watchdog before the rank's code runs.
 """
 
 from __future__ import annotations
@@ -100,8 +111,9 @@ def _check_timeout(seconds: Any, what: str) -> float | None:
 
 
 def set_hang_timeout(seconds: float | None) -> None:
-    """How long ranks forked by torch's launchers may all wait before each reports where it
-    waits and stops (default 180 s, or the environment's DEVLAB_HANG_TIMEOUT); None: never."""
+    """How long the ranks of a launch (forked or spawned) may all wait before each reports
+    where it waits and stops (default 180 s, or the environment's DEVLAB_HANG_TIMEOUT);
+    None: never."""
     global _hang_timeout
     _hang_timeout = _check_timeout(seconds, "the hang timeout")
 
