@@ -4,6 +4,7 @@ reported, with where each waits, within the hang timeout instead of never ending
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import os
@@ -12,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
@@ -20,14 +22,14 @@ import devlab
 from devlab.simulated.distributed import forks
 
 # The test's own fork hooks (registered once; they act only while a test switches them on).
-_gate: dict[str, object] = {"on": False, "forks": 0, "held": None, "fork_times": []}
+_gate: dict[str, object] = {"on": False, "forks": 0, "held": None, "fork_times": [], "wait": 3}
 
 
 def _before_fork() -> None:
     if _gate["on"] and _gate["forks"] >= 1 and _gate["held"] is not None:
         # the second fork waits (up to 3 s) for the parent's thread to hold its lock: a fork
         # at the worst moment, every time
-        _gate["held"].wait(3)  # type: ignore[attr-defined]
+        _gate["held"].wait(_gate["wait"])  # type: ignore[attr-defined]
 
 
 def _after_fork_in_parent() -> None:
@@ -41,9 +43,9 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 @pytest.fixture
 def gate():
-    _gate.update(on=True, forks=0, held=threading.Event(), fork_times=[])
+    _gate.update(on=True, forks=0, held=threading.Event(), fork_times=[], wait=3)
     yield _gate
-    _gate.update(on=False, forks=0, held=None, fork_times=[])
+    _gate.update(on=False, forks=0, held=None, fork_times=[], wait=3)
 
 
 @pytest.fixture
@@ -55,8 +57,16 @@ def hang_timeout():
 _lock = threading.Lock()  # stands for glibc's resolver lock: a plain lock fork does not reset
 
 
-def _serve(server: socket.socket, held: threading.Event) -> None:
-    """The parent's store thread: it takes the lock for each peer (glibc's getnameinfo)."""
+def _serve(server: socket.socket, held: threading.Event, name: bytes = b"",
+           named: threading.Event | None = None) -> None:
+    """The parent's store thread: it takes the lock for each peer (glibc's getnameinfo);
+    `name`: its name as the kernel knows it (torch names its store threads)."""
+    if name:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(15, name, 0, 0, 0)  # PR_SET_NAME
+    if named is not None:
+        named.set()
     while True:
         try:
             conn, _ = server.accept()
@@ -277,3 +287,209 @@ def test_devlabs_own_forked_ranks_get_the_hang_report(two, hang_timeout, capfd):
     assert "no process of this launch made progress for 2 s" in shown, shown
     assert "threading.Event().wait()  # devlab.launch's rank 1 never returns" in shown, shown
     assert "was stopped by devlab's hang report (exit code 124)" in str(raised.value)
+
+
+# -- forks no launcher announces: plain multiprocessing, os.fork ------------------------------
+
+_fork = multiprocessing.get_context("fork")
+
+
+def _plain_race(tmp_path: Path, name: bytes) -> dict[str, str]:
+    """Two ranks a program forks itself with multiprocessing, while a thread of it (named as
+    torch names a store server's, or not) takes the lock for each peer that connects."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    named = threading.Event()
+    thread = threading.Thread(target=_serve, args=(server, _gate["held"], name, named),
+                              daemon=True)
+    thread.start()
+    named.wait(10)  # the first fork must see the thread's name
+    try:
+        ranks = [_fork.Process(target=_connect_then_lock,
+                               args=(i, server.getsockname()[1], str(tmp_path)))
+                 for i in range(2)]
+        for rank in ranks:
+            rank.start()
+        for rank in ranks:
+            rank.join(30)
+    finally:
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)  # wakes its accept (close alone does not)
+        server.close()
+        thread.join(10)  # a named thread left running would open windows in later tests
+    return {p.name: p.read_text() for p in tmp_path.iterdir()}
+
+
+def test_without_a_quiet_window_a_plain_fork_inherits_a_held_lock(no_simulation, gate, tmp_path):
+    assert _plain_race(tmp_path, b"pt_tcpstore_uv") == {"0": "ok", "1": "stuck"}
+
+
+def test_a_store_thread_holds_plain_forks_until_the_parent_stops_forking(two, gate, tmp_path,
+                                                                        monkeypatch):
+    # rank 1 is forked 0.5 s after rank 0, well inside the quiet period: rank 0 has not
+    # connected yet, so the parent's thread holds no lock at rank 1's fork
+    monkeypatch.setattr(forks, "QUIET", 1.0)
+    _gate["wait"] = 0.5
+    assert _plain_race(tmp_path, b"pt_tcpstore_uv") == {"0": "ok", "1": "ok"}
+
+
+def test_a_thread_of_another_name_opens_no_window(two, gate, tmp_path, monkeypatch):
+    # the same race, but the thread is no store server: devlab leaves the forks alone
+    monkeypatch.setattr(forks, "QUIET", 1.0)
+    _gate["wait"] = 3
+    assert _plain_race(tmp_path, b"worker") == {"0": "ok", "1": "stuck"}
+
+
+def _stamp_and_exit(i: int, out: str) -> None:
+    Path(out, f"{i}").write_text(repr(time.monotonic()))
+
+
+def _fork_three(out: str) -> list[float]:
+    """Two multiprocessing ranks and one os.fork, as fast as the parent can; the fork times."""
+    ranks = [_fork.Process(target=_stamp_and_exit, args=(i, out)) for i in range(2)]
+    for rank in ranks:
+        rank.start()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _stamp_and_exit(2, out)
+        finally:
+            os._exit(0)
+    for rank in ranks:
+        rank.join(30)
+    os.waitpid(pid, 0)
+    return list(_gate["fork_times"])  # type: ignore[call-overload]
+
+
+def test_plain_forks_start_after_the_quiet_period_only_beside_a_store(two, gate, tmp_path,
+                                                                     monkeypatch):
+    import torch.distributed as dist
+
+    _gate["held"] = None
+    monkeypatch.setattr(forks, "QUIET", 2.0)
+    assert not forks.store_thread_running()
+    (tmp_path / "alone").mkdir()
+    forked = _fork_three(str(tmp_path / "alone"))
+    starts = [float(p.read_text()) for p in (tmp_path / "alone").iterdir()]
+    assert len(starts) == 3 and max(starts) < max(forked) + 2.0  # not held: no store thread
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        assert forks.store_thread_running()  # torch 2.13's thread: pt_tcpstore_uv
+        _gate["fork_times"] = []
+        (tmp_path / "store").mkdir()
+        forked = _fork_three(str(tmp_path / "store"))
+        starts = [float(p.read_text()) for p in (tmp_path / "store").iterdir()]
+        assert len(starts) == 3 and min(starts) >= max(forked) + 2.0
+    finally:
+        del store
+    deadline = time.monotonic() + 5
+    while forks._quiet is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert forks._quiet is None  # the window closed: its descriptors are gone
+
+
+def _waits_forever() -> None:
+    threading.Event().wait()  # the plain fork's line the report must show
+
+
+def test_a_hung_plain_fork_beside_a_store_is_reported(two, hang_timeout, capfd):
+    import torch.distributed as dist
+
+    hang_timeout(2)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        start = time.monotonic()
+        rank = _fork.Process(target=_waits_forever)
+        rank.start()
+        rank.join(30)
+        took = time.monotonic() - start
+    finally:
+        del store
+    err = capfd.readouterr().err
+    assert rank.exitcode == forks.HANG_EXIT, (rank.exitcode, err)
+    assert 2 <= took < 15, took
+    assert "no process of this launch made progress for 2 s" in err, err
+    assert "threading.Event().wait()  # the plain fork's line the report must show" in err
+
+
+def test_dataloader_workers_beside_a_store_are_not_reported(two, hang_timeout, capfd):
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    hang_timeout(1)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        loader = DataLoader(list(range(4)), batch_size=2, num_workers=2,
+                            persistent_workers=True, multiprocessing_context="fork")
+        first = [b.tolist() for b in loader]
+        time.sleep(3)  # the parent idle, the workers idle: longer than the hang timeout
+        second = [b.tolist() for b in loader]
+        del loader
+    finally:
+        del store
+    assert first == second == [[0, 1], [2, 3]]
+    assert "made progress" not in capfd.readouterr().err
+    assert torch.utils.data.get_worker_info() is None
+
+
+# -- spawned ranks ----------------------------------------------------------------------------
+
+
+def _spawned_pair(i: int, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=i, world_size=2)
+    if i == 1:
+        threading.Event().wait()  # spawned rank 1 never joins the collective
+    dist.all_reduce(torch.ones(1))  # spawned rank 0 waits here
+
+
+def test_a_hung_spawned_pair_is_reported(two, hang_timeout, capfd, tmp_path, monkeypatch):
+    import tempfile
+
+    hang_timeout(5)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the slots file goes
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    start = time.monotonic()
+    with pytest.raises(mp.ProcessExitedException, match="terminated with exit code 124"):
+        mp.spawn(_spawned_pair, args=(port,), nprocs=2)
+    took = time.monotonic() - start
+    err = capfd.readouterr().err
+    assert 5 <= took < 60, took
+    assert "no process of this launch made progress for 5 s" in err, err
+    assert "process 1 of the launch" in err
+    assert "threading.Event().wait()  # spawned rank 1 never joins the collective" in err
+    assert "dist.all_reduce(torch.ones(1))  # spawned rank 0 waits here" in err, err
+    # the slots file is gone with the launch (torch's own error files stay, as torch leaves them)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("devlab-hang-")] == []
+
+
+def _waits_for_the_parent(ready: Any) -> None:
+    ready.wait(30)  # idle while the parent computes: a pool's worker waiting for work
+
+
+def test_a_plain_fork_waiting_for_a_busy_parent_is_not_reported(two, hang_timeout, capfd):
+    import torch.distributed as dist
+
+    hang_timeout(1)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        ready = _fork.Event()
+        worker = _fork.Process(target=_waits_for_the_parent, args=(ready,))
+        worker.start()
+        end = time.monotonic() + 3
+        while time.monotonic() < end:  # the parent computes for three hang timeouts
+            sum(range(1000))
+        ready.set()
+        worker.join(30)
+    finally:
+        del store
+    assert worker.exitcode == 0, capfd.readouterr().err
+    assert "made progress" not in capfd.readouterr().err

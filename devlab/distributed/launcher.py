@@ -8,7 +8,6 @@ launch (process, listener, thread, descriptor, run directory) left afterwards.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import os
@@ -173,10 +172,11 @@ class _Launch:
             gc.freeze()
         # Without a timeout, forked ranks on simulated GPUs get the hang report that ranks of
         # torch's launchers get (simulated.distributed.forks): a rank's timeout arms
-        # faulthandler, which the report's watchdog would re-arm.
+        # faulthandler, which the report's watchdog would re-arm (so these forks are exempt
+        # from the quiet window that forks no launcher announces get).
         watched = self.method == "fork" and self.deadline is None and simulated.is_active()
         try:
-            with _forks.fork_window(self.nprocs) if watched else contextlib.nullcontext():
+            with _forks.fork_window(self.nprocs) if watched else _forks.exempt():
                 for r in range(self.nprocs):
                     if self.interrupts.happened:
                         break
