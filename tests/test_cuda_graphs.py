@@ -432,3 +432,18 @@ def test_a_capture_on_the_default_stream_is_refused_as_torch_refuses_it(no_simul
         g.capture_end()
     g.replay()  # replaying on the default stream is allowed
     assert x.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_private_memory_pool_is_devlabs_own_error(no_simulation) -> None:
+    """transformers' continuous batching makes a torch.cuda.MemPool for its graphs; the
+    allocator model has no private pools, so devlab names it (torch's CPU build says only
+    "Tried to instantiate dummy base class MemPool") and puts torch's class back at stop."""
+    before = torch.cuda.MemPool
+    devlab.simulated.start(1)
+    with pytest.raises(NotImplementedError) as caught:
+        torch.cuda.memory.MemPool()
+    assert str(caught.value).startswith("torch.cuda.MemPool (a private pool of the caching "
+                                        "allocator) is not simulated by devlab")
+    assert "graph_pool_handle()" in str(caught.value)
+    devlab.simulated.stop()
+    assert torch.cuda.MemPool is before and torch.cuda.memory.MemPool is before

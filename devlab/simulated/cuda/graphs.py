@@ -32,7 +32,9 @@ CPU's generator, as a GPU's replay draws fresh Philox offsets.
 Not simulated: work on another GPU than the capturing one (devlab's own error: how CUDA
 orders another device's stream with a capture is not modeled); printing a GPU tensor during
 capture is not refused (torch prints with dispatch modes off; on a GPU it is a host sync);
-`debug_dump` and the raw cudaGraph handles are devlab's own error; a replay is synchronous on
+`debug_dump`, the raw cudaGraph handles and `torch.cuda.MemPool` (a private pool of the caching
+allocator, which transformers' continuous batching shares among its graphs) are devlab's own
+error; a replay is synchronous on
 this machine (the modeled clock still queues it).
 """
 
@@ -462,6 +464,22 @@ def _stream_is_capturing(self: Any) -> bool:
     return cap is not None and cap.device == getattr(self, "device_index", None)
 
 
+class MemPool:
+    """torch.cuda.MemPool: a memory pool of the caching allocator's own, which the allocator
+    model does not have. Refused by name (torch's CPU build says only "Tried to instantiate
+    dummy base class MemPool"); transformers' continuous batching asks for one to share among
+    its CUDA graphs, unless `ContinuousBatchingConfig(use_cuda_graph=False)`."""
+
+    @entry
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+        raise _errors.not_simulated(
+            "torch.cuda.MemPool (a private pool of the caching allocator)",
+            "allocate from the default pool; CUDA graphs share memory through "
+            "torch.cuda.graph_pool_handle() (for transformers' generate_batch: "
+            "ContinuousBatchingConfig(use_cuda_graph=False))")
+
+
 def _host_empty_cache() -> None:
     """torch._C._host_emptyCache: no pinned-memory cache (pinning is a mark here)."""
 
@@ -487,6 +505,8 @@ def install(p: Patcher) -> None:
     for mod in (torch.cuda, torch_graphs):
         for name, fn in _FUNCS.items():
             p.set(mod, name, fn)
+    for mod in (torch.cuda, torch.cuda.memory):
+        p.set(mod, "MemPool", MemPool)
     p.set(_api.Stream, "is_capturing", _stream_is_capturing)
     # torch.cuda.graph makes its default capture stream once per process, on the current GPU
     # of the first capture: a simulated stream must not outlive the simulation in torch.
