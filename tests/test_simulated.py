@@ -67,6 +67,20 @@ def test_accelerator_api_answers_for_the_simulated_gpus(two) -> None:
     assert torch.ones(1, device=dev).device == torch.device("cuda", 0)
 
 
+def test_the_device_module_follows_the_simulation_whenever_it_was_first_asked(
+        no_simulation) -> None:
+    """torch.get_device_module() caches its answer: asked before the simulation starts it must
+    not stay torch.cpu while GPUs are simulated (transformers' continuous batching makes a
+    `get_device_module().Stream(device=...)`), nor stay torch.cuda after."""
+    assert torch.get_device_module() is torch.cpu
+    devlab.simulated.start(1)
+    assert torch.get_device_module() is torch.cuda
+    stream = torch.get_device_module().Stream(device=torch.device("cuda", 0))
+    assert stream.device == torch.device("cuda", 0)
+    devlab.simulated.stop()
+    assert torch.get_device_module() is torch.cpu
+
+
 def test_the_rest_of_the_accelerator_api(two) -> None:
     x = torch.randn(512, 512, device="cuda:1")
     y = x @ x  # queued on GPU 1's worker

@@ -45,6 +45,11 @@ def nccl_version() -> tuple[Any, ...]:
 
 def install(p: Patcher) -> None:
     p.set(torch._C, "_get_accelerator", _get_accelerator)
+    # torch.get_device_module() caches its answer to the accelerator (functools.cache): one
+    # asked before the simulation began would stay torch.cpu (transformers' continuous batching
+    # then made a torch.cpu.Stream), and one asked during it torch.cuda after it ended.
+    torch.get_device_module.cache_clear()
+    p.on_restore(torch.get_device_module.cache_clear)
     p.set(torch._C, "_cuda_isInBadFork", _cuda_is_in_bad_fork)
     p.set(torch.cuda.nccl, "version", nccl_version)
     p.set(torch.version, "cuda", CUDA_VERSION)
