@@ -245,6 +245,8 @@ def main() -> None:
         stdout=subprocess.PIPE, stderr=logs[job], text=True, env=env) for job in jobs}
     results: dict[str, list[dict]] = {job: [] for job in jobs}
 
+    printing = threading.Lock()
+
     def read(job: str) -> None:
         for line in procs[job].stdout:  # type: ignore[union-attr]
             if line.startswith("{"):
@@ -252,7 +254,8 @@ def main() -> None:
                 if all(len(results[j]) >= args.runs for j in jobs):
                     stop.touch()
                 if args.progress:  # a long stress can be read (or stopped) part way
-                    print(line.strip(), flush=True)
+                    with printing:  # one reader thread per job: whole lines only
+                        print(line.strip(), flush=True)
 
     readers = [threading.Thread(target=read, args=(job,)) for job in jobs]
     for t in readers:
