@@ -58,6 +58,7 @@ LEFT_OUT = {
     "ruff": "linting is the suite's", "jupyter-repo2docker": "the Binder tests",
     **dict.fromkeys(["lightning", "accelerate", "torchtitan", "triton", "torchdata", "datasets",
                      "tokenizers", "tyro"], "the conformance corpus"),
+    "transformers": "the Hugging Face static-cache tests",
 }
 # torch's requirements that only a CUDA build has, and that torch imports without.
 CUDA_ONLY = re.compile(r"^(nvidia-|triton|cuda-)", re.I)
