@@ -42,6 +42,7 @@ from lesson_envs import (
 )
 from nbutil import errors, html, run_cells, stream, text
 
+from devlab.simulated import gpu_spec
 from tools import i18n
 
 pytestmark = [
@@ -344,6 +345,24 @@ def claims_03(nb: nbformat.NotebookNode, env: Env) -> None:
     assert got and got[3] == T4, streams
     one, two = float(got[1]), float(got[2])
     assert two < 0.75 * one, streams
+    # 7. The host runs ahead of the GPU: right after queuing a 2048 x 2048 product, its event is
+    # not done on the modeled T4; every False answer costs the host one launch, so polling ends
+    # once the host's modeled time passes the product's end; after synchronize() it is done.
+    asked = text(cell_with(nb, "while not done.query():"))
+    got = re.fullmatch(
+        r"right after queuing the product, done\.query\(\) = (True|False)\n"
+        r"asked again until it was True: (\d+) more answers were False\n"
+        r"after torch\.cuda\.synchronize\(\), done\.query\(\) = (True|False)\n"
+        r"host \(modeled\): product queued at ([0-9.]+) ms, polling over at ([0-9.]+) ms\n"
+        r"GPU \(modeled\): product done at ([0-9.]+) ms\n"
+        r"GPU times: modeled on NVIDIA T4 \(16 GB, PCIe\) \(from [^)]*not measured\)\n", asked)
+    assert got, asked
+    polls, (queued, polled, finished) = int(got[2]), map(float, got.group(4, 5, 6))
+    assert (got[1], got[3]) == ("False", "True") and polls >= 1, asked
+    assert queued < finished <= polled, asked
+    # the first question and each False one in the loop cost one launch; the True one nothing
+    launch_ms = gpu_spec("T4").launch_latency_us / 1000
+    assert abs((polled - queued) - (polls + 1) * launch_ms) < 0.002, asked
 
 
 def claims_04(nb: nbformat.NotebookNode, env: Env) -> None:
