@@ -82,8 +82,9 @@ class Lesson:
         if spec is None:
             return ("simulated without a timing model: CPU time, nothing a GPU would show "
                     "(devlab.lesson.setup(model=\"T4\") models one)")
-        return (f"modeled on {spec.full_name} (from its specifications and NCCL's tuning model, "
-                "not measured)")
+        # NCCL's model times what passes between GPUs: named where there is a second one.
+        nccl = " and NCCL's tuning model" if simulated.device_count() > 1 else ""
+        return f"modeled on {spec.full_name} (from its specifications{nccl}, not measured)"
 
     def __str__(self) -> str:
         return "\n".join((self.said, *self.notes))

@@ -147,6 +147,9 @@ def test_it_says_whether_the_lessons_gpu_times_are_modeled(capsys) -> None:
                          "NCCL's tuning model, not measured)")
     assert simulated.model().full_name in lab.times
     config.stop_simulation()
+    lab = lesson.setup(gpus=1, model="T4")  # one GPU: nothing passes between GPUs
+    assert lab.times == "modeled on NVIDIA T4 (16 GB, PCIe) (from its specifications, not measured)"
+    config.stop_simulation()
     lab = lesson.setup(gpus=2)
     assert simulated.is_active() and simulated.model() is None
     assert lab.times.startswith("simulated without a timing model: CPU time")
