@@ -39,9 +39,8 @@ torch.compile's cudagraph trees).
 
 from __future__ import annotations
 
-import itertools
 import time
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -55,6 +54,9 @@ ROUND_LARGE = 2 << 20  # kRoundLarge: larger segments are rounded up to 2 MiB
 SIZE_MAX = (1 << 64) - 1  # max_split_size's default: no block is "oversize"
 _MB = 1 << 20
 _INTERVALS = 16  # kRoundUpPowerOfTwoIntervals: 1 MiB ... 64 GiB
+# A cached block's sort key is size << 64 | address: addresses stay below 2**64 (they start
+# near 2**47 and grow by the bytes ever reserved), so keys order as (size, address) tuples.
+_KEY_SHIFT = 64
 
 # The statistics CUDA keeps per pool type ("all", "small_pool", "large_pool"), in the order of
 # torch._C._cuda_memoryStats.
@@ -296,14 +298,13 @@ class Block:
     one it returns to, a device's own or a private pool's, as CUDA's `Block::pool`)."""
 
     __slots__ = ("address", "allocated", "events", "frames", "gc_base", "next", "pool", "prev",
-                 "requested", "segment_frames", "size", "small", "stream", "stream_uses")
+                 "requested", "segment_frames", "size", "stream", "stream_uses")
 
     def __init__(self, address: int, size: int, stream: int, pool: _Pool) -> None:
         self.address = address
         self.size = size
         self.stream = stream
         self.pool = pool
-        self.small = pool.small
         self.requested = 0
         self.allocated = False
         self.prev: Block | None = None
@@ -330,43 +331,54 @@ class Block:
 
 
 class _Pool:
-    """Cached free blocks of one pool, ordered as CUDA's `BlockComparatorSize`.
+    """Cached free blocks of one pool, ordered as CUDA's `BlockComparatorSize`
+    (stream, size, address).
 
-    `entries` is kept sorted: one `(stream, size, address, block)` per cached block (addresses
-    are unique, so the block itself is never compared). `stats` holds the statistics lists a
-    block of this pool changes, each as its ("all", pool) pair (`CachingAllocator._stats_of`).
+    Per stream, two parallel lists kept sorted: `keys`, each block's size and address as one
+    int (`_key`), and the blocks themselves. One int compares in a few machine instructions
+    where a tuple compares item by item, and bisecting is most of a request's search (See Note
+    [The allocator's hot path]). `stats` holds the statistics lists a block of this pool
+    changes (`CachingAllocator._stats_of`).
     """
 
-    __slots__ = ("entries", "free_calls", "owner", "small", "stats")
+    __slots__ = ("free_calls", "owner", "small", "stats", "streams")
 
     def __init__(self, small: bool, owner: PrivatePool | None = None) -> None:
         self.small = small
         self.owner = owner  # owner_PrivatePool: None for the device's own pools
-        self.entries: list[tuple[int, int, int, Block]] = []
+        # stream -> (keys, blocks): made with the stream's first segment in the pool (blocks
+        # enter a pool only so), kept while the pool lives (a GPU has few streams)
+        self.streams: dict[int, tuple[list[int], list[Block]]] = {}
         self.free_calls = 0  # get_free_blocks_call_count: the garbage collector's clock
         self.stats: tuple[list[int], ...] = ()
 
     @property
     def blocks(self) -> list[Block]:
         """The cached blocks, in the pool's order."""
-        return [e[3] for e in self.entries]
+        return [b for s in sorted(self.streams) for b in self.streams[s][1]]
 
     def insert(self, block: Block) -> None:
         block.gc_base = self.free_calls
-        insort(self.entries, (block.stream, block.size, block.address, block))
+        keys, blocks = self.streams[block.stream]
+        k = block.size << _KEY_SHIFT | block.address
+        i = bisect_left(keys, k)
+        keys.insert(i, k)
+        blocks.insert(i, block)
 
     def remove(self, block: Block) -> None:
-        entries = self.entries
-        del entries[bisect_left(entries, (block.stream, block.size, block.address))]
+        keys, blocks = self.streams[block.stream]
+        i = bisect_left(keys, block.size << _KEY_SHIFT | block.address)
+        del keys[i]
+        del blocks[i]
 
     def first_fit(self, stream: int, size: int) -> Block | None:
         """The smallest cached block of `stream` of at least `size` bytes."""
-        entries = self.entries
-        i = bisect_left(entries, (stream, size))
-        if i == len(entries):
+        got = self.streams.get(stream)
+        if got is None:
             return None
-        e = entries[i]
-        return e[3] if e[0] == stream else None
+        keys, blocks = got
+        i = bisect_left(keys, size << _KEY_SHIFT)
+        return blocks[i] if i < len(keys) else None
 
 
 PoolId = tuple[int, int]  # MempoolId_t
@@ -499,7 +511,8 @@ class CachingAllocator:
         self.small = _Pool(small=True)
         self.large = _Pool(small=False)
         self.reserved_total = 0  # total_allocated_memory: every live segment's bytes
-        self.active: set[Block] = set()
+        # Each live segment's first block, by the segment's address (what snapshots walk)
+        self.heads: dict[int, Block] = {}
         self.deferred: list[Block] = []  # freed blocks other streams still use (record_stream)
         # Where the other streams are (None: every stream is always done, as with no clock).
         self.events: StreamEvents | None = None
@@ -631,19 +644,19 @@ class CachingAllocator:
         if self._gc:
             pool.free_calls += 1
         block: Block | None = None
-        entries = pool.entries
-        i = bisect_left(entries, (stream, rounded))
-        if i < len(entries):
-            e = entries[i]
-            if e[0] == stream:
-                found = e[3]
+        if stream in pool.streams:
+            keys, blocks = pool.streams[stream]
+            i = bisect_left(keys, rounded << _KEY_SHIFT)
+            if i < len(keys):
+                found = blocks[i]
                 max_split = self._max_split
                 # an oversize block is not split for a smaller request, nor handed out whole
                 # for a much smaller one
                 if not ((rounded < max_split and found.size >= max_split)
                         or (rounded >= max_split and found.size
                             >= rounded + self.config.max_non_split_rounding)):
-                    del entries[i]
+                    del keys[i]
+                    del blocks[i]
                     block = found
         if block is None:
             if self._gc:
@@ -693,8 +706,8 @@ class CachingAllocator:
         return min(bounds) if bounds else None
 
     def _oom(self, alloc_size: int, free: int) -> OutOfMemory:
-        private = sum(e[1] for pp in self.graph_pools.values()
-                      for p in (pp.large, pp.small) for e in p.entries)
+        private = sum(b.size for pp in self.graph_pools.values()
+                      for p in (pp.large, pp.small) for b in p.blocks)
         return OutOfMemory(self.device, alloc_size, self.total if self.total is not None else 0,
                            free, self.allocated, self.reserved, self.allowed,
                            self.context + self.reserved_total, private)
@@ -860,15 +873,11 @@ class CachingAllocator:
         """Every segment with its blocks, as `torch.cuda.memory._snapshot()["segments"]`, each
         with the private pool it belongs to (`segment_pool_id`, (0, 0): the device's own);
         `pool_id`: that private pool's segments only (none if there is no such pool)."""
-        cached = [self.small.blocks, self.large.blocks]
-        for pp in self.graph_pools.values():
-            cached += [pp.small.blocks, pp.large.blocks]
-        heads = {b for b in itertools.chain(self.active, self.deferred, *cached)
-                 if b.prev is None}
+        heads = [self.heads[a] for a in sorted(self.heads)]
         if pool_id != DEFAULT_POOL:
-            heads = {b for b in heads if b.pool.owner is not None and b.pool.owner.id == pool_id}
+            heads = [b for b in heads if b.pool.owner is not None and b.pool.owner.id == pool_id]
         segments = []
-        for head in sorted(heads, key=lambda b: b.address):
+        for head in heads:
             blocks = []
             total = allocated = active = requested = 0
             b: Block | None = head
@@ -890,7 +899,7 @@ class CachingAllocator:
                              "total_size": total, "allocated_size": allocated,
                              "active_size": active, "requested_size": requested,
                              "stream": head.stream,
-                             "segment_type": "small" if head.small else "large",
+                             "segment_type": "small" if head.pool.small else "large",
                              "segment_pool_id": (DEFAULT_POOL if head.pool.owner is None
                                                  else head.pool.owner.id),
                              "is_expandable": False,
@@ -937,6 +946,9 @@ class CachingAllocator:
             pool.owner.segments += 1
         self._next_address += (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
         b.segment_frames = frames
+        self.heads[b.address] = b
+        if stream not in pool.streams:
+            pool.streams[stream] = ([], [])
         st = pool.stats
         _inc((st[_SEGMENT], st[_SEGMENT + 1]), 1)
         _inc((st[_RESERVED], st[_RESERVED + 1]), size)
@@ -962,6 +974,8 @@ class CachingAllocator:
             prev = block.prev = rest.prev
             if prev is not None:
                 prev.next = block
+            else:
+                self.heads[block.address] = block
             block.next = rest
             block.segment_frames = rest.segment_frames
             rest.segment_frames = _NO_FRAMES
@@ -969,7 +983,11 @@ class CachingAllocator:
             rest.address += size
             rest.size = remaining
             rest.gc_base = pool.free_calls
-            insort(pool.entries, (stream, remaining, rest.address, rest))
+            keys, blocks = pool.streams[stream]
+            k = remaining << _KEY_SHIFT | rest.address
+            i = bisect_left(keys, k)
+            keys.insert(i, k)
+            blocks.insert(i, rest)
             if already_split:
                 x = st[_SPLIT_BYTES]
                 x[0] -= size
@@ -1006,7 +1024,6 @@ class CachingAllocator:
         block.allocated = True
         block.requested = requested
         block.frames = frames
-        self.active.add(block)
         if self._tracing:
             self._trace("alloc", block.address, requested, stream, frames)
         # allocation and active +1, allocated_bytes and active_bytes +size, requested_bytes
@@ -1064,34 +1081,43 @@ class CachingAllocator:
                         block.frames)
         size, requested = block.size, block.requested
         st = pool.stats
-        entries = pool.entries
+        # a segment's blocks are all of its stream, so its neighbours are in these lists
+        keys, blocks = pool.streams[block.stream]
         split_blocks = split_bytes = 0
         # A block waiting for other streams keeps its stream_uses, so it is never merged.
         src = block.prev
         if src is not None and not src.allocated and not src.stream_uses:
-            del entries[bisect_left(entries, (src.stream, src.size, src.address))]
+            i = bisect_left(keys, src.size << _KEY_SHIFT | src.address)
+            del keys[i]
+            del blocks[i]
             block.address = src.address
             prev = block.prev = src.prev
             if prev is not None:
                 prev.next = block
+            else:
+                self.heads[block.address] = block  # it is now its segment's first block
             block.segment_frames = src.segment_frames
             block.size += src.size
             split_blocks -= 1
             split_bytes -= src.size
         src = block.next
         if src is not None and not src.allocated and not src.stream_uses:
-            del entries[bisect_left(entries, (src.stream, src.size, src.address))]
+            i = bisect_left(keys, src.size << _KEY_SHIFT | src.address)
+            del keys[i]
+            del blocks[i]
             nxt = block.next = src.next
             if nxt is not None:
                 nxt.prev = block
             block.size += src.size
             split_blocks -= 1
             split_bytes -= src.size
-        self.active.discard(block)
         block.frames = _NO_FRAMES
         block.requested = 0
         block.gc_base = pool.free_calls
-        insort(entries, (block.stream, block.size, block.address, block))
+        k = block.size << _KEY_SHIFT | block.address
+        i = bisect_left(keys, k)
+        keys.insert(i, k)
+        blocks.insert(i, block)
         if block.prev is not None or block.next is not None:
             split_blocks += 1
             split_bytes += block.size
@@ -1163,6 +1189,7 @@ class CachingAllocator:
     def _release(self, pool: _Pool, block: Block) -> None:
         """`release_block`: cudaFree a whole cached segment."""
         pool.remove(block)
+        del self.heads[block.address]
         if pool.owner is not None:
             pool.owner.segments -= 1
         self.reserved_total -= block.size
@@ -1185,8 +1212,9 @@ class CachingAllocator:
         if b is not None:
             self._release(pool, b)
             return True
-        candidates = [e[3] for e in reversed(pool.entries)
-                      if e[0] == stream and e[1] >= max_split]
+        cached = pool.streams.get(stream)
+        candidates = ([] if cached is None else
+                      [b for b in reversed(cached[1]) if b.size >= max_split])
         released = 0
         for b in candidates:
             if released >= want:
