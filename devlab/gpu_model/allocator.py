@@ -462,6 +462,52 @@ def _stat() -> list[int]:
     return [0, 0, 0, 0]  # current, peak, allocated, freed
 
 
+class _Counts:
+    """The statistics of one pool type (small or large blocks) as attributes, one set per
+    name of `ARRAY_STATS`: `X` (current), `X_peak`, `X_total` (CUDA's "allocated": every
+    increase since the accumulated statistics were reset) and `X_base` (the current value at
+    that reset).
+
+    Cheaper to keep than CUDA's four numbers for "all" and each pool type (See Note [The
+    allocator's hot path]), and as exact: a decrease changes only `X`, since CUDA's "freed" is
+    always `X_base + X_total - X`; and "all" is the sum of the two pool types (every change of
+    a statistic is of one pool type), except its peak, which `CachingAllocator.peaks` keeps
+    (its `X_peak`) from the sum at each increase.
+    """
+
+    __slots__ = tuple(f"{name}{suffix}" for name in ARRAY_STATS
+                      for suffix in ("", "_peak", "_total", "_base"))
+
+    def __init__(self) -> None:
+        for slot in self.__slots__:
+            setattr(self, slot, 0)
+
+    def freed(self, name: str) -> int:
+        """CUDA's "freed" of statistic `name`: every decrease since the last reset."""
+        return (getattr(self, name + "_base") + getattr(self, name + "_total")
+                - getattr(self, name))
+
+
+def _up(stats: tuple[_Counts, _Counts, _Counts], name: str, n: int) -> None:
+    """Statistic `name` of pool type `stats[0]` rises by `n` (the other type: `stats[1]`;
+    `stats[2]`: the peaks of "all"). The hot paths write this out inline."""
+    c, o, t = stats
+    v = getattr(c, name) + n
+    setattr(c, name, v)
+    setattr(c, name + "_total", getattr(c, name + "_total") + n)
+    if v > getattr(c, name + "_peak"):
+        setattr(c, name + "_peak", v)
+    v += getattr(o, name)
+    if v > getattr(t, name + "_peak"):
+        setattr(t, name + "_peak", v)
+
+
+def _down(stats: tuple[_Counts, _Counts, _Counts], name: str, n: int) -> None:
+    """Statistic `name` of pool type `stats[0]` falls by `n`."""
+    c = stats[0]
+    setattr(c, name, getattr(c, name) - n)
+
+
 @dataclass
 class History:
     """What `_record_memory_history` keeps: the trace (if `enabled == "all"`) and the frames
@@ -516,8 +562,8 @@ class CachingAllocator:
         self.deferred: list[Block] = []  # freed blocks other streams still use (record_stream)
         # Where the other streams are (None: every stream is always done, as with no clock).
         self.events: StreamEvents | None = None
-        self.stats: dict[str, list[list[int]]] = {
-            name: [_stat(), _stat(), _stat()] for name in ARRAY_STATS}
+        # The statistics of small and large blocks; `peaks`: the peaks of "all" (_Counts)
+        self.small_counts, self.large_counts, self.peaks = _Counts(), _Counts(), _Counts()
         for pool in (self.small, self.large):
             pool.stats = self._stats_of(pool.small)
         self.oversize_allocations = _stat()
@@ -535,11 +581,12 @@ class CachingAllocator:
         self.captures: list[tuple[PoolId, Callable[[int], bool]]] = []
         self._next_address = 0x7F0000000000 + (device << 36)
 
-    def _stats_of(self, small: bool) -> tuple[list[int], ...]:
-        """The ("all", pool) lists of every statistic, flat, in the order of `ARRAY_STATS`."""
-        p = 1 if small else 2
-        return tuple(s for name in ARRAY_STATS for s in (self.stats[name][0],
-                                                          self.stats[name][p]))
+    def _stats_of(self, small: bool) -> tuple[_Counts, _Counts, _Counts]:
+        """What a block of a small or large pool changes: its pool type's statistics, the
+        other type's (to sum "all"), and the peaks of "all"."""
+        if small:
+            return (self.small_counts, self.large_counts, self.peaks)
+        return (self.large_counts, self.small_counts, self.peaks)
 
     @property
     def allowed(self) -> int | None:
@@ -556,20 +603,20 @@ class CachingAllocator:
     @property
     def allocated(self) -> int:
         """Bytes allocated to tensors now (memory_allocated)."""
-        return self.stats["allocated_bytes"][0][0]
+        return self.small_counts.allocated_bytes + self.large_counts.allocated_bytes
 
     @property
     def reserved(self) -> int:
         """Bytes of every segment (memory_reserved)."""
-        return self.stats["reserved_bytes"][0][0]
+        return self.small_counts.reserved_bytes + self.large_counts.reserved_bytes
 
     @property
     def peak_allocated(self) -> int:
-        return self.stats["allocated_bytes"][0][1]
+        return self.peaks.allocated_bytes_peak
 
     @property
     def peak_reserved(self) -> int:
-        return self.stats["reserved_bytes"][0][1]
+        return self.peaks.reserved_bytes_peak
 
     def free_memory(self) -> int:
         """What cudaMemGetInfo calls free: the capacity less the context and the segments."""
@@ -582,25 +629,34 @@ class CachingAllocator:
         out: dict[str, Any] = dict(self.counters)
         out["max_split_size"] = (-1 if self.config.max_split_size == SIZE_MAX
                                  else self.config.max_split_size)
-        for name, arr in self.stats.items():
-            out[name] = {pool: _stat_dict(s) for pool, s in zip(POOL_TYPES, arr, strict=True)}
+        small, large = self.small_counts, self.large_counts
+        for name in ARRAY_STATS:
+            per = [[getattr(c, name), getattr(c, name + "_peak"), getattr(c, name + "_total"),
+                    c.freed(name)] for c in (small, large)]
+            every = [a + b for a, b in zip(*per, strict=True)]
+            every[1] = getattr(self.peaks, name + "_peak")
+            out[name] = {pool: _stat_dict(s)
+                         for pool, s in zip(POOL_TYPES, (every, *per), strict=True)}
         out["oversize_allocations"] = _stat_dict(self.oversize_allocations)
         out["oversize_segments"] = _stat_dict(self.oversize_segments)
         return out
 
     def reset_peak(self) -> None:
         """`resetPeakStats`: every peak becomes the current value."""
-        for arr in self.stats.values():
-            for s in arr:
-                s[1] = s[0]
+        small, large = self.small_counts, self.large_counts
+        for name in ARRAY_STATS:
+            for c in (small, large):
+                setattr(c, name + "_peak", getattr(c, name))
+            setattr(self.peaks, name + "_peak", getattr(small, name) + getattr(large, name))
         for s in (self.oversize_allocations, self.oversize_segments):
             s[1] = s[0]
 
     def reset_accumulated(self) -> None:
         """`resetAccumulatedStats`: the allocated/freed totals and counters start again."""
-        for arr in self.stats.values():
-            for s in arr:
-                s[2] = s[3] = 0
+        for c in (self.small_counts, self.large_counts):
+            for name in ARRAY_STATS:
+                setattr(c, name + "_total", 0)
+                setattr(c, name + "_base", getattr(c, name))
         for s in (self.oversize_allocations, self.oversize_segments):
             s[2] = s[3] = 0
         for k in self.counters:
@@ -720,21 +776,9 @@ class CachingAllocator:
         block.allocated = False
         size = block.size
         pool = block.pool
-        st = pool.stats
-        # allocation -1, allocated_bytes -size ("all" and pool), unrolled (See Note [The
-        # allocator's hot path])
-        x = st[_ALLOCATION]
-        x[0] -= 1
-        x[3] += 1
-        x = st[_ALLOCATION + 1]
-        x[0] -= 1
-        x[3] += 1
-        x = st[_ALLOCATED]
-        x[0] -= size
-        x[3] += size
-        x = st[_ALLOCATED + 1]
-        x[0] -= size
-        x[3] += size
+        c = pool.stats[0]
+        c.allocation -= 1
+        c.allocated_bytes -= size
         if size >= self._max_split:
             _dec1(self.oversize_allocations, 1)
         if self._tracing:
@@ -949,9 +993,8 @@ class CachingAllocator:
         self.heads[b.address] = b
         if stream not in pool.streams:
             pool.streams[stream] = ([], [])
-        st = pool.stats
-        _inc((st[_SEGMENT], st[_SEGMENT + 1]), 1)
-        _inc((st[_RESERVED], st[_RESERVED + 1]), size)
+        _up(pool.stats, "segment", 1)
+        _up(pool.stats, "reserved_bytes", size)
         if size >= self._max_split:
             _inc1(self.oversize_segments, 1)
         self.counters["num_device_alloc"] += 1
@@ -962,7 +1005,7 @@ class CachingAllocator:
     def _hand_out(self, block: Block, pool: _Pool, size: int, requested: int, stream: int,
                   frames: list[dict[str, Any]]) -> Block:
         """`alloc_found_block`: split off what the request does not need, mark it allocated."""
-        st = pool.stats
+        c, o, t = pool.stats
         already_split = block.prev is not None or block.next is not None
         remaining = block.size - size
         # should_split (never in a MemPool made with no_split)
@@ -989,86 +1032,72 @@ class CachingAllocator:
             keys.insert(i, k)
             blocks.insert(i, rest)
             if already_split:
-                x = st[_SPLIT_BYTES]
-                x[0] -= size
-                x[3] += size
-                x = st[_SPLIT_BYTES + 1]
-                x[0] -= size
-                x[3] += size
+                # the block's bytes leave the inactive split bytes; the rest stays in them
+                c.inactive_split_bytes -= size
             else:
-                x = st[_SPLIT_BYTES]
-                v = x[0] = x[0] + remaining
-                x[2] += remaining
-                if v > x[1]:
-                    x[1] = v
-                x = st[_SPLIT_BYTES + 1]
-                v = x[0] = x[0] + remaining
-                x[2] += remaining
-                if v > x[1]:
-                    x[1] = v
-                x = st[_SPLIT]
-                v = x[0] = x[0] + 1
-                x[2] += 1
-                if v > x[1]:
-                    x[1] = v
-                x = st[_SPLIT + 1]
-                v = x[0] = x[0] + 1
-                x[2] += 1
-                if v > x[1]:
-                    x[1] = v
+                # the rest is a new inactive split block (its segment is split from now)
+                v = c.inactive_split_bytes = c.inactive_split_bytes + remaining
+                c.inactive_split_bytes_total += remaining
+                if v > c.inactive_split_bytes_peak:
+                    c.inactive_split_bytes_peak = v
+                v += o.inactive_split_bytes
+                if v > t.inactive_split_bytes_peak:
+                    t.inactive_split_bytes_peak = v
+                v = c.inactive_split = c.inactive_split + 1
+                c.inactive_split_total += 1
+                if v > c.inactive_split_peak:
+                    c.inactive_split_peak = v
+                v += o.inactive_split
+                if v > t.inactive_split_peak:
+                    t.inactive_split_peak = v
         else:
             size = block.size
             if already_split:
-                _dec((st[_SPLIT_BYTES], st[_SPLIT_BYTES + 1]), size)
-                _dec((st[_SPLIT], st[_SPLIT + 1]), 1)
+                c.inactive_split_bytes -= size
+                c.inactive_split -= 1
         block.allocated = True
         block.requested = requested
         block.frames = frames
         if self._tracing:
             self._trace("alloc", block.address, requested, stream, frames)
         # allocation and active +1, allocated_bytes and active_bytes +size, requested_bytes
-        # +requested ("all" and pool): unrolled, this is the hottest code of the model
-        n, pn, _, _, ac, pac, _, _, nb, pnb, _, _, ab, pab, _, _, r, pr = st
-        v = n[0] = n[0] + 1
-        n[2] += 1
-        if v > n[1]:
-            n[1] = v
-        v = pn[0] = pn[0] + 1
-        pn[2] += 1
-        if v > pn[1]:
-            pn[1] = v
-        v = ac[0] = ac[0] + 1
-        ac[2] += 1
-        if v > ac[1]:
-            ac[1] = v
-        v = pac[0] = pac[0] + 1
-        pac[2] += 1
-        if v > pac[1]:
-            pac[1] = v
-        v = nb[0] = nb[0] + size
-        nb[2] += size
-        if v > nb[1]:
-            nb[1] = v
-        v = pnb[0] = pnb[0] + size
-        pnb[2] += size
-        if v > pnb[1]:
-            pnb[1] = v
-        v = ab[0] = ab[0] + size
-        ab[2] += size
-        if v > ab[1]:
-            ab[1] = v
-        v = pab[0] = pab[0] + size
-        pab[2] += size
-        if v > pab[1]:
-            pab[1] = v
-        v = r[0] = r[0] + requested
-        r[2] += requested
-        if v > r[1]:
-            r[1] = v
-        v = pr[0] = pr[0] + requested
-        pr[2] += requested
-        if v > pr[1]:
-            pr[1] = v
+        # +requested, each with its peak and the peak of "all" (See _Counts): written out,
+        # this is the hottest code of the model
+        v = c.allocation = c.allocation + 1
+        c.allocation_total += 1
+        if v > c.allocation_peak:
+            c.allocation_peak = v
+        v += o.allocation
+        if v > t.allocation_peak:
+            t.allocation_peak = v
+        v = c.active = c.active + 1
+        c.active_total += 1
+        if v > c.active_peak:
+            c.active_peak = v
+        v += o.active
+        if v > t.active_peak:
+            t.active_peak = v
+        v = c.allocated_bytes = c.allocated_bytes + size
+        c.allocated_bytes_total += size
+        if v > c.allocated_bytes_peak:
+            c.allocated_bytes_peak = v
+        v += o.allocated_bytes
+        if v > t.allocated_bytes_peak:
+            t.allocated_bytes_peak = v
+        v = c.active_bytes = c.active_bytes + size
+        c.active_bytes_total += size
+        if v > c.active_bytes_peak:
+            c.active_bytes_peak = v
+        v += o.active_bytes
+        if v > t.active_bytes_peak:
+            t.active_bytes_peak = v
+        v = c.requested_bytes = c.requested_bytes + requested
+        c.requested_bytes_total += requested
+        if v > c.requested_bytes_peak:
+            c.requested_bytes_peak = v
+        v += o.requested_bytes
+        if v > t.requested_bytes_peak:
+            t.requested_bytes_peak = v
         if size >= self._max_split:
             _inc1(self.oversize_allocations, 1)
         return block
@@ -1080,7 +1109,6 @@ class CachingAllocator:
             self._trace("free_completed", block.address, block.requested, block.stream,
                         block.frames)
         size, requested = block.size, block.requested
-        st = pool.stats
         # a segment's blocks are all of its stream, so its neighbours are in these lists
         keys, blocks = pool.streams[block.stream]
         split_blocks = split_bytes = 0
@@ -1121,49 +1149,32 @@ class CachingAllocator:
         if block.prev is not None or block.next is not None:
             split_blocks += 1
             split_bytes += block.size
-        _, _, _, _, ac, pac, sn, psn, _, _, _, _, ab, pab, sb, psb, r, pr = st
         # inactive_split and its bytes move by what the merges and the block's own split made
+        c, o, t = pool.stats
         if split_blocks > 0:
-            v = sn[0] = sn[0] + split_blocks
-            sn[2] += split_blocks
-            if v > sn[1]:
-                sn[1] = v
-            v = psn[0] = psn[0] + split_blocks
-            psn[2] += split_blocks
-            if v > psn[1]:
-                psn[1] = v
+            v = c.inactive_split = c.inactive_split + split_blocks
+            c.inactive_split_total += split_blocks
+            if v > c.inactive_split_peak:
+                c.inactive_split_peak = v
+            v += o.inactive_split
+            if v > t.inactive_split_peak:
+                t.inactive_split_peak = v
         elif split_blocks < 0:
-            sn[0] += split_blocks
-            sn[3] -= split_blocks
-            psn[0] += split_blocks
-            psn[3] -= split_blocks
+            c.inactive_split += split_blocks
         if split_bytes > 0:
-            v = sb[0] = sb[0] + split_bytes
-            sb[2] += split_bytes
-            if v > sb[1]:
-                sb[1] = v
-            v = psb[0] = psb[0] + split_bytes
-            psb[2] += split_bytes
-            if v > psb[1]:
-                psb[1] = v
+            v = c.inactive_split_bytes = c.inactive_split_bytes + split_bytes
+            c.inactive_split_bytes_total += split_bytes
+            if v > c.inactive_split_bytes_peak:
+                c.inactive_split_bytes_peak = v
+            v += o.inactive_split_bytes
+            if v > t.inactive_split_bytes_peak:
+                t.inactive_split_bytes_peak = v
         elif split_bytes < 0:
-            sb[0] += split_bytes
-            sb[3] -= split_bytes
-            psb[0] += split_bytes
-            psb[3] -= split_bytes
-        # active -1, active_bytes -size, requested_bytes -requested ("all" and pool)
-        ac[0] -= 1
-        ac[3] += 1
-        pac[0] -= 1
-        pac[3] += 1
-        ab[0] -= size
-        ab[3] += size
-        pab[0] -= size
-        pab[3] += size
-        r[0] -= requested
-        r[3] += requested
-        pr[0] -= requested
-        pr[3] += requested
+            c.inactive_split_bytes += split_bytes
+        # active -1, active_bytes -size, requested_bytes -requested
+        c.active -= 1
+        c.active_bytes -= size
+        c.requested_bytes -= requested
 
     def _process_deferred(self, only_done: bool = False,
                           owner: PrivatePool | None = None) -> None:
@@ -1193,9 +1204,8 @@ class CachingAllocator:
         if pool.owner is not None:
             pool.owner.segments -= 1
         self.reserved_total -= block.size
-        st = pool.stats
-        _dec((st[_SEGMENT], st[_SEGMENT + 1]), 1)
-        _dec((st[_RESERVED], st[_RESERVED + 1]), block.size)
+        _down(pool.stats, "segment", 1)
+        _down(pool.stats, "reserved_bytes", block.size)
         if block.size >= self._max_split:
             _dec1(self.oversize_segments, 1)
         self.counters["num_device_free"] += 1
@@ -1252,40 +1262,7 @@ class CachingAllocator:
                     self._release(pool, b)
 
 
-# Where each statistic's ("all", pool) pair sits in `_Pool.stats` (the order of ARRAY_STATS).
-(_ALLOCATION, _SEGMENT, _ACTIVE, _SPLIT, _ALLOCATED, _RESERVED, _ACTIVE_BYTES, _SPLIT_BYTES,
- _REQUESTED) = range(0, 2 * len(ARRAY_STATS), 2)
-
-
-# A statistic is [current, peak, allocated, freed], kept for "all" and for the block's pool:
-# each change below touches both.
-
-def _inc(pair: tuple[list[int], list[int]], n: int) -> None:
-    a, p = pair
-    a[0] += n
-    a[2] += n
-    if a[0] > a[1]:
-        a[1] = a[0]
-    p[0] += n
-    p[2] += n
-    if p[0] > p[1]:
-        p[1] = p[0]
-
-
-def _dec(pair: tuple[list[int], list[int]], n: int) -> None:
-    a, p = pair
-    a[0] -= n
-    a[3] += n
-    p[0] -= n
-    p[3] += n
-
-
-def _move(pair: tuple[list[int], list[int]], n: int) -> None:
-    if n > 0:
-        _inc(pair, n)
-    elif n < 0:
-        _dec(pair, -n)
-
+# The oversize statistics are one [current, peak, allocated, freed] each (no pool types).
 
 def _inc1(s: list[int], n: int) -> None:
     s[0] += n
