@@ -341,7 +341,7 @@ class _Pool:
     changes (`CachingAllocator._stats_of`).
     """
 
-    __slots__ = ("free_calls", "owner", "small", "stats", "streams")
+    __slots__ = ("counts", "free_calls", "owner", "small", "stats", "streams")
 
     def __init__(self, small: bool, owner: PrivatePool | None = None) -> None:
         self.small = small
@@ -350,7 +350,8 @@ class _Pool:
         # enter a pool only so), kept while the pool lives (a GPU has few streams)
         self.streams: dict[int, tuple[list[int], list[Block]]] = {}
         self.free_calls = 0  # get_free_blocks_call_count: the garbage collector's clock
-        self.stats: tuple[list[int], ...] = ()
+        self.stats: tuple[_Counts, _Counts, _Counts] = ()  # type: ignore[assignment]
+        self.counts: _Counts  # stats[0], its own pool type's
 
     @property
     def blocks(self) -> list[Block]:
@@ -478,14 +479,22 @@ class _Counts:
     __slots__ = tuple(f"{name}{suffix}" for name in ARRAY_STATS
                       for suffix in ("", "_peak", "_total", "_base"))
 
+    # A block becomes active exactly when it is allocated (`alloc_found_block` raises both),
+    # so active's totals are allocation's and are not kept twice; its current value is kept
+    # on its own (a freed block stays active while other streams use it).
+    _SAME_TOTAL = {"active": "allocation", "active_bytes": "allocated_bytes"}
+
     def __init__(self) -> None:
         for slot in self.__slots__:
             setattr(self, slot, 0)
 
     def freed(self, name: str) -> int:
         """CUDA's "freed" of statistic `name`: every decrease since the last reset."""
-        return (getattr(self, name + "_base") + getattr(self, name + "_total")
-                - getattr(self, name))
+        return getattr(self, name + "_base") + self.total(name) - getattr(self, name)
+
+    def total(self, name: str) -> int:
+        """CUDA's "allocated" of statistic `name`: every increase since the last reset."""
+        return getattr(self, self._SAME_TOTAL.get(name, name) + "_total")
 
 
 def _up(stats: tuple[_Counts, _Counts, _Counts], name: str, n: int) -> None:
@@ -566,12 +575,14 @@ class CachingAllocator:
         self.small_counts, self.large_counts, self.peaks = _Counts(), _Counts(), _Counts()
         for pool in (self.small, self.large):
             pool.stats = self._stats_of(pool.small)
+            pool.counts = pool.stats[0]
         self.oversize_allocations = _stat()
         self.oversize_segments = _stat()
         self.counters = {"num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": 0,
                          "num_device_alloc": 0, "num_device_free": 0}
         self.history = History()
         self._tracing = False  # history.enabled == "all"
+        self._framing = False  # history.frames and history.context are set
         # Private pools (See Note [Interaction with CUDA graph capture] in
         # CUDACachingAllocator.cpp): every live one, those no graph or MemPool uses any more
         # (graph_pools_freeable), and the captures and use_mem_pool blocks under way, each with
@@ -631,8 +642,8 @@ class CachingAllocator:
                                  else self.config.max_split_size)
         small, large = self.small_counts, self.large_counts
         for name in ARRAY_STATS:
-            per = [[getattr(c, name), getattr(c, name + "_peak"), getattr(c, name + "_total"),
-                    c.freed(name)] for c in (small, large)]
+            per = [[getattr(c, name), getattr(c, name + "_peak"), c.total(name), c.freed(name)]
+                   for c in (small, large)]
             every = [a + b for a, b in zip(*per, strict=True)]
             every[1] = getattr(self.peaks, name + "_peak")
             out[name] = {pool: _stat_dict(s)
@@ -681,8 +692,7 @@ class CachingAllocator:
             # `process_events`, as CUDA's malloc; skipped while a capture is under way (CUDA
             # may not query events then)
             self._process_deferred(only_done=True)
-        h = self.history
-        frames = _NO_FRAMES if h.frames is None or h.context is None else self._frames("state")
+        frames = self._frames("state") if self._framing else _NO_FRAMES
         if self._plain_rounding:
             rounded = KMIN_BLOCK if size < KMIN_BLOCK else (size + KMIN_BLOCK - 1) & -KMIN_BLOCK
         else:
@@ -727,7 +737,103 @@ class CachingAllocator:
             free = 0 if self.total is None else self.free_memory()
             self._trace("oom", 0, alloc_size, stream, frames, device_free=free)
             return self._oom(alloc_size, free)
-        return self._hand_out(block, pool, rounded, size, stream, frames)
+        # alloc_found_block, inline (a call costs the hot path): split off what the request
+        # does not need, mark the block allocated; from here `size` is the rounded size
+        requested, size = size, rounded
+        c, o, t = pool.stats
+        already_split = block.prev is not None or block.next is not None
+        remaining = block.size - size
+        # should_split (never in a MemPool made with no_split)
+        if (remaining >= KMIN_BLOCK if pool.small else (size < self._max_split
+                                                        and remaining > SMALL_SIZE)) and (
+                pool.owner is None or not pool.owner.no_split):
+            rest = block
+            block = Block(rest.address, size, stream, pool)
+            prev = block.prev = rest.prev
+            if prev is not None:
+                prev.next = block
+            else:
+                self.heads[block.address] = block
+            block.next = rest
+            block.segment_frames = rest.segment_frames
+            rest.segment_frames = _NO_FRAMES
+            rest.prev = block
+            rest.address += size
+            rest.size = remaining
+            rest.gc_base = pool.free_calls
+            keys, blocks = pool.streams[stream]
+            k = remaining << _KEY_SHIFT | rest.address
+            i = bisect_left(keys, k)
+            keys.insert(i, k)
+            blocks.insert(i, rest)
+            if already_split:
+                # the block's bytes leave the inactive split bytes; the rest stays in them
+                c.inactive_split_bytes -= size
+            else:
+                # the rest is a new inactive split block (its segment is split from now)
+                v = c.inactive_split_bytes = c.inactive_split_bytes + remaining
+                c.inactive_split_bytes_total += remaining
+                if v > c.inactive_split_bytes_peak:
+                    c.inactive_split_bytes_peak = v
+                v += o.inactive_split_bytes
+                if v > t.inactive_split_bytes_peak:
+                    t.inactive_split_bytes_peak = v
+                v = c.inactive_split = c.inactive_split + 1
+                c.inactive_split_total += 1
+                if v > c.inactive_split_peak:
+                    c.inactive_split_peak = v
+                v += o.inactive_split
+                if v > t.inactive_split_peak:
+                    t.inactive_split_peak = v
+        else:
+            size = block.size
+            if already_split:
+                c.inactive_split_bytes -= size
+                c.inactive_split -= 1
+        block.allocated = True
+        block.requested = requested
+        block.frames = frames
+        if self._tracing:
+            self._trace("alloc", block.address, requested, stream, frames)
+        # allocation and active +1, allocated_bytes and active_bytes +size, requested_bytes
+        # +requested, each with its peak and the peak of "all" (See _Counts): written out,
+        # this is the hottest code of the model. active's totals are allocation's (_SAME_TOTAL)
+        v = c.allocation = c.allocation + 1
+        c.allocation_total += 1
+        if v > c.allocation_peak:
+            c.allocation_peak = v
+        v += o.allocation
+        if v > t.allocation_peak:
+            t.allocation_peak = v
+        v = c.active = c.active + 1
+        if v > c.active_peak:
+            c.active_peak = v
+        v += o.active
+        if v > t.active_peak:
+            t.active_peak = v
+        v = c.allocated_bytes = c.allocated_bytes + size
+        c.allocated_bytes_total += size
+        if v > c.allocated_bytes_peak:
+            c.allocated_bytes_peak = v
+        v += o.allocated_bytes
+        if v > t.allocated_bytes_peak:
+            t.allocated_bytes_peak = v
+        v = c.active_bytes = c.active_bytes + size
+        if v > c.active_bytes_peak:
+            c.active_bytes_peak = v
+        v += o.active_bytes
+        if v > t.active_bytes_peak:
+            t.active_bytes_peak = v
+        v = c.requested_bytes = c.requested_bytes + requested
+        c.requested_bytes_total += requested
+        if v > c.requested_bytes_peak:
+            c.requested_bytes_peak = v
+        v += o.requested_bytes
+        if v > t.requested_bytes_peak:
+            t.requested_bytes_peak = v
+        if size >= self._max_split:
+            _inc1(self.oversize_allocations, 1)
+        return block
 
     def refusal(self, size: int, stream: int = 0) -> OutOfMemory | None:
         """The out-of-memory `malloc(size)` would raise, or None where it would succeed,
@@ -776,7 +882,7 @@ class CachingAllocator:
         block.allocated = False
         size = block.size
         pool = block.pool
-        c = pool.stats[0]
+        c = pool.counts
         c.allocation -= 1
         c.allocated_bytes -= size
         if size >= self._max_split:
@@ -852,8 +958,9 @@ class CachingAllocator:
         if pp is None:
             pp = self.graph_pools[pool_id] = PrivatePool(pool_id)
             # its blocks count in the device's statistics, by pool size (get_stat_types_for_pool)
-            pp.small.stats = self._stats_of(True)
-            pp.large.stats = self._stats_of(False)
+            for p in (pp.small, pp.large):
+                p.stats = self._stats_of(p.small)
+                p.counts = p.stats[0]
         elif pp.use_count == 0:
             # CUDA asserts here (TORCH_INTERNAL_ASSERT(use_count > 0)): the pool was released
             raise PoolError(f"memory pool {pool_id} was released (no graph or MemPool uses "
@@ -912,6 +1019,7 @@ class CachingAllocator:
         self.history = History(enabled, context if enabled else None, max_entries, frames,
                                trace, frozenset(skip_actions or ()))
         self._tracing = enabled == "all"
+        self._framing = frames is not None and self.history.context is not None
 
     def snapshot(self, pool_id: PoolId = DEFAULT_POOL) -> list[dict[str, Any]]:
         """Every segment with its blocks, as `torch.cuda.memory._snapshot()["segments"]`, each
@@ -1001,106 +1109,6 @@ class CachingAllocator:
         if self._tracing:
             self._trace("segment_alloc", b.address, size, stream, frames)
         return b
-
-    def _hand_out(self, block: Block, pool: _Pool, size: int, requested: int, stream: int,
-                  frames: list[dict[str, Any]]) -> Block:
-        """`alloc_found_block`: split off what the request does not need, mark it allocated."""
-        c, o, t = pool.stats
-        already_split = block.prev is not None or block.next is not None
-        remaining = block.size - size
-        # should_split (never in a MemPool made with no_split)
-        if (remaining >= KMIN_BLOCK if pool.small else (size < self._max_split
-                                                        and remaining > SMALL_SIZE)) and (
-                pool.owner is None or not pool.owner.no_split):
-            rest = block
-            block = Block(rest.address, size, stream, pool)
-            prev = block.prev = rest.prev
-            if prev is not None:
-                prev.next = block
-            else:
-                self.heads[block.address] = block
-            block.next = rest
-            block.segment_frames = rest.segment_frames
-            rest.segment_frames = _NO_FRAMES
-            rest.prev = block
-            rest.address += size
-            rest.size = remaining
-            rest.gc_base = pool.free_calls
-            keys, blocks = pool.streams[stream]
-            k = remaining << _KEY_SHIFT | rest.address
-            i = bisect_left(keys, k)
-            keys.insert(i, k)
-            blocks.insert(i, rest)
-            if already_split:
-                # the block's bytes leave the inactive split bytes; the rest stays in them
-                c.inactive_split_bytes -= size
-            else:
-                # the rest is a new inactive split block (its segment is split from now)
-                v = c.inactive_split_bytes = c.inactive_split_bytes + remaining
-                c.inactive_split_bytes_total += remaining
-                if v > c.inactive_split_bytes_peak:
-                    c.inactive_split_bytes_peak = v
-                v += o.inactive_split_bytes
-                if v > t.inactive_split_bytes_peak:
-                    t.inactive_split_bytes_peak = v
-                v = c.inactive_split = c.inactive_split + 1
-                c.inactive_split_total += 1
-                if v > c.inactive_split_peak:
-                    c.inactive_split_peak = v
-                v += o.inactive_split
-                if v > t.inactive_split_peak:
-                    t.inactive_split_peak = v
-        else:
-            size = block.size
-            if already_split:
-                c.inactive_split_bytes -= size
-                c.inactive_split -= 1
-        block.allocated = True
-        block.requested = requested
-        block.frames = frames
-        if self._tracing:
-            self._trace("alloc", block.address, requested, stream, frames)
-        # allocation and active +1, allocated_bytes and active_bytes +size, requested_bytes
-        # +requested, each with its peak and the peak of "all" (See _Counts): written out,
-        # this is the hottest code of the model
-        v = c.allocation = c.allocation + 1
-        c.allocation_total += 1
-        if v > c.allocation_peak:
-            c.allocation_peak = v
-        v += o.allocation
-        if v > t.allocation_peak:
-            t.allocation_peak = v
-        v = c.active = c.active + 1
-        c.active_total += 1
-        if v > c.active_peak:
-            c.active_peak = v
-        v += o.active
-        if v > t.active_peak:
-            t.active_peak = v
-        v = c.allocated_bytes = c.allocated_bytes + size
-        c.allocated_bytes_total += size
-        if v > c.allocated_bytes_peak:
-            c.allocated_bytes_peak = v
-        v += o.allocated_bytes
-        if v > t.allocated_bytes_peak:
-            t.allocated_bytes_peak = v
-        v = c.active_bytes = c.active_bytes + size
-        c.active_bytes_total += size
-        if v > c.active_bytes_peak:
-            c.active_bytes_peak = v
-        v += o.active_bytes
-        if v > t.active_bytes_peak:
-            t.active_bytes_peak = v
-        v = c.requested_bytes = c.requested_bytes + requested
-        c.requested_bytes_total += requested
-        if v > c.requested_bytes_peak:
-            c.requested_bytes_peak = v
-        v += o.requested_bytes
-        if v > t.requested_bytes_peak:
-            t.requested_bytes_peak = v
-        if size >= self._max_split:
-            _inc1(self.oversize_allocations, 1)
-        return block
 
     def _free_block(self, block: Block, pool: _Pool) -> None:
         """`free_block`: merge with free neighbours (`try_merge_blocks`, inline) and go back
