@@ -12,12 +12,15 @@ Wall time on a shared machine varies with its load; instructions do not. To coun
 the same loop under callgrind at two lengths and divide the difference by the extra events:
 `valgrind --tool=callgrind --callgrind-out-file=/dev/null .venv/bin/python
 benchmarks/allocator.py --events N --trials 1` ("Collected" is the count). Measured so
-(2026-11-28, torch 2.13's CPython 3.11, N = 20,000 and 60,000): the plain port with streams'
-events (tests/_allocator_reference.py, main at c5048f1) took 60.4k and 61.7k instructions per
-malloc+free in two runs, the tuned model (Note [The allocator's hot path] in
-devlab/gpu_model/allocator.py) 41.4k and 41.3k. (Before streams' events, the plain port took
-62.8k.) Counts are instructions, not time: at ~41k, 2 us per event needs about 10 instructions
-per nanosecond, so whether the target is met depends on the machine (the met/missed line).
+(torch 2.13's CPython 3.11, N = 20,000 and 60,000, the loop calling `allocate` as the
+simulation does): the plain port (tests/_allocator_reference.py) took about 30k instructions per
+event; the model before issue 27's second pass 20.4k; now (Note [The allocator's hot path] in
+devlab/gpu_model/allocator.py) 12.9k. At 12.9k, 2 us per event needs about 6.5 instructions per
+nanosecond, which a loaded 2-core machine still gave (about 1.1 us per event, best of 5).
+
+`--path` measures what a user pays per tensor: `torch.empty(1000, device="cuda:0")` made and
+dropped on a simulated GPU against the same on the CPU; the allocator is a small part of the
+difference (the routing of the call and the marking of the storage are most of it).
 """
 
 from __future__ import annotations
@@ -40,12 +43,37 @@ def trial(events: int, history: bool) -> float:
         a.record_history("all", frames=lambda: [{"filename": __file__, "line": 0, "name": "x"}])
     held = []
     n = len(SIZES)
+    allocate, free = a.allocate, a.free  # what the simulation calls per storage
     start = time.perf_counter()
     for i in range(events):
-        held.append(a.malloc(SIZES[i % n]))
+        held.append(allocate(SIZES[i % n]))
         if len(held) > WINDOW:
-            a.free(held.pop(0))
+            free(held.pop(0))
     return (time.perf_counter() - start) / events
+
+
+def per_tensor(events: int, trials: int) -> tuple[float, float]:
+    """Seconds per tensor made and dropped, on the CPU and on a simulated GPU."""
+    import torch
+
+    import devlab.simulated as sim
+
+    def best(device: str) -> float:
+        times = []
+        for _ in range(trials):
+            start = time.perf_counter()
+            for _ in range(events):
+                torch.empty(1000, device=device)
+            times.append((time.perf_counter() - start) / events)
+        return min(times)
+
+    cpu = best("cpu")
+    sim.start(1)
+    try:
+        simulated = best("cuda:0")
+    finally:
+        sim.stop()
+    return cpu, simulated
 
 
 def main(argv: list[str]) -> None:
@@ -53,6 +81,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--events", type=int, default=20_000)
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--history", action="store_true")
+    p.add_argument("--path", action="store_true",
+                   help="also time a tensor's whole path on a simulated GPU")
     args = p.parse_args(argv)
     best = min(trial(args.events, args.history) for _ in range(args.trials))
     print(f"caching allocator model: {best * 1e6:.2f} us per allocation (malloc + free), "
@@ -60,6 +90,11 @@ def main(argv: list[str]) -> None:
           f"{' with history' if args.history else ''}")
     print(f"target (issue 27): at most {TARGET_US:.1f} us per allocation event: "
           f"{'met' if best * 1e6 / 2 <= TARGET_US else 'missed'} on this machine now")
+    if args.path:
+        cpu, simulated = per_tensor(args.events, args.trials)
+        print(f"a tensor made and dropped: {cpu * 1e6:.2f} us on the CPU, "
+              f"{simulated * 1e6:.2f} us on a simulated GPU ({(simulated - cpu) * 1e6:.2f} us "
+              f"more, of which the allocator's malloc + free is about {best * 1e6:.2f} us)")
 
 
 if __name__ == "__main__":

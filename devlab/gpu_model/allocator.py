@@ -39,9 +39,8 @@ torch.compile's cudagraph trees).
 
 from __future__ import annotations
 
-import itertools
 import time
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -55,6 +54,9 @@ ROUND_LARGE = 2 << 20  # kRoundLarge: larger segments are rounded up to 2 MiB
 SIZE_MAX = (1 << 64) - 1  # max_split_size's default: no block is "oversize"
 _MB = 1 << 20
 _INTERVALS = 16  # kRoundUpPowerOfTwoIntervals: 1 MiB ... 64 GiB
+# A cached block's sort key is size << 64 | address: addresses stay below 2**64 (they start
+# near 2**47 and grow by the bytes ever reserved), so keys order as (size, address) tuples.
+_KEY_SHIFT = 64
 
 # The statistics CUDA keeps per pool type ("all", "small_pool", "large_pool"), in the order of
 # torch._C._cuda_memoryStats.
@@ -296,14 +298,13 @@ class Block:
     one it returns to, a device's own or a private pool's, as CUDA's `Block::pool`)."""
 
     __slots__ = ("address", "allocated", "events", "frames", "gc_base", "next", "pool", "prev",
-                 "requested", "segment_frames", "size", "small", "stream", "stream_uses")
+                 "requested", "segment_frames", "size", "stream", "stream_uses")
 
     def __init__(self, address: int, size: int, stream: int, pool: _Pool) -> None:
         self.address = address
         self.size = size
         self.stream = stream
         self.pool = pool
-        self.small = pool.small
         self.requested = 0
         self.allocated = False
         self.prev: Block | None = None
@@ -330,43 +331,55 @@ class Block:
 
 
 class _Pool:
-    """Cached free blocks of one pool, ordered as CUDA's `BlockComparatorSize`.
+    """Cached free blocks of one pool, ordered as CUDA's `BlockComparatorSize`
+    (stream, size, address).
 
-    `entries` is kept sorted: one `(stream, size, address, block)` per cached block (addresses
-    are unique, so the block itself is never compared). `stats` holds the statistics lists a
-    block of this pool changes, each as its ("all", pool) pair (`CachingAllocator._stats_of`).
+    Per stream, two parallel lists kept sorted: `keys`, each block's size and address as one
+    int (`_key`), and the blocks themselves. One int compares in a few machine instructions
+    where a tuple compares item by item, and bisecting is most of a request's search (See Note
+    [The allocator's hot path]). `stats` holds the statistics a block of this pool changes
+    (`CachingAllocator._stats_of`), `counts` the first of them.
     """
 
-    __slots__ = ("entries", "free_calls", "owner", "small", "stats")
+    __slots__ = ("counts", "free_calls", "owner", "small", "stats", "streams")
 
     def __init__(self, small: bool, owner: PrivatePool | None = None) -> None:
         self.small = small
         self.owner = owner  # owner_PrivatePool: None for the device's own pools
-        self.entries: list[tuple[int, int, int, Block]] = []
+        # stream -> (keys, blocks): made with the stream's first segment in the pool (blocks
+        # enter a pool only so), kept while the pool lives (a GPU has few streams)
+        self.streams: dict[int, tuple[list[int], list[Block]]] = {}
         self.free_calls = 0  # get_free_blocks_call_count: the garbage collector's clock
-        self.stats: tuple[list[int], ...] = ()
+        self.stats: tuple[_Counts, _Counts, _Counts] = ()  # type: ignore[assignment]
+        self.counts: _Counts  # stats[0], its own pool type's
 
     @property
     def blocks(self) -> list[Block]:
         """The cached blocks, in the pool's order."""
-        return [e[3] for e in self.entries]
+        return [b for s in sorted(self.streams) for b in self.streams[s][1]]
 
     def insert(self, block: Block) -> None:
         block.gc_base = self.free_calls
-        insort(self.entries, (block.stream, block.size, block.address, block))
+        keys, blocks = self.streams[block.stream]
+        k = block.size << _KEY_SHIFT | block.address
+        i = bisect_left(keys, k)
+        keys.insert(i, k)
+        blocks.insert(i, block)
 
     def remove(self, block: Block) -> None:
-        entries = self.entries
-        del entries[bisect_left(entries, (block.stream, block.size, block.address))]
+        keys, blocks = self.streams[block.stream]
+        i = bisect_left(keys, block.size << _KEY_SHIFT | block.address)
+        del keys[i]
+        del blocks[i]
 
     def first_fit(self, stream: int, size: int) -> Block | None:
         """The smallest cached block of `stream` of at least `size` bytes."""
-        entries = self.entries
-        i = bisect_left(entries, (stream, size))
-        if i == len(entries):
+        got = self.streams.get(stream)
+        if got is None:
             return None
-        e = entries[i]
-        return e[3] if e[0] == stream else None
+        keys, blocks = got
+        i = bisect_left(keys, size << _KEY_SHIFT)
+        return blocks[i] if i < len(keys) else None
 
 
 PoolId = tuple[int, int]  # MempoolId_t
@@ -450,6 +463,60 @@ def _stat() -> list[int]:
     return [0, 0, 0, 0]  # current, peak, allocated, freed
 
 
+class _Counts:
+    """The statistics of one pool type (small or large blocks) as attributes, one set per
+    name of `ARRAY_STATS`: `X` (current), `X_peak`, `X_total` (CUDA's "allocated": every
+    increase since the accumulated statistics were reset) and `X_base` (the current value at
+    that reset).
+
+    Cheaper to keep than CUDA's four numbers for "all" and each pool type (See Note [The
+    allocator's hot path]), and as exact: a decrease changes only `X`, since CUDA's "freed" is
+    always `X_base + X_total - X`; and "all" is the sum of the two pool types (every change of
+    a statistic is of one pool type), except its peak, which `CachingAllocator.peaks` keeps
+    (its `X_peak`) from the sum at each increase.
+    """
+
+    __slots__ = tuple(f"{name}{suffix}" for name in ARRAY_STATS
+                      for suffix in ("", "_peak", "_total", "_base"))
+
+    # A block becomes active exactly when it is allocated (`alloc_found_block` raises both),
+    # so active's totals are allocation's and are not kept twice; its current value is kept
+    # on its own (a freed block stays active while other streams use it).
+    _SAME_TOTAL = {"active": "allocation", "active_bytes": "allocated_bytes"}
+
+    def __init__(self) -> None:
+        for slot in self.__slots__:
+            setattr(self, slot, 0)
+
+    def freed(self, name: str) -> int:
+        """CUDA's "freed" of statistic `name`: every decrease since the last reset."""
+        return getattr(self, name + "_base") + self.total(name) - getattr(self, name)
+
+    def total(self, name: str) -> int:
+        """CUDA's "allocated" of statistic `name`: every increase since the last reset."""
+        return getattr(self, self._SAME_TOTAL.get(name, name) + "_total")
+
+
+def _up(stats: tuple[_Counts, _Counts, _Counts], name: str, n: int) -> None:
+    """Statistic `name` of pool type `stats[0]` rises by `n` (the other type: `stats[1]`;
+    `stats[2]`: the peaks of "all"). The hot paths write this out inline."""
+    c, o, t = stats
+    v = getattr(c, name) + n
+    setattr(c, name, v)
+    setattr(c, name + "_total", getattr(c, name + "_total") + n)
+    if v > getattr(c, name + "_peak"):
+        setattr(c, name + "_peak", v)
+    v += getattr(o, name)
+    if v > getattr(t, name + "_peak"):
+        setattr(t, name + "_peak", v)
+
+
+def _down(stats: tuple[_Counts, _Counts, _Counts], name: str, n: int) -> None:
+    """Statistic `name` of pool type `stats[0]` falls by `n`."""
+    c = stats[0]
+    setattr(c, name, getattr(c, name) - n)
+
+
 @dataclass
 class History:
     """What `_record_memory_history` keeps: the trace (if `enabled == "all"`) and the frames
@@ -476,12 +543,18 @@ class CachingAllocator:
     # malloc and free run once per tensor, so they are written for speed (issue 27: at most
     # 2 us per allocation event; benchmarks/allocator.py), against the plain port they replaced
     # (tests/_allocator_reference.py, replayed beside it by tests/test_allocator_equivalence.py):
-    # - each pool keeps its cached blocks as one sorted list of (stream, size, address, block)
-    #   and the statistics lists its blocks change as a flat tuple of ("all", pool) pairs
-    #   (`_Pool.stats`, indexed by `_ALLOCATION`...), unpacked once per call and updated inline;
+    # - each pool keeps its cached blocks per stream as two parallel sorted lists, int keys
+    #   (size << 64 | address) and blocks: bisecting ints is cheaper than comparing tuples;
+    # - the statistics are attributes of one `_Counts` per pool type; "all" is summed when
+    #   read (only its peak is kept), and CUDA's "freed" is derived, so a free changes one
+    #   number per statistic (See _Counts; active's current value is always kept, never
+    #   derived from allocation's: blocks waiting for other streams stay active);
+    # - alloc_found_block is written inline in `allocate`; segments' first blocks are kept by
+    #   address (`heads`, what snapshots walk) rather than a set of active blocks;
     # - blocks share empty frames and stream lists until they get some of their own;
     # - the history's and the garbage collector's switches are kept as flags (`_tracing`,
-    #   `_gc`), the configuration's max_split_size as `_max_split`.
+    #   `_framing`, `_gc`), the configuration's max_split_size as `_max_split`.
+    # Callgrind (benchmarks/allocator.py): 20.4k instructions per event before these, 12.9k.
 
     def __init__(self, device: int = 0, total: int | None = None, context: int = 0,
                  allowed: int | None = None, config: AllocatorConfig | None = None) -> None:
@@ -499,20 +572,23 @@ class CachingAllocator:
         self.small = _Pool(small=True)
         self.large = _Pool(small=False)
         self.reserved_total = 0  # total_allocated_memory: every live segment's bytes
-        self.active: set[Block] = set()
+        # Each live segment's first block, by the segment's address (what snapshots walk)
+        self.heads: dict[int, Block] = {}
         self.deferred: list[Block] = []  # freed blocks other streams still use (record_stream)
         # Where the other streams are (None: every stream is always done, as with no clock).
         self.events: StreamEvents | None = None
-        self.stats: dict[str, list[list[int]]] = {
-            name: [_stat(), _stat(), _stat()] for name in ARRAY_STATS}
+        # The statistics of small and large blocks; `peaks`: the peaks of "all" (_Counts)
+        self.small_counts, self.large_counts, self.peaks = _Counts(), _Counts(), _Counts()
         for pool in (self.small, self.large):
             pool.stats = self._stats_of(pool.small)
+            pool.counts = pool.stats[0]
         self.oversize_allocations = _stat()
         self.oversize_segments = _stat()
         self.counters = {"num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": 0,
                          "num_device_alloc": 0, "num_device_free": 0}
         self.history = History()
         self._tracing = False  # history.enabled == "all"
+        self._framing = False  # history.frames and history.context are set
         # Private pools (See Note [Interaction with CUDA graph capture] in
         # CUDACachingAllocator.cpp): every live one, those no graph or MemPool uses any more
         # (graph_pools_freeable), and the captures and use_mem_pool blocks under way, each with
@@ -522,11 +598,12 @@ class CachingAllocator:
         self.captures: list[tuple[PoolId, Callable[[int], bool]]] = []
         self._next_address = 0x7F0000000000 + (device << 36)
 
-    def _stats_of(self, small: bool) -> tuple[list[int], ...]:
-        """The ("all", pool) lists of every statistic, flat, in the order of `ARRAY_STATS`."""
-        p = 1 if small else 2
-        return tuple(s for name in ARRAY_STATS for s in (self.stats[name][0],
-                                                          self.stats[name][p]))
+    def _stats_of(self, small: bool) -> tuple[_Counts, _Counts, _Counts]:
+        """What a block of a small or large pool changes: its pool type's statistics, the
+        other type's (to sum "all"), and the peaks of "all"."""
+        if small:
+            return (self.small_counts, self.large_counts, self.peaks)
+        return (self.large_counts, self.small_counts, self.peaks)
 
     @property
     def allowed(self) -> int | None:
@@ -543,20 +620,20 @@ class CachingAllocator:
     @property
     def allocated(self) -> int:
         """Bytes allocated to tensors now (memory_allocated)."""
-        return self.stats["allocated_bytes"][0][0]
+        return self.small_counts.allocated_bytes + self.large_counts.allocated_bytes
 
     @property
     def reserved(self) -> int:
         """Bytes of every segment (memory_reserved)."""
-        return self.stats["reserved_bytes"][0][0]
+        return self.small_counts.reserved_bytes + self.large_counts.reserved_bytes
 
     @property
     def peak_allocated(self) -> int:
-        return self.stats["allocated_bytes"][0][1]
+        return self.peaks.allocated_bytes_peak
 
     @property
     def peak_reserved(self) -> int:
-        return self.stats["reserved_bytes"][0][1]
+        return self.peaks.reserved_bytes_peak
 
     def free_memory(self) -> int:
         """What cudaMemGetInfo calls free: the capacity less the context and the segments."""
@@ -569,25 +646,34 @@ class CachingAllocator:
         out: dict[str, Any] = dict(self.counters)
         out["max_split_size"] = (-1 if self.config.max_split_size == SIZE_MAX
                                  else self.config.max_split_size)
-        for name, arr in self.stats.items():
-            out[name] = {pool: _stat_dict(s) for pool, s in zip(POOL_TYPES, arr, strict=True)}
+        small, large = self.small_counts, self.large_counts
+        for name in ARRAY_STATS:
+            per = [[getattr(c, name), getattr(c, name + "_peak"), c.total(name), c.freed(name)]
+                   for c in (small, large)]
+            every = [a + b for a, b in zip(*per, strict=True)]
+            every[1] = getattr(self.peaks, name + "_peak")
+            out[name] = {pool: _stat_dict(s)
+                         for pool, s in zip(POOL_TYPES, (every, *per), strict=True)}
         out["oversize_allocations"] = _stat_dict(self.oversize_allocations)
         out["oversize_segments"] = _stat_dict(self.oversize_segments)
         return out
 
     def reset_peak(self) -> None:
         """`resetPeakStats`: every peak becomes the current value."""
-        for arr in self.stats.values():
-            for s in arr:
-                s[1] = s[0]
+        small, large = self.small_counts, self.large_counts
+        for name in ARRAY_STATS:
+            for c in (small, large):
+                setattr(c, name + "_peak", getattr(c, name))
+            setattr(self.peaks, name + "_peak", getattr(small, name) + getattr(large, name))
         for s in (self.oversize_allocations, self.oversize_segments):
             s[1] = s[0]
 
     def reset_accumulated(self) -> None:
         """`resetAccumulatedStats`: the allocated/freed totals and counters start again."""
-        for arr in self.stats.values():
-            for s in arr:
-                s[2] = s[3] = 0
+        for c in (self.small_counts, self.large_counts):
+            for name in ARRAY_STATS:
+                setattr(c, name + "_total", 0)
+                setattr(c, name + "_base", getattr(c, name))
         for s in (self.oversize_allocations, self.oversize_segments):
             s[2] = s[3] = 0
         for k in self.counters:
@@ -612,8 +698,7 @@ class CachingAllocator:
             # `process_events`, as CUDA's malloc; skipped while a capture is under way (CUDA
             # may not query events then)
             self._process_deferred(only_done=True)
-        h = self.history
-        frames = _NO_FRAMES if h.frames is None or h.context is None else self._frames("state")
+        frames = self._frames("state") if self._framing else _NO_FRAMES
         if self._plain_rounding:
             rounded = KMIN_BLOCK if size < KMIN_BLOCK else (size + KMIN_BLOCK - 1) & -KMIN_BLOCK
         else:
@@ -631,19 +716,19 @@ class CachingAllocator:
         if self._gc:
             pool.free_calls += 1
         block: Block | None = None
-        entries = pool.entries
-        i = bisect_left(entries, (stream, rounded))
-        if i < len(entries):
-            e = entries[i]
-            if e[0] == stream:
-                found = e[3]
+        if stream in pool.streams:
+            keys, blocks = pool.streams[stream]
+            i = bisect_left(keys, rounded << _KEY_SHIFT)
+            if i < len(keys):
+                found = blocks[i]
                 max_split = self._max_split
                 # an oversize block is not split for a smaller request, nor handed out whole
                 # for a much smaller one
                 if not ((rounded < max_split and found.size >= max_split)
                         or (rounded >= max_split and found.size
                             >= rounded + self.config.max_non_split_rounding)):
-                    del entries[i]
+                    del keys[i]
+                    del blocks[i]
                     block = found
         if block is None:
             if self._gc:
@@ -658,7 +743,103 @@ class CachingAllocator:
             free = 0 if self.total is None else self.free_memory()
             self._trace("oom", 0, alloc_size, stream, frames, device_free=free)
             return self._oom(alloc_size, free)
-        return self._hand_out(block, pool, rounded, size, stream, frames)
+        # alloc_found_block, inline (a call costs the hot path): split off what the request
+        # does not need, mark the block allocated; from here `size` is the rounded size
+        requested, size = size, rounded
+        c, o, t = pool.stats
+        already_split = block.prev is not None or block.next is not None
+        remaining = block.size - size
+        # should_split (never in a MemPool made with no_split)
+        if (remaining >= KMIN_BLOCK if pool.small else (size < self._max_split
+                                                        and remaining > SMALL_SIZE)) and (
+                pool.owner is None or not pool.owner.no_split):
+            rest = block
+            block = Block(rest.address, size, stream, pool)
+            prev = block.prev = rest.prev
+            if prev is not None:
+                prev.next = block
+            else:
+                self.heads[block.address] = block
+            block.next = rest
+            block.segment_frames = rest.segment_frames
+            rest.segment_frames = _NO_FRAMES
+            rest.prev = block
+            rest.address += size
+            rest.size = remaining
+            rest.gc_base = pool.free_calls
+            keys, blocks = pool.streams[stream]
+            k = remaining << _KEY_SHIFT | rest.address
+            i = bisect_left(keys, k)
+            keys.insert(i, k)
+            blocks.insert(i, rest)
+            if already_split:
+                # the block's bytes leave the inactive split bytes; the rest stays in them
+                c.inactive_split_bytes -= size
+            else:
+                # the rest is a new inactive split block (its segment is split from now)
+                v = c.inactive_split_bytes = c.inactive_split_bytes + remaining
+                c.inactive_split_bytes_total += remaining
+                if v > c.inactive_split_bytes_peak:
+                    c.inactive_split_bytes_peak = v
+                v += o.inactive_split_bytes
+                if v > t.inactive_split_bytes_peak:
+                    t.inactive_split_bytes_peak = v
+                v = c.inactive_split = c.inactive_split + 1
+                c.inactive_split_total += 1
+                if v > c.inactive_split_peak:
+                    c.inactive_split_peak = v
+                v += o.inactive_split
+                if v > t.inactive_split_peak:
+                    t.inactive_split_peak = v
+        else:
+            size = block.size
+            if already_split:
+                c.inactive_split_bytes -= size
+                c.inactive_split -= 1
+        block.allocated = True
+        block.requested = requested
+        block.frames = frames
+        if self._tracing:
+            self._trace("alloc", block.address, requested, stream, frames)
+        # allocation and active +1, allocated_bytes and active_bytes +size, requested_bytes
+        # +requested, each with its peak and the peak of "all" (See _Counts): written out,
+        # this is the hottest code of the model. active's totals are allocation's (_SAME_TOTAL)
+        v = c.allocation = c.allocation + 1
+        c.allocation_total += 1
+        if v > c.allocation_peak:
+            c.allocation_peak = v
+        v += o.allocation
+        if v > t.allocation_peak:
+            t.allocation_peak = v
+        v = c.active = c.active + 1
+        if v > c.active_peak:
+            c.active_peak = v
+        v += o.active
+        if v > t.active_peak:
+            t.active_peak = v
+        v = c.allocated_bytes = c.allocated_bytes + size
+        c.allocated_bytes_total += size
+        if v > c.allocated_bytes_peak:
+            c.allocated_bytes_peak = v
+        v += o.allocated_bytes
+        if v > t.allocated_bytes_peak:
+            t.allocated_bytes_peak = v
+        v = c.active_bytes = c.active_bytes + size
+        if v > c.active_bytes_peak:
+            c.active_bytes_peak = v
+        v += o.active_bytes
+        if v > t.active_bytes_peak:
+            t.active_bytes_peak = v
+        v = c.requested_bytes = c.requested_bytes + requested
+        c.requested_bytes_total += requested
+        if v > c.requested_bytes_peak:
+            c.requested_bytes_peak = v
+        v += o.requested_bytes
+        if v > t.requested_bytes_peak:
+            t.requested_bytes_peak = v
+        if size >= self._max_split:
+            _inc1(self.oversize_allocations, 1)
+        return block
 
     def refusal(self, size: int, stream: int = 0) -> OutOfMemory | None:
         """The out-of-memory `malloc(size)` would raise, or None where it would succeed,
@@ -693,8 +874,8 @@ class CachingAllocator:
         return min(bounds) if bounds else None
 
     def _oom(self, alloc_size: int, free: int) -> OutOfMemory:
-        private = sum(e[1] for pp in self.graph_pools.values()
-                      for p in (pp.large, pp.small) for e in p.entries)
+        private = sum(b.size for pp in self.graph_pools.values()
+                      for p in (pp.large, pp.small) for b in p.blocks)
         return OutOfMemory(self.device, alloc_size, self.total if self.total is not None else 0,
                            free, self.allocated, self.reserved, self.allowed,
                            self.context + self.reserved_total, private)
@@ -707,21 +888,9 @@ class CachingAllocator:
         block.allocated = False
         size = block.size
         pool = block.pool
-        st = pool.stats
-        # allocation -1, allocated_bytes -size ("all" and pool), unrolled (See Note [The
-        # allocator's hot path])
-        x = st[_ALLOCATION]
-        x[0] -= 1
-        x[3] += 1
-        x = st[_ALLOCATION + 1]
-        x[0] -= 1
-        x[3] += 1
-        x = st[_ALLOCATED]
-        x[0] -= size
-        x[3] += size
-        x = st[_ALLOCATED + 1]
-        x[0] -= size
-        x[3] += size
+        c = pool.counts
+        c.allocation -= 1
+        c.allocated_bytes -= size
         if size >= self._max_split:
             _dec1(self.oversize_allocations, 1)
         if self._tracing:
@@ -795,8 +964,9 @@ class CachingAllocator:
         if pp is None:
             pp = self.graph_pools[pool_id] = PrivatePool(pool_id)
             # its blocks count in the device's statistics, by pool size (get_stat_types_for_pool)
-            pp.small.stats = self._stats_of(True)
-            pp.large.stats = self._stats_of(False)
+            for p in (pp.small, pp.large):
+                p.stats = self._stats_of(p.small)
+                p.counts = p.stats[0]
         elif pp.use_count == 0:
             # CUDA asserts here (TORCH_INTERNAL_ASSERT(use_count > 0)): the pool was released
             raise PoolError(f"memory pool {pool_id} was released (no graph or MemPool uses "
@@ -855,20 +1025,17 @@ class CachingAllocator:
         self.history = History(enabled, context if enabled else None, max_entries, frames,
                                trace, frozenset(skip_actions or ()))
         self._tracing = enabled == "all"
+        self._framing = frames is not None and self.history.context is not None
 
     def snapshot(self, pool_id: PoolId = DEFAULT_POOL) -> list[dict[str, Any]]:
         """Every segment with its blocks, as `torch.cuda.memory._snapshot()["segments"]`, each
         with the private pool it belongs to (`segment_pool_id`, (0, 0): the device's own);
         `pool_id`: that private pool's segments only (none if there is no such pool)."""
-        cached = [self.small.blocks, self.large.blocks]
-        for pp in self.graph_pools.values():
-            cached += [pp.small.blocks, pp.large.blocks]
-        heads = {b for b in itertools.chain(self.active, self.deferred, *cached)
-                 if b.prev is None}
+        heads = [self.heads[a] for a in sorted(self.heads)]
         if pool_id != DEFAULT_POOL:
-            heads = {b for b in heads if b.pool.owner is not None and b.pool.owner.id == pool_id}
+            heads = [b for b in heads if b.pool.owner is not None and b.pool.owner.id == pool_id]
         segments = []
-        for head in sorted(heads, key=lambda b: b.address):
+        for head in heads:
             blocks = []
             total = allocated = active = requested = 0
             b: Block | None = head
@@ -890,7 +1057,7 @@ class CachingAllocator:
                              "total_size": total, "allocated_size": allocated,
                              "active_size": active, "requested_size": requested,
                              "stream": head.stream,
-                             "segment_type": "small" if head.small else "large",
+                             "segment_type": "small" if head.pool.small else "large",
                              "segment_pool_id": (DEFAULT_POOL if head.pool.owner is None
                                                  else head.pool.owner.id),
                              "is_expandable": False,
@@ -937,124 +1104,17 @@ class CachingAllocator:
             pool.owner.segments += 1
         self._next_address += (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
         b.segment_frames = frames
-        st = pool.stats
-        _inc((st[_SEGMENT], st[_SEGMENT + 1]), 1)
-        _inc((st[_RESERVED], st[_RESERVED + 1]), size)
+        self.heads[b.address] = b
+        if stream not in pool.streams:
+            pool.streams[stream] = ([], [])
+        _up(pool.stats, "segment", 1)
+        _up(pool.stats, "reserved_bytes", size)
         if size >= self._max_split:
             _inc1(self.oversize_segments, 1)
         self.counters["num_device_alloc"] += 1
         if self._tracing:
             self._trace("segment_alloc", b.address, size, stream, frames)
         return b
-
-    def _hand_out(self, block: Block, pool: _Pool, size: int, requested: int, stream: int,
-                  frames: list[dict[str, Any]]) -> Block:
-        """`alloc_found_block`: split off what the request does not need, mark it allocated."""
-        st = pool.stats
-        already_split = block.prev is not None or block.next is not None
-        remaining = block.size - size
-        # should_split (never in a MemPool made with no_split)
-        if (remaining >= KMIN_BLOCK if pool.small else (size < self._max_split
-                                                        and remaining > SMALL_SIZE)) and (
-                pool.owner is None or not pool.owner.no_split):
-            rest = block
-            block = Block(rest.address, size, stream, pool)
-            prev = block.prev = rest.prev
-            if prev is not None:
-                prev.next = block
-            block.next = rest
-            block.segment_frames = rest.segment_frames
-            rest.segment_frames = _NO_FRAMES
-            rest.prev = block
-            rest.address += size
-            rest.size = remaining
-            rest.gc_base = pool.free_calls
-            insort(pool.entries, (stream, remaining, rest.address, rest))
-            if already_split:
-                x = st[_SPLIT_BYTES]
-                x[0] -= size
-                x[3] += size
-                x = st[_SPLIT_BYTES + 1]
-                x[0] -= size
-                x[3] += size
-            else:
-                x = st[_SPLIT_BYTES]
-                v = x[0] = x[0] + remaining
-                x[2] += remaining
-                if v > x[1]:
-                    x[1] = v
-                x = st[_SPLIT_BYTES + 1]
-                v = x[0] = x[0] + remaining
-                x[2] += remaining
-                if v > x[1]:
-                    x[1] = v
-                x = st[_SPLIT]
-                v = x[0] = x[0] + 1
-                x[2] += 1
-                if v > x[1]:
-                    x[1] = v
-                x = st[_SPLIT + 1]
-                v = x[0] = x[0] + 1
-                x[2] += 1
-                if v > x[1]:
-                    x[1] = v
-        else:
-            size = block.size
-            if already_split:
-                _dec((st[_SPLIT_BYTES], st[_SPLIT_BYTES + 1]), size)
-                _dec((st[_SPLIT], st[_SPLIT + 1]), 1)
-        block.allocated = True
-        block.requested = requested
-        block.frames = frames
-        self.active.add(block)
-        if self._tracing:
-            self._trace("alloc", block.address, requested, stream, frames)
-        # allocation and active +1, allocated_bytes and active_bytes +size, requested_bytes
-        # +requested ("all" and pool): unrolled, this is the hottest code of the model
-        n, pn, _, _, ac, pac, _, _, nb, pnb, _, _, ab, pab, _, _, r, pr = st
-        v = n[0] = n[0] + 1
-        n[2] += 1
-        if v > n[1]:
-            n[1] = v
-        v = pn[0] = pn[0] + 1
-        pn[2] += 1
-        if v > pn[1]:
-            pn[1] = v
-        v = ac[0] = ac[0] + 1
-        ac[2] += 1
-        if v > ac[1]:
-            ac[1] = v
-        v = pac[0] = pac[0] + 1
-        pac[2] += 1
-        if v > pac[1]:
-            pac[1] = v
-        v = nb[0] = nb[0] + size
-        nb[2] += size
-        if v > nb[1]:
-            nb[1] = v
-        v = pnb[0] = pnb[0] + size
-        pnb[2] += size
-        if v > pnb[1]:
-            pnb[1] = v
-        v = ab[0] = ab[0] + size
-        ab[2] += size
-        if v > ab[1]:
-            ab[1] = v
-        v = pab[0] = pab[0] + size
-        pab[2] += size
-        if v > pab[1]:
-            pab[1] = v
-        v = r[0] = r[0] + requested
-        r[2] += requested
-        if v > r[1]:
-            r[1] = v
-        v = pr[0] = pr[0] + requested
-        pr[2] += requested
-        if v > pr[1]:
-            pr[1] = v
-        if size >= self._max_split:
-            _inc1(self.oversize_allocations, 1)
-        return block
 
     def _free_block(self, block: Block, pool: _Pool) -> None:
         """`free_block`: merge with free neighbours (`try_merge_blocks`, inline) and go back
@@ -1063,81 +1123,72 @@ class CachingAllocator:
             self._trace("free_completed", block.address, block.requested, block.stream,
                         block.frames)
         size, requested = block.size, block.requested
-        st = pool.stats
-        entries = pool.entries
+        # a segment's blocks are all of its stream, so its neighbours are in these lists
+        keys, blocks = pool.streams[block.stream]
         split_blocks = split_bytes = 0
         # A block waiting for other streams keeps its stream_uses, so it is never merged.
         src = block.prev
         if src is not None and not src.allocated and not src.stream_uses:
-            del entries[bisect_left(entries, (src.stream, src.size, src.address))]
+            i = bisect_left(keys, src.size << _KEY_SHIFT | src.address)
+            del keys[i]
+            del blocks[i]
             block.address = src.address
             prev = block.prev = src.prev
             if prev is not None:
                 prev.next = block
+            else:
+                self.heads[block.address] = block  # it is now its segment's first block
             block.segment_frames = src.segment_frames
             block.size += src.size
             split_blocks -= 1
             split_bytes -= src.size
         src = block.next
         if src is not None and not src.allocated and not src.stream_uses:
-            del entries[bisect_left(entries, (src.stream, src.size, src.address))]
+            i = bisect_left(keys, src.size << _KEY_SHIFT | src.address)
+            del keys[i]
+            del blocks[i]
             nxt = block.next = src.next
             if nxt is not None:
                 nxt.prev = block
             block.size += src.size
             split_blocks -= 1
             split_bytes -= src.size
-        self.active.discard(block)
         block.frames = _NO_FRAMES
         block.requested = 0
         block.gc_base = pool.free_calls
-        insort(entries, (block.stream, block.size, block.address, block))
+        k = block.size << _KEY_SHIFT | block.address
+        i = bisect_left(keys, k)
+        keys.insert(i, k)
+        blocks.insert(i, block)
         if block.prev is not None or block.next is not None:
             split_blocks += 1
             split_bytes += block.size
-        _, _, _, _, ac, pac, sn, psn, _, _, _, _, ab, pab, sb, psb, r, pr = st
         # inactive_split and its bytes move by what the merges and the block's own split made
+        c, o, t = pool.stats
         if split_blocks > 0:
-            v = sn[0] = sn[0] + split_blocks
-            sn[2] += split_blocks
-            if v > sn[1]:
-                sn[1] = v
-            v = psn[0] = psn[0] + split_blocks
-            psn[2] += split_blocks
-            if v > psn[1]:
-                psn[1] = v
+            v = c.inactive_split = c.inactive_split + split_blocks
+            c.inactive_split_total += split_blocks
+            if v > c.inactive_split_peak:
+                c.inactive_split_peak = v
+            v += o.inactive_split
+            if v > t.inactive_split_peak:
+                t.inactive_split_peak = v
         elif split_blocks < 0:
-            sn[0] += split_blocks
-            sn[3] -= split_blocks
-            psn[0] += split_blocks
-            psn[3] -= split_blocks
+            c.inactive_split += split_blocks
         if split_bytes > 0:
-            v = sb[0] = sb[0] + split_bytes
-            sb[2] += split_bytes
-            if v > sb[1]:
-                sb[1] = v
-            v = psb[0] = psb[0] + split_bytes
-            psb[2] += split_bytes
-            if v > psb[1]:
-                psb[1] = v
+            v = c.inactive_split_bytes = c.inactive_split_bytes + split_bytes
+            c.inactive_split_bytes_total += split_bytes
+            if v > c.inactive_split_bytes_peak:
+                c.inactive_split_bytes_peak = v
+            v += o.inactive_split_bytes
+            if v > t.inactive_split_bytes_peak:
+                t.inactive_split_bytes_peak = v
         elif split_bytes < 0:
-            sb[0] += split_bytes
-            sb[3] -= split_bytes
-            psb[0] += split_bytes
-            psb[3] -= split_bytes
-        # active -1, active_bytes -size, requested_bytes -requested ("all" and pool)
-        ac[0] -= 1
-        ac[3] += 1
-        pac[0] -= 1
-        pac[3] += 1
-        ab[0] -= size
-        ab[3] += size
-        pab[0] -= size
-        pab[3] += size
-        r[0] -= requested
-        r[3] += requested
-        pr[0] -= requested
-        pr[3] += requested
+            c.inactive_split_bytes += split_bytes
+        # active -1, active_bytes -size, requested_bytes -requested
+        c.active -= 1
+        c.active_bytes -= size
+        c.requested_bytes -= requested
 
     def _process_deferred(self, only_done: bool = False,
                           owner: PrivatePool | None = None) -> None:
@@ -1163,12 +1214,12 @@ class CachingAllocator:
     def _release(self, pool: _Pool, block: Block) -> None:
         """`release_block`: cudaFree a whole cached segment."""
         pool.remove(block)
+        del self.heads[block.address]
         if pool.owner is not None:
             pool.owner.segments -= 1
         self.reserved_total -= block.size
-        st = pool.stats
-        _dec((st[_SEGMENT], st[_SEGMENT + 1]), 1)
-        _dec((st[_RESERVED], st[_RESERVED + 1]), block.size)
+        _down(pool.stats, "segment", 1)
+        _down(pool.stats, "reserved_bytes", block.size)
         if block.size >= self._max_split:
             _dec1(self.oversize_segments, 1)
         self.counters["num_device_free"] += 1
@@ -1185,8 +1236,9 @@ class CachingAllocator:
         if b is not None:
             self._release(pool, b)
             return True
-        candidates = [e[3] for e in reversed(pool.entries)
-                      if e[0] == stream and e[1] >= max_split]
+        cached = pool.streams.get(stream)
+        candidates = ([] if cached is None else
+                      [b for b in reversed(cached[1]) if b.size >= max_split])
         released = 0
         for b in candidates:
             if released >= want:
@@ -1224,40 +1276,7 @@ class CachingAllocator:
                     self._release(pool, b)
 
 
-# Where each statistic's ("all", pool) pair sits in `_Pool.stats` (the order of ARRAY_STATS).
-(_ALLOCATION, _SEGMENT, _ACTIVE, _SPLIT, _ALLOCATED, _RESERVED, _ACTIVE_BYTES, _SPLIT_BYTES,
- _REQUESTED) = range(0, 2 * len(ARRAY_STATS), 2)
-
-
-# A statistic is [current, peak, allocated, freed], kept for "all" and for the block's pool:
-# each change below touches both.
-
-def _inc(pair: tuple[list[int], list[int]], n: int) -> None:
-    a, p = pair
-    a[0] += n
-    a[2] += n
-    if a[0] > a[1]:
-        a[1] = a[0]
-    p[0] += n
-    p[2] += n
-    if p[0] > p[1]:
-        p[1] = p[0]
-
-
-def _dec(pair: tuple[list[int], list[int]], n: int) -> None:
-    a, p = pair
-    a[0] -= n
-    a[3] += n
-    p[0] -= n
-    p[3] += n
-
-
-def _move(pair: tuple[list[int], list[int]], n: int) -> None:
-    if n > 0:
-        _inc(pair, n)
-    elif n < 0:
-        _dec(pair, -n)
-
+# The oversize statistics are one [current, peak, allocated, freed] each (no pool types).
 
 def _inc1(s: list[int], n: int) -> None:
     s[0] += n
