@@ -173,6 +173,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         from .cuda import amp as _amp
         from .cuda import api as _cuda
         from .cuda import build as _build
+        from .cuda import cufft as _cufft
         from .cuda import graphs as _graphs
         from .distributed import c10d as _c10d
         from .distributed import dtensor as _dtensor
@@ -192,15 +193,15 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
 
         # The mode's handlers build on the mode's module, so the table is filled from here.
         _routing.fill_handlers(_moves.HANDLERS, _autograd.HANDLERS, _amp.HANDLERS,
-                               dict.fromkeys(_launch.OPS, _launch.launch))
+                               _cufft.HANDLERS, dict.fromkeys(_launch.OPS, _launch.launch))
         # A stop() from another thread could only disarm this thread's old modes.
         for old in torch.overrides._get_current_function_mode_stack():
             if isinstance(old, _routing.SimulationMode) and old.inert:
                 _routing.remove_mode(old)
         patcher = Patcher()
         try:
-            for module in (_tensor, _wrappers, _cuda, _graphs, _build, _queries, _factories, _amp,
-                           _threads, _parallel, _serialization, _c10d, _stores, _forks,
+            for module in (_tensor, _wrappers, _cuda, _graphs, _build, _cufft, _queries, _factories,
+                           _amp, _threads, _parallel, _serialization, _c10d, _stores, _forks,
                            _dtensor, _compile):
                 module.install(patcher)
             charges = _session.NO_CHARGES
