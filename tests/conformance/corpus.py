@@ -1653,6 +1653,35 @@ CORPUS += (
     ),
 )
 
+CORPUS += (
+    Program(
+        name="notes_cuda_memory",
+        title="CUDA semantics (PyTorch notes): using custom memory allocators for CUDA",
+        repo=PYTORCH,
+        files=(_notes("pluggable_allocator.rst", 337,
+                      "dac3ce07910f0de0f5903079067ac52f6b2c3d37a45f7997373ec1b99e519a05",
+                      "of the alloc/free functions that match the signatures specified above."),),
+        licence=BSD3_PYTORCH,
+        entry="pluggable_allocator.rst",
+        prelude="import torch",
+        steps=("",),
+        exercises="`torch.cuda.memory.CUDAPluggableAllocator('alloc.so', ...)` and "
+                  "`change_current_allocator`: the notes' custom-allocator example",
+        compare_note="no CPU run: the example needs a compiled .so calling cudaMalloc; "
+                     "checked: devlab's own error naming the allocator and why (no CUDA "
+                     "allocator to swap on a simulated GPU), raised at the notes' line",
+        expect_error=(r"^NotImplementedError: torch\.cuda\.memory\.CUDAPluggableAllocator "
+                      r".* is not simulated by devlab's simulated GPUs"),
+        expect_error_at="notes_cuda_memory.py:6",  # its CUDAPluggableAllocator(
+        gpus_used=0,
+        notes="The notes' second allocator example (an allocation, then the swap) stops at the "
+              "same line; its swap, reached with an allocator in hand, raises torch's "
+              "`Can't swap an already initialized allocator` (tests/test_simulated_cufft.py). "
+              "The section's other statements (the cuFFT plan cache, PYTORCH_CUDA_ALLOC_CONF's "
+              "forms) are tested there too.",
+    ),
+)
+
 BY_NAME: dict[str, Program] = {p.name: p for p in CORPUS}
 
 

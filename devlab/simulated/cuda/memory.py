@@ -412,6 +412,33 @@ CUDA_FUNCS = {
 }
 
 
+class CUDAPluggableAllocator:
+    """torch.cuda.memory.CUDAPluggableAllocator on simulated GPUs: devlab's own error. Its
+    `.so` calls cudaMalloc/cudaFree, and a simulated GPU's memory is the host's, kept by the
+    caching allocator model: there is no CUDA allocator to load or swap in."""
+
+    @entry
+    def __init__(self, path_to_so_file: str, alloc_fn_name: str, free_fn_name: str) -> None:
+        raise _errors.not_simulated(
+            "torch.cuda.memory.CUDAPluggableAllocator (an allocator compiled to call cudaMalloc, "
+            "swapped in with torch.cuda.memory.change_current_allocator)",
+            "a simulated GPU has no CUDA allocator to replace: its memory is kept by the model "
+            "of PyTorch's caching allocator, which torch.cuda.memory_stats() reads")
+
+
+@entry
+def change_current_allocator(allocator: Any) -> None:
+    """torch.cuda.memory.change_current_allocator: torch's own error once the allocator is
+    initialized (as CUDA's is at CUDA's initialization), else devlab's own."""
+    sess = _session.session
+    if sess is not None and (sess.initialized or sess.used):
+        raise _errors.user_error(RuntimeError("Can't swap an already initialized allocator"))
+    raise _errors.not_simulated(
+        "torch.cuda.memory.change_current_allocator (swapping in a CUDAPluggableAllocator)",
+        "a simulated GPU has no CUDA allocator to replace: its memory is kept by the model "
+        "of PyTorch's caching allocator, which torch.cuda.memory_stats() reads")
+
+
 def install(p: Patcher) -> None:
     """Put the allocator's entry points where torch's Python code calls them (torch.cuda.memory
     bound the pool ones, and MemPool's base class, when it was imported)."""
@@ -424,3 +451,6 @@ def install(p: Patcher) -> None:
         p.set(torch_memory, name, fn)
     p.set(torch_memory, "MemPool", MemPool)
     p.set(torch.cuda, "MemPool", MemPool)
+    for module in (torch_memory, torch.cuda):
+        p.set(module, "CUDAPluggableAllocator", CUDAPluggableAllocator)
+        p.set(module, "change_current_allocator", change_current_allocator)
