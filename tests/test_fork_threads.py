@@ -10,6 +10,7 @@ in a fresh interpreter whose parent has used OpenMP's threads first.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -70,5 +71,7 @@ def test_a_process_forked_with_multiprocessing_computes_after_the_parent_used_op
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rank 1 threads 1 finite True" in done.stdout
     assert "exit code 0" in done.stdout
-    # The parent keeps its own threads: only the child takes one.
-    assert f"parent threads {torch.get_num_threads()}" in done.stdout
+    # The parent keeps its own threads (two or more, as it asserted first): only the child
+    # takes one.
+    parent = re.search(r"parent threads (\d+)", done.stdout)
+    assert parent is not None and int(parent.group(1)) >= 2, done.stdout

@@ -589,7 +589,7 @@ class CachingAllocator:
         self.history = History()
         self._tracing = False  # history.enabled == "all"
         self._framing = False  # history.frames and history.context are set
-        # Private pools (See Note [Interaction with CUDA graph capture] in
+        # Private pools (torch's note "Interaction with CUDA graph capture" in
         # CUDACachingAllocator.cpp): every live one, those no graph or MemPool uses any more
         # (graph_pools_freeable), and the captures and use_mem_pool blocks under way, each with
         # the filter that says whether a request on a stream goes to its pool, newest last.
