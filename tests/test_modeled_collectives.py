@@ -266,6 +266,11 @@ def test_another_machine_the_gpu_is_sold_in_can_be_chosen(no_simulation) -> None
     assert simulated.explain(lambda: x + 1).machine == (
         "Collectives: PCIe Gen3 x16 with peer-to-peer (pcie3-p2p, chosen; the T4's default is "
         "pcie3-host).")
+    with pytest.MonkeyPatch.context() as env:  # as the clock times them, so the line says
+        env.setenv("NCCL_P2P_DISABLE", "1")
+        assert simulated.explain(lambda: x + 1).machine == (
+            "Collectives: PCIe Gen3 x16 without peer-to-peer (through host memory) (pcie3-host: "
+            "NCCL_P2P_DISABLE=1 turns the pcie3-p2p machine's peer-to-peer off).")
     # A spawned rank models the same GPU in the same machine.
     namespace: dict = {"__name__": "__main__"}  # as a notebook defines a function
     exec("import devlab\n"

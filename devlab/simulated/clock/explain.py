@@ -11,12 +11,13 @@ events on an idle GPU: the two ways of timing.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from html import escape
 from typing import Any
 
 from devlab.gpu_model import ALONE, QUEUED
-from devlab.gpu_model.links import Topology, topologies
+from devlab.gpu_model.links import Topology, nccl_topology, topologies
 from devlab.sizes import format_bytes
 
 from .clock import record
@@ -128,7 +129,12 @@ def explain(fn: Callable[[], Any]) -> Explanation:
 
 
 def machine(spec: Any, topology: Topology) -> str:
-    """One line naming the machine the modeled GPUs' collectives are timed in."""
+    """One line naming the machine the modeled GPUs' collectives are timed in (through host
+    memory where this process's NCCL_P2P_DISABLE=1 turns peer-to-peer off, as the clock does)."""
+    staged = nccl_topology(topology, spec, dict(os.environ))
+    if staged.key != topology.key:
+        return (f"Collectives: {staged.name} ({staged.key}: NCCL_P2P_DISABLE=1 turns the "
+                f"{topology.key} machine's peer-to-peer off).")
     sold = topologies(spec)
     others = [t.key for t in sold if t.key != topology.key]
     which = (f"the {spec.name}'s default" if topology.key == sold[0].key else
