@@ -292,11 +292,17 @@ def test_an_interrupt_while_waiting_for_the_queue_leaves_it_working(monkeypatch)
     gate = _hold_queue(0)
     b = a @ a
     main = threading.main_thread().ident
+    # Ctrl-C as a kernel raises it. In a process that ran torch elastic's launcher in its main
+    # thread before (its PContext.start replaces SIGINT's handler for good), it would not be.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     ctrl_c = threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGINT))  # as Ctrl-C
-    ctrl_c.start()
-    with pytest.raises(KeyboardInterrupt):
-        b.cpu()  # waits for the held queue, and is interrupted there
-    ctrl_c.join()
+    try:
+        ctrl_c.start()
+        with pytest.raises(KeyboardInterrupt):
+            b.cpu()  # waits for the held queue, and is interrupted there
+        ctrl_c.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert not _workers.idle(0)
     gate.set()
     assert torch.allclose(b.cpu(), a.cpu() @ a.cpu())  # the queue finished its work
