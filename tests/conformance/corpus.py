@@ -672,7 +672,9 @@ LIGHTNING_CHECKPOINT = "lightning_logs/version_0/checkpoints/*.ckpt"  # ModelChe
 ACCELERATE_SCRIPTS = "src/accelerate/test_utils/scripts/"
 ACCELERATE_LAUNCH = ("accelerate", "launch", "--multi_gpu", "--num_processes", "2",
                      "--main_process_port", "0")  # port 0: accelerate picks a free one
-TEST_LOSS = rf"^\s*test_loss\s+({FLOAT})\s*$"
+# Lightning prints its test table plain, or with rich's box characters where rich is installed
+# (transformers' typer brings it): "│ test_loss │ 2.13... │".
+TEST_LOSS = rf"^\s*│?\s*test_loss\s*│?\s+({FLOAT})\s*│?\s*$"
 
 FRAMEWORKS: tuple[Program, ...] = (
     Program(

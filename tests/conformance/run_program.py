@@ -77,6 +77,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# A terminal colour or style (rich writes them into display data's text too).
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
@@ -377,6 +380,12 @@ def _run_in_kernel(program: corpus.Program, entry: Path, workdir: Path) -> list[
             elif out.output_type == "execute_result":
                 result = out.data.get("text/plain")
                 print(f"Out[{i}]: {result}")
+            elif out.output_type == "display_data" and "text/plain" in out.data:
+                # What rich prints in a kernel (Lightning's tables and progress bars where rich
+                # is installed) is display data, its text a terminal's, colours aside.
+                text = ANSI.sub("", out.data["text/plain"]).rstrip("\n") + "\n"
+                sys.stdout.write(text)
+                stdout += text
             elif out.output_type == "error":
                 error = f"{out.ename}: {out.evalue}"
                 sys.stderr.write("\n".join(out.traceback) + "\n")
