@@ -16,7 +16,7 @@ PACKAGES = ("devlab", "tools")
 # devlab.simulated's sub-packages, lowest first: a module in one may import modules of its own
 # sub-package and of those before it. The package's own __init__ (start and stop) is above all.
 SIMULATED = "devlab.simulated"
-SIMULATED_LAYERS = ("core", "clock", "mode", "cuda", "distributed")
+SIMULATED_LAYERS = ("core", "clock", "mode", "cuda", "distributed", "instruments")
 
 
 def modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
