@@ -300,3 +300,34 @@ def test_a_second_process_on_the_machine_sees_the_first(no_simulation, key):
         assert len(seen) == 2  # and the child itself
     finally:
         devlab.simulated.stop()
+
+
+def _ranks_see_each_other() -> tuple[int, dict[int, list[int]]]:
+    import time
+
+    import pynvml
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl")  # devlab.launch set the rendezvous up
+    rank = dist.get_rank()
+    torch.cuda.set_device(rank)
+    torch.ones(1000, device="cuda")
+    dist.barrier()
+    time.sleep(0.5)  # each rank's register entry is written within 50 ms of a change
+    pynvml.nvmlInit()
+    seen = {i: [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(
+        pynvml.nvmlDeviceGetHandleByIndex(i))] for i in range(pynvml.nvmlDeviceGetCount())}
+    dist.barrier()  # no rank leaves before the other has looked
+    dist.destroy_process_group()
+    return os.getpid(), seen
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_every_rank_sees_every_ranks_process(no_simulation, key, method):
+    devlab.config.simulate_gpus(2, model="T4")
+    try:
+        (pid0, seen0), (pid1, seen1) = devlab.launch(_ranks_see_each_other, nprocs=2,
+                                                     start_method=method, timeout=240)
+        assert seen0 == seen1 == {0: [pid0], 1: [pid1]}
+    finally:
+        devlab.simulated.stop()

@@ -257,7 +257,8 @@ def local_usage() -> tuple[machine.Usage | None, list[int | None]]:
     sess = _session.session
     if sess is None or _session.bad_fork:
         return None, []
-    used = {d.index: d.allocator.context + d.allocator.reserved
+    # Every live segment (a CUDA graph's private pools too), as cudaMemGetInfo counts them.
+    used = {d.index: d.allocator.context + d.allocator.reserved_total
             for d in sess.devices if d.opened}
     util = _sampler.utilization(sess.charges.clock, sess.count)
     return machine.Usage(used, {i: u for i, u in enumerate(util) if u}), util
