@@ -331,3 +331,41 @@ def test_every_rank_sees_every_ranks_process(no_simulation, key, method):
         assert seen0 == seen1 == {0: [pid0], 1: [pid1]}
     finally:
         devlab.simulated.stop()
+
+
+def test_a_second_kernel_simulating_the_same_machine_sees_this_process(no_simulation,
+                                                                        monkeypatch):
+    """Two programs that simulate the same machine (here 3 TITAN RTX) share it by default, as
+    two kernels on one GPU server do: nvidia-smi and pynvml in the kernel list this process."""
+    from nbutil import run_cells, stream, text
+
+    monkeypatch.delenv(machine.ENV, raising=False)
+    devlab.config.simulate_gpus(3, model="TITAN-RTX")
+    try:
+        assert os.environ[machine.ENV] == "3xTITAN-RTX"
+        torch.ones(1000, device="cuda:2")
+        free, total = torch.cuda.mem_get_info(2)
+        setup, smi, nvml = run_cells(
+            "import os, torch, pynvml, devlab\n"
+            "devlab.config.simulate_gpus(3, model='TITAN-RTX')\n"
+            "x = torch.ones(1000, 1000, device='cuda:0')\n"
+            "print(os.getpid())",
+            "!nvidia-smi --query-compute-apps=pid,gpu_bus_id,used_memory "
+            "--format=csv,noheader,nounits",
+            "pynvml.nvmlInit()\n"
+            "for i in range(pynvml.nvmlDeviceGetCount()):\n"
+            "    h = pynvml.nvmlDeviceGetHandleByIndex(i)\n"
+            "    print(i, [(p.pid, p.usedGpuMemory)\n"
+            "             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)])",
+            env={machine.ENV: ""}, allow_errors=False, timeout=300)
+        kernel = int(stream(setup).strip())
+        apps = [[c.strip() for c in line.split(",")] for line in text(smi).splitlines()]
+        assert [(int(pid), bus) for pid, bus, _ in apps] == [
+            (kernel, "00000000:01:00.0"), (os.getpid(), "00000000:03:00.0")]
+        assert int(apps[1][2]) == (total - free) // MiB
+        lines = text(nvml).splitlines()
+        assert lines[1] == "1 []"
+        assert lines[2] == f"2 [({os.getpid()}, {total - free})]"
+        assert lines[0].startswith(f"0 [({kernel}, ")
+    finally:
+        devlab.simulated.stop()
