@@ -369,3 +369,49 @@ def test_a_second_kernel_simulating_the_same_machine_sees_this_process(no_simula
         assert lines[0].startswith(f"0 [({kernel}, ")
     finally:
         devlab.simulated.stop()
+
+
+def _fake_nvidia_smi(folder: Path, listing: str, status: int) -> None:
+    script = folder / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\nprintf '{listing}\\n'\necho \"real: $*\"\nexit {status}\n")
+    script.chmod(0o755)
+
+
+@pytest.mark.parametrize(("listing", "status", "real_runs"), [
+    ("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-x)", 0, True),
+    ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", 9, False),
+])
+def test_a_real_nvidia_smi_that_lists_gpus_runs_instead(no_simulation, key, tmp_path,
+                                                        monkeypatch, listing, status,
+                                                        real_runs):
+    _fake_nvidia_smi(tmp_path, listing, status)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    devlab.config.simulate_gpus(1, model="T4")
+    try:
+        r = _smi("-L")
+    finally:
+        devlab.simulated.stop()
+    if real_runs:
+        assert r.stdout.splitlines()[-1] == "real: -L"  # the real one, with the arguments
+    else:
+        assert r.stdout.startswith("GPU 0: Tesla T4 (UUID: GPU-"), r.stdout
+
+
+def test_the_table_keeps_the_real_layout_for_any_board():
+    """A pure function of NVML's view: every line of the board table as wide as the real one's
+    (driver 550: 91 characters), whatever the names and figures."""
+    from devlab.simulated.instruments import nvidia_smi, nvml_answers
+
+    for model in ("T4", "A100-80GB", "H100", None):
+        d = nvml_answers.Description("k", 2, model, None, [None, 512 * MiB], 64 * 1024 * MiB)
+        long_name = "/opt/conda/envs/a-very-long-environment-name/bin/python3.11 train.py"
+        entries = [machine.Entry(4242, long_name, {0: 1234 * MiB, 1: 5 * MiB}, {0: 37}, 0.0)]
+        view = nvml_answers.view_from(d, entries)
+        out = nvidia_smi.table(view, now="Tue Dec  1 00:00:00 2026")
+        lines = out.splitlines()
+        body = [ln for ln in lines[2:] if ln.strip()]
+        assert {len(ln) for ln in body} == {nvidia_smi.WIDTH + 2}, out
+        assert f"{1234}MiB" in out and "4242" in out
+        assert ("37%" in out) == (model is not None)  # utilization needs a modeled clock
+        status, _, err = nvidia_smi.run(["-q"], view)
+        assert status == 2 and "'-q'" in err and "--query-gpu" in err

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import threading
 import time
 import uuid
 from collections import deque
@@ -227,6 +228,7 @@ class Sampler:
 
     def __init__(self) -> None:
         self.samples: deque[tuple[float, float, tuple[float, ...]]] = deque()
+        self.lock = threading.Lock()
 
     def utilization(self, clock: Any, count: int) -> list[int | None]:
         if clock is None:
@@ -234,10 +236,13 @@ class Sampler:
         now = time.monotonic()
         with clock.lock:
             host, busy = clock.host, tuple(clock.busy[clock.queue[i]] for i in range(count))
-        self.samples.append((now, host, busy))
-        while len(self.samples) > 2 and self.samples[1][0] <= now - UTILIZATION_WINDOW_S:
-            self.samples.popleft()
-        _, host0, busy0 = self.samples[0]
+        with self.lock:
+            if self.samples and len(self.samples[0][2]) != count:
+                self.samples.clear()  # the GPUs were reconfigured
+            self.samples.append((now, host, busy))
+            while len(self.samples) > 2 and self.samples[1][0] <= now - UTILIZATION_WINDOW_S:
+                self.samples.popleft()
+            _, host0, busy0 = self.samples[0]
         span = host - host0
         if span <= 0:
             return [0] * count
