@@ -34,11 +34,13 @@ _STUBS = textwrap.dedent(f"""
 
 @pytest.fixture
 def key(monkeypatch: pytest.MonkeyPatch) -> str:
-    """A machine of this test's own (other tests' and kernels' simulations stay apart)."""
+    """A group of machines of this test's own (other tests' and kernels' simulations stay
+    apart); the register's tests use its name as their machine's key."""
     k = f"test-{uuid.uuid4().hex[:12]}"
     monkeypatch.setenv(machine.ENV, k)
     yield k
-    assert not os.path.exists(machine.directory(k)), "the register outlived its processes"
+    left = [n for n in os.listdir(os.path.dirname(machine.directory(k))) if k in n]
+    assert not left, "the register outlived its processes"
 
 
 def _child(k: str, used: dict[int, int]) -> subprocess.Popen:
@@ -339,10 +341,13 @@ def test_a_second_kernel_simulating_the_same_machine_sees_this_process(no_simula
     two kernels on one GPU server do: nvidia-smi and pynvml in the kernel list this process."""
     from nbutil import run_cells, stream, text
 
+    from devlab.simulated import instruments
+
     monkeypatch.delenv(machine.ENV, raising=False)
     devlab.config.simulate_gpus(3, model="TITAN-RTX")
     try:
-        assert os.environ[machine.ENV] == "3xTITAN-RTX"
+        assert os.environ[machine.ENV] == machine.DEFAULT_GROUP
+        assert instruments.key() == "shared-3xTITAN-RTX"
         torch.ones(1000, device="cuda:2")
         free, total = torch.cuda.mem_get_info(2)
         setup, smi, nvml = run_cells(

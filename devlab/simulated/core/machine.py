@@ -3,8 +3,8 @@ on each GPU, shared through the file system of this host (no socket), so that NV
 `nvidia-smi` answer for every process as a real driver does (torchrun's ranks, `mp.spawn`,
 a second kernel on the same machine).
 
-A machine is named by a key (`DEVLAB_SIMULATED_MACHINE`, which children inherit through the
-environment). Its register is a directory (`directory(key)`, under /dev/shm where there is one,
+A machine is named by a key (`machine_key`: the group named by `DEVLAB_SIMULATED_MACHINE`,
+which children inherit through the environment, and the GPUs it simulates). Its register is a directory (`directory(key)`, under /dev/shm where there is one,
 else the temporary directory) holding one small JSON file per process that holds GPU memory:
 its pid, its start time (so that a reused pid is not taken for it), its name, the bytes it uses
 on each GPU (CUDA context, the caching allocator's reserved memory, memory outside it such as
@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 ENV = "DEVLAB_SIMULATED_MACHINE"
+DEFAULT_GROUP = "shared"
 _PREFIX = "devlab-gpus-"
 
 # Note [Nothing left behind, even by SIGKILL]
@@ -66,9 +67,14 @@ class Usage:
     utilization: dict[int, int]
 
 
-def machine_key(default: str) -> str:
-    """The running machine's key: the inherited `DEVLAB_SIMULATED_MACHINE`, else `default`."""
-    return os.environ.get(ENV, "").strip() or default
+def machine_key(count: int, model: str | None) -> str:
+    """The key of the machine simulating `count` GPUs of `model`, in the group named by the
+    inherited `DEVLAB_SIMULATED_MACHINE` (default "shared": every process of this user on this
+    host that simulates the same GPUs is on one machine, as programs on one GPU server are).
+    A child simulating other GPUs (a fresh process on a modeled T4 under a kernel with no model)
+    is on a machine of its own."""
+    group = os.environ.get(ENV, "").strip() or DEFAULT_GROUP
+    return f"{group}-{count}x{model or 'unmodeled'}"
 
 
 def _safe(key: str) -> str:
@@ -156,12 +162,14 @@ def entries(key: str) -> list[Entry]:
 
 
 def others_on_gpu(index: int, key: str | None = None) -> list[tuple[int, int]]:
-    """(pid, bytes) of each other process of this machine holding memory on GPU `index`, as a
-    real GPU's out-of-memory message lists them. Empty when nothing else is on it, or no
-    simulation runs."""
-    key = key if key is not None else os.environ.get(ENV, "").strip()
-    if not key:
-        return []
+    """(pid, bytes) of each other process of this machine (`key`; default: the one this
+    process publishes to) holding memory on GPU `index`, as a real GPU's out-of-memory message
+    lists them. Empty when nothing else is on it, or no simulation runs."""
+    if key is None:
+        mine = [p for p in _publishers if p.pid == os.getpid()]
+        if not mine:
+            return []
+        key = mine[-1].key
     me = os.getpid()
     return [(e.pid, e.used[index]) for e in entries(key)
             if e.pid != me and e.used.get(index, 0) > 0]

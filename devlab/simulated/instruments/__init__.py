@@ -2,9 +2,9 @@
 (`nvml_answers`) and `nvidia-smi` (`nvidia_smi`), both answering for every process of the
 simulated machine from its register of GPU use (`core.machine`).
 
-`install(patcher)` is part of the simulation's start: it names the machine (the inherited
-`DEVLAB_SIMULATED_MACHINE`, else one key per user, GPU count and model, so that a second kernel
-simulating the same machine sees the first), starts publishing this process's GPU use, puts the
+`install(patcher)` is part of the simulation's start: it names the machine (`machine_key`: the
+group `DEVLAB_SIMULATED_MACHINE` names, inherited by children, default "shared", and the GPU
+count and model, so that a second kernel simulating the same GPUs sees the first), starts publishing this process's GPU use, puts the
 `nvidia-smi` launcher first on PATH and answers pynvml's calls; every change goes through the
 undo log, so stop() removes the entry, the launcher and the answers. The top layer of the
 simulation: it reads the session and the clock, and nothing below imports it.
@@ -24,11 +24,6 @@ from typing import Any
 from devlab.simulated.core import machine
 
 _state: dict[str, Any] = {}  # key, publisher, launcher folder, last description written
-
-
-def default_key(count: int, model: str | None) -> str:
-    """The machine every process simulating `count` GPUs of `model` shares on this host."""
-    return f"{count}x{model or 'unmodeled'}"
 
 
 def key() -> str | None:
@@ -83,10 +78,10 @@ def install(p: Any, count: int, model: str | None) -> None:
     from ..core import fork as _fork
     from ..core.imports import when_imported
 
-    k = machine.machine_key(default_key(count, model))
-    if os.environ.get(machine.ENV) != k:
+    k = machine.machine_key(count, model)
+    if not os.environ.get(machine.ENV, "").strip():  # children join this machine's group
         previous = os.environ.get(machine.ENV)
-        os.environ[machine.ENV] = k
+        os.environ[machine.ENV] = machine.DEFAULT_GROUP
         p.on_restore(functools.partial(_restore_env, machine.ENV, previous))
     folder = _make_launcher()
     _state.update(key=k, launcher=folder, pid=os.getpid(), written=None)
