@@ -39,12 +39,7 @@ def main() -> None:
     x = torch.zeros(16, device="cuda")
     _per_op(torch, x, args.ops)  # warm-up
     publishing = [_per_op(torch, x, args.ops) for _ in range(args.repeats)]
-    publisher = next(p for p in machine._publishers if p.pid == os.getpid())
-    machine.unpublish(publisher)
-    quiet = [_per_op(torch, x, args.ops) for _ in range(args.repeats)]
-    print(f"simulated add_ on a modeled T4: {statistics.median(publishing):.2f} µs/op publishing, "
-          f"{statistics.median(quiet):.2f} µs/op not (median of {args.repeats} x {args.ops})")
-    machine._publishers.append(publisher)  # stop() unpublishes it again (a no-op)
+    # (Stopping the publisher below also removes the nvidia-smi launcher: it is timed first.)
     pynvml.nvmlInit()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     start = time.perf_counter()
@@ -55,6 +50,11 @@ def main() -> None:
     subprocess.run(["nvidia-smi"], capture_output=True, check=True)
     smi = time.perf_counter() - start
     print(f"pynvml nvmlDeviceGetMemoryInfo: {query:.3f} ms per call; nvidia-smi: {smi:.2f} s")
+    publisher = next(p for p in machine._publishers if p.pid == os.getpid())
+    machine.unpublish(publisher)
+    quiet = [_per_op(torch, x, args.ops) for _ in range(args.repeats)]
+    print(f"simulated add_ on a modeled T4: {statistics.median(publishing):.2f} µs/op publishing, "
+          f"{statistics.median(quiet):.2f} µs/op not (median of {args.repeats} x {args.ops})")
     devlab.simulated.stop()
 
 

@@ -125,9 +125,10 @@ def _process_name() -> str:
     return sys.executable or (sys.argv[0] if sys.argv else "python")
 
 
-def entries(key: str) -> list[Entry]:
-    """Every live process's entry in machine `key`'s register, by pid; files of processes that
-    are gone are removed (and the directory, once empty)."""
+def entries(key: str, skip: int | None = None) -> list[Entry]:
+    """Every live process's entry in machine `key`'s register, by pid (but `skip`'s, which the
+    caller knows better); files of processes that are gone are removed (and the directory,
+    once empty)."""
     path = directory(key)
     try:
         names = os.listdir(path)
@@ -137,7 +138,7 @@ def entries(key: str) -> list[Entry]:
     for name in sorted(names):
         full = os.path.join(path, name)
         pid_text = name.removeprefix(".").split(".")[0]
-        if not pid_text.isdecimal():
+        if not pid_text.isdecimal() or int(pid_text) == skip:
             continue
         if name.startswith("."):  # a write cut short: its writer is gone, or it is mid-write
             if not _alive(int(pid_text), None):
@@ -156,7 +157,7 @@ def entries(key: str) -> list[Entry]:
                            {int(k): int(v) for k, v in data.get("used", {}).items()},
                            {int(k): int(v) for k, v in data.get("utilization", {}).items()},
                            float(data.get("time", 0.0))))
-    if not found:
+    if not found and skip is None:
         _rmdir(path)
     return found
 

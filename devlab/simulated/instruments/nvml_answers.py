@@ -17,6 +17,7 @@ reads the running simulation) and `install`; no torch import, so `nvidia-smi` ru
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import threading
@@ -162,6 +163,12 @@ def _spec(description: Description) -> GpuSpec | None:
 
 def boards(description: Description) -> list[Board]:
     """The boards of the simulated machine (pure)."""
+    return list(_boards(description.to_json()))
+
+
+@functools.lru_cache(maxsize=16)  # asked on every NVML call: one machine, a few descriptions
+def _boards(text: str) -> tuple[Board, ...]:
+    description = Description.from_json(text)
     spec = _spec(description)
     out = []
     for i in range(description.count):
@@ -184,7 +191,7 @@ def boards(description: Description) -> list[Board]:
                          published[0] if published else derived,
                          published[1] if published else None, spec.board_power_w,
                          PCIE_GEN.get(spec.host_link), True))
-    return out
+    return tuple(out)
 
 
 def machine_topology(description: Description) -> Topology | None:
@@ -301,7 +308,7 @@ def local_view(key: str) -> View | None:
     if usage is not None:
         local = (machine.Entry(os.getpid(), machine._process_name(), usage.used,
                                usage.utilization, time.time()), util)
-    return view_from(description, machine.entries(key), local)
+    return view_from(description, machine.entries(key, skip=os.getpid()), local)
 
 
 # --------------------------------------------------------------------------------------------
