@@ -256,10 +256,13 @@ class Publisher:
                 with open(tmp, "w", encoding="utf-8") as f:
                     f.write(text)
                 os.replace(tmp, self.file)
-                break
             except FileNotFoundError:
                 continue
-        self._written = True
+            self._written = True
+            break
+        else:
+            self._last = None  # not written: try again at the next look
+            return
         if not self._tried:
             self._watch()
 

@@ -308,7 +308,23 @@ def local_view(key: str) -> View | None:
     if usage is not None:
         local = (machine.Entry(os.getpid(), machine._process_name(), usage.used,
                                usage.utilization, time.time()), util)
-    return view_from(description, machine.entries(key, skip=os.getpid()), local)
+    return view_from(description, _others(key), local)
+
+
+_OTHERS_TTL_S = 0.025  # the register changes every 50 ms at most: half that between reads
+_others_seen: dict[str, tuple[float, list[machine.Entry]]] = {}
+
+
+def _others(key: str) -> list[machine.Entry]:
+    """The other processes' entries, read again when the last read is older than
+    `_OTHERS_TTL_S` (a tool asking a dozen NVML questions per refresh reads the register once)."""
+    now = time.monotonic()
+    seen = _others_seen.get(key)
+    if seen is None or now - seen[0] > _OTHERS_TTL_S:
+        seen = (now, machine.entries(key, skip=os.getpid()))
+        _others_seen.clear()
+        _others_seen[key] = seen
+    return seen[1]
 
 
 # --------------------------------------------------------------------------------------------
