@@ -22,13 +22,15 @@ from devlab.simulated.core import machine
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1024 * 1024
 
-# A child that imports the register without devlab's package (or torch), as nvidia-smi does.
+# A child that imports the register without devlab's package (or torch), as nvidia-smi does:
+# the packages above it stubbed over their folders (read from the modules, wherever they are).
+_PARENTS = machine.__spec__.name.split(".")[:-1]
 _STUBS = textwrap.dedent(f"""
-    import sys, types
-    for n in ("devlab", "devlab.simulated", "devlab.simulated.core"):
-        m = types.ModuleType(n); m.__path__ = [{str(ROOT)!r} + "/" + n.replace(".", "/")]
-        sys.modules[n] = m
-    from devlab.simulated.core import machine
+    import importlib, sys, types
+    for n, p in {[(".".join(_PARENTS[:i]), list(sys.modules[".".join(_PARENTS[:i])].__path__))
+                  for i in range(1, len(_PARENTS) + 1)]!r}:
+        m = types.ModuleType(n); m.__path__ = p; sys.modules[n] = m
+    machine = importlib.import_module({machine.__spec__.name!r})
 """)
 
 

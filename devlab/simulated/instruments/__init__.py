@@ -64,11 +64,9 @@ def _make_launcher() -> str:
     from . import nvidia_smi as smi
 
     folder = tempfile.mkdtemp(prefix="devlab-nvidia-smi-")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(smi.__file__)))))
     script = os.path.join(folder, smi.LAUNCHER)
     with open(script, "w", encoding="utf-8") as f:
-        f.write(smi.launcher_script(sys.executable, root, os.path.join(folder, smi.MACHINE_FILE)))
+        f.write(smi.launcher_script(sys.executable, os.path.join(folder, smi.MACHINE_FILE)))
     os.chmod(script, 0o700)
     return folder
 

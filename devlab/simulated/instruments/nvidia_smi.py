@@ -323,15 +323,28 @@ LAUNCHER = "nvidia-smi"
 MACHINE_FILE = "machine.json"
 
 
-def launcher_script(python: str, root: str, machine_file: str) -> str:
+def _packages() -> dict[str, list[str]]:
+    """Every package above the modules this one imports (and itself), with its folders: what
+    the launcher stubs. Read from the modules themselves, so a package that moves or is
+    installed elsewhere is found where it is."""
+    from devlab.gpu_model import capacity, links, specs
+
+    found: dict[str, list[str]] = {}
+    for module in (sys.modules[__name__], nv, machine, capacity, links, specs):
+        parts = module.__spec__.name.split(".")[:-1]
+        for n in range(1, len(parts) + 1):
+            name = ".".join(parts[:n])
+            found.setdefault(name, list(sys.modules[name].__path__))
+    return found
+
+
+def launcher_script(python: str, machine_file: str) -> str:
     """The `sh` script that runs this module without importing devlab's package (or torch):
     its parent packages are stubbed as namespaces over their folders."""
     boot = ("import sys,types\n"
-            f"r={root!r}\n"
-            "for n in ('devlab','devlab.simulated','devlab.simulated.core',"
-            "'devlab.simulated.instruments','devlab.gpu_model'):\n"
-            "    m=types.ModuleType(n); m.__path__=[r+'/'+n.replace('.','/')]; sys.modules[n]=m\n"
-            "from devlab.simulated.instruments.nvidia_smi import main\n"
+            f"for n,p in {sorted(_packages().items())!r}:\n"
+            "    m=types.ModuleType(n); m.__path__=p; sys.modules[n]=m\n"
+            f"from {__spec__.name} import main\n"
             "sys.exit(main(sys.argv[1:]))\n")
     return ("#!/bin/sh\n# devlab: nvidia-smi for the simulated GPUs (removed when they stop)\n"
             f"exec {shlex.quote(python)} -c {shlex.quote(boot)} {shlex.quote(machine_file)} "
