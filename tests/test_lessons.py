@@ -200,6 +200,12 @@ def claims_01(nb: nbformat.NotebookNode, env: Env) -> None:
     said = text(cell_with(nb, "devlab.lesson.setup("))
     assert f"Num GPUs Available:  {env.physical_gpus(2)}" in said
     assert "simulated" in html(cell_with(nb, "%devices"))
+    # nvidia-smi: the simulated boards' table under its banner, one row per GPU (lessons are
+    # tested on simulated GPUs; on a real GPU NVIDIA's own prints its table).
+    smi = text(cell_with(nb, "!nvidia-smi"))
+    assert "simulated GPU" in smi.splitlines()[0] and "Processes:" in smi, smi
+    assert [ln.split()[1] for ln in smi.splitlines()
+            if re.match(r"\|\s+\d+\s+\S", ln) and "MiB" not in ln] == ["0", "1"], smi
     logged = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("a = torch.tensor"))
     assert f"Executing op aten::mm in device {CPU0}" in html(logged)
     on_gpu = html(cell_with(nb, "%%device /GPU:0 --log"))

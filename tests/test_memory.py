@@ -439,17 +439,9 @@ def test_the_package_exports_every_public_name_once():
     import devlab.memory
 
     import devlab._helpers.figures
-    from devlab.core.memory_watch import (
-        fresh_process as fresh,
-    )
-    from devlab.core.memory_watch import (
-        memory_chart as chart,
-    )
-    from devlab.core.memory_watch import (
-        readers,
-        sampler,
-        summary,
-    )
+    from devlab.core.memory_watch import fresh_process as fresh
+    from devlab.core.memory_watch import memory_chart as chart
+    from devlab.core.memory_watch import readers, sampler, summary
 
     # devlab.core.memory_watch.allocation_timeline is the function; its module is devlab.memory's "timeline" module.
     timeline_module = importlib.import_module("devlab.core.memory_watch.allocation_timeline")

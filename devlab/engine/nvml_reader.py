@@ -7,15 +7,27 @@ these readings lives elsewhere and is tested with simulated devices.
 
 from __future__ import annotations
 
-import functools
+import sys
 from typing import Any
 
 _NVML_ERROR: str | None = None
 
 
-@functools.lru_cache(maxsize=1)
+_REAL: list[Any] = []  # the initialized real pynvml, once it answered (a cache of one)
+
+
 def _nvml() -> Any | None:
+    """pynvml on the real driver, or None. While GPUs are simulated, pynvml answers for them
+    (`devlab.engine.simulated.instruments`): this reader of real GPUs then sees none, and tries the
+    real driver again afterwards."""
     global _NVML_ERROR
+    if _REAL:
+        return None if _simulated_library() else _REAL[0]
+    if _simulated_library():
+        _NVML_ERROR = "GPUs are simulated: NVML answers for the simulated ones"
+        return None
+    if _NVML_ERROR is not None and not _NVML_ERROR.startswith("GPUs are simulated"):
+        return None  # tried once: no driver
     try:
         import pynvml
 
@@ -23,7 +35,25 @@ def _nvml() -> Any | None:
     except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver errors
         _NVML_ERROR = f"{type(exc).__name__}: {exc}".strip()
         return None
+    _NVML_ERROR = None
+    _REAL.append(pynvml)
     return pynvml
+
+
+def _forget() -> None:
+    """Forget what the driver answered (tests that stand a fake pynvml in)."""
+    global _NVML_ERROR
+    _REAL.clear()
+    _NVML_ERROR = None
+
+
+_nvml.cache_clear = _forget  # type: ignore[attr-defined]  # as functools.lru_cache's
+
+
+def _simulated_library() -> bool:
+    """Whether pynvml now calls the simulation's stand-in library rather than the driver."""
+    pynvml = sys.modules.get("pynvml")
+    return bool(getattr(getattr(pynvml, "nvmlLib", None), "devlab_simulated", False))
 
 
 def available() -> bool:

@@ -181,7 +181,8 @@ def _configured_fraction(index: int) -> float | None:
 
 
 class SimulatedReader:
-    """A simulated GPU: the bytes of the tensors that live on it, its peak and its limit.
+    """A simulated GPU: the bytes of the tensors that live on it, its peak and its limit, and
+    on a modeled GPU what NVML counts in use (`driver_used`, every process's).
 
     `open_peak()` watches its exact peak from now on (`simulated.watch_peak`), apart from the
     peak `torch.cuda.max_memory_allocated` reads, which stays the user's to reset.
@@ -202,6 +203,9 @@ class SimulatedReader:
         limit = stats.get("limit")
         # "reserved" is optional in the contract: memory growth off shows as reserved memory.
         reserved = stats.get("reserved")
+        # NVML's used line, as on a real GPU: the CUDA context and libraries' buffers of every
+        # process of the simulated machine over the allocator's reserved (modeled GPUs only).
+        driver = simulated.nvml_used(self.index)
         return MemoryReading(
             time.perf_counter(),
             int(stats["allocated"]),
@@ -209,6 +213,7 @@ class SimulatedReader:
             int(limit) if limit else None,
             self.label,
             int(stats["peak"]),
+            driver,
         )
 
 

@@ -36,6 +36,37 @@ TOTAL_MEMORY: dict[str, int] = {
     "TITAN-RTX": 25_396_969_472,
 }
 
+# NVML's total memory (`nvmlDeviceGetMemoryInfo(h).total`, nvidia-smi's "MiB" total), by the
+# model's key, in MiB: larger than torch's, since NVML counts memory the driver and firmware keep
+# (on the boards with ECC on GDDR, one sixteenth of it stays the ECC's: 16,384 x 15/16 = 15,360
+# on a T4). Published nvidia-smi tables, quoted in docs/gpu-memory-sources.md:
+NVML_TOTAL_MIB: dict[str, int] = {
+    "T4": 15360,  # "3MiB / 15360MiB" (MagicQuill#57); "T4: 15360MiB" (modal-client PR #2797)
+    "L4": 23034,  # "L4: 23034MiB" (modal-client PR #2797)
+    "A100-40GB": 40960,  # "598MiB / 40960MiB", A100-SXM4-40GB (bottlerocket-core-kit PR #834)
+    "A100-80GB": 81920,  # "A100 80GB: 81920MiB" (modal-client PR #2797)
+    "H100": 81559,  # "0MiB / 81559MiB", H100 80GB HBM3 (nccl#1264); modal-client PR #2797
+    "V100": 32768,  # "Tesla PG500-216, 32768 MiB", a V100 PCIe 32 GB (provider-configs PR #90)
+    "TITAN-RTX": 24219,  # "24,219MiB" from nvidia-smi (lambda-tensorflow-benchmark PR #11)
+    "P4": 7680,  # "The cluster's Tesla P4 reports 7680 MiB" (a public repository's plan, index
+    #              file id 62791967842): 8,192 x 15/16, ECC on GDDR5 as on the T4
+    # No published nvidia-smi table found; derived, and said so in docs/gpu-memory-sources.md:
+    "P100": 16384,  # HBM2 keeps its ECC outside the 16 GiB: the whole 16 GiB, as the A100's 40960
+    "A100-PCIe-40GB": 40960,  # the same 40 GiB of HBM2 as the SXM4 board's 40960
+    "A100-PCIe-80GB": 81920,  # the same 80 GiB of HBM2e as the SXM4 board's 81920
+    "H100-PCIe": 81920,  # 80 GiB of HBM2e, as the A100 80GB's 81920 (the SXM5's HBM3 says 81559)
+}
+
+
+def nvml_total_memory(spec: GpuSpec) -> int:
+    """The bytes NVML (and nvidia-smi) report as the board's total memory."""
+    try:
+        return NVML_TOTAL_MIB[spec.name] * 1024 * 1024
+    except KeyError:
+        raise KeyError(f"no NVML total for {spec.name!r}: add it to "
+                       "devlab/engine/gpu_model/capacity.py with its source") from None
+
+
 # The CUDA context with lazy module loading (torch's default since CUDA 11.7): pytorch/pytorch
 # PR #86509 measured total - free = 287,047,680 bytes after one 6.4 MB tensor, which the
 # caching allocator serves from a 20 MiB segment; the context is the rest. Published figures

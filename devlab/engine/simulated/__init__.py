@@ -67,6 +67,7 @@ __all__ = [
     "is_used",
     "max_count",
     "memory_stats",
+    "nvml_used",
     "reconfigure",
     "reset_hang_timeout",
     "reset_after_fork_for_rank",
@@ -214,6 +215,11 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
 
                 charges = Charges(Clock(spec, count), machine)
             _session.session = _session.Session(limits, spec=spec, charges=charges)
+            from devlab.engine.simulated import (
+                instruments as _instruments,  # NVML, nvidia-smi: the top layer
+            )
+
+            _instruments.install(patcher, count, spec.name if spec is not None else None)
             _session.forget_thread_state()
             routing = _routing.push_routing()
         except BaseException:
@@ -402,6 +408,17 @@ def _device(index: int) -> _session.DeviceState:
     if not 0 <= index < sess.count:
         raise IndexError(f"no simulated GPU {index} (there are {sess.count})")
     return sess.devices[index]
+
+
+def nvml_used(index: int) -> int | None:
+    """What NVML (and nvidia-smi) count in use on modeled simulated GPU `index`: every process
+    of this simulated machine, each one's CUDA context, reserved memory and libraries' buffers
+    (None: no simulation, or a GPU with no model, which has no context)."""
+    if _session.session is None:
+        return None
+    from devlab.engine.simulated import instruments
+
+    return instruments.used_on(index)
 
 
 def memory_stats(index: int) -> dict[str, int | None]:
