@@ -87,15 +87,16 @@ CITED_TFLOPS: dict[str, dict[str, float]] = {
     # "NVIDIA RTX 5090 32GB" (PyTorch 2.7.1) FP16 237.63, BF16 242.18; "NVIDIA L40S" FP16
     # 264.02, BF16 269.15; "NVIDIA H200" FP16 759.40, BF16 790.29; "NVIDIA B200 180GB" FP16
     # 1627.64, BF16 1696.03; "NVIDIA Tesla V100-SXM2-16GB" FP16 94.84, BF16 10.34 (no BF16
-    # hardware). [chsasank] "Nvidia 3060 12 GB": FP16 26, BF16 26. None for the RTX 4070 or the
-    # A10G: their tensor-core rates are the FP32 fraction of the datasheet's.
+    # hardware). [chsasank] "Nvidia 3060 12 GB": FP16 26, BF16 26. [zzc#126] "NVIDIA A10G":
+    # TF32 34.71, FP16 69.47, BF16 69.47. None for the RTX 4070: its tensor-core rates are the
+    # FP32 fraction of the datasheet's.
     "RTX-3060": {"float16": 26.0, "bfloat16": 26.0},
     "RTX-3090": {"float16": 75.64, "bfloat16": 76.34},
     "RTX-4060": {"tf32": 15.60, "float16": 32.64, "bfloat16": 31.21},
     "RTX-4070": {},
     "RTX-4090": {"float16": 165.08, "bfloat16": 170.06},
     "RTX-5090": {"float16": 237.63, "bfloat16": 242.18},
-    "A10G": {},
+    "A10G": {"tf32": 34.71, "float16": 69.47, "bfloat16": 69.47},
     "L40S": {"float16": 264.02, "bfloat16": 269.15},
     "V100-SXM2-16GB": {"float16": 94.84, "bfloat16": 10.34},
     "H200": {"float16": 759.40, "bfloat16": 790.29},

@@ -244,6 +244,7 @@ def _normal(name: str) -> str:
 
 _BY_NAME = {_normal(key): key for key in SPECS} | {_normal(a): k for a, k in ALIASES.items()}
 assert len(_BY_NAME) == len(SPECS) + len(ALIASES), "two names of boards read alike"
+_BY_NAME |= {key: key for key in SPECS}  # a key as stored: no normalizing (called per op)
 
 
 def gpu(name: str | GpuSpec) -> GpuSpec:
@@ -251,7 +252,7 @@ def gpu(name: str | GpuSpec) -> GpuSpec:
     GeForce and Tesla do not matter: "RTX 4090", "4090" and "rtx-4090" are one board)."""
     if isinstance(name, GpuSpec):
         return name
-    key = _BY_NAME.get(_normal(str(name)))
+    key = _BY_NAME.get(name) if name in SPECS else _BY_NAME.get(_normal(str(name)))
     if key is not None:
         return SPECS[key]
     raise ValueError(f"no performance model for a GPU named {name!r}; the models are "
