@@ -14,6 +14,7 @@ import re
 
 from .specs import GpuSpec
 
+
 def _gib(gib: float) -> int:
     """The bytes of torch's "X GiB" (two decimals), to a whole MiB."""
     return round(gib * 1024) * 2**20
