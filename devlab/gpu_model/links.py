@@ -125,11 +125,12 @@ TOPOLOGIES: dict[str, Topology] = {
                                ll128=False, compute_capability="7.5",
                                source="2 links x NCCL's 20 GB/s [TITAN-RTX], [nccl-topo]"),
     # Two RTX 3090s joined by their NVLink bridge: 4 third-generation links, "112.5 GB/s"
-    # both ways [Ampere-GA102-WP], which NCCL counts at SM86_NVLINK_BW (12 GB/s) each. The
-    # RTX 4090 and 5090 have no NVLink: PCIe only.
+    # both ways [Ampere-GA102-WP], which NCCL counts at SM86_NVLINK_BW (12 GB/s) each; no
+    # LL128 (NCCL enables it on compute capability 7.0, 8.0, 9.0 and 10.0 only). The RTX 4090
+    # and 5090 have no NVLink: PCIe only.
     "nvlink3-3090-bridge": Topology("nvlink3-3090-bridge", "NVLink bridge between two RTX 3090 "
                                     "cards (4 NVLink 3 links)", NVLINK, 4 * SM86_NVLINK_GBS, 2,
-                                    True, ll128=True, compute_capability="8.6",
+                                    True, ll128=False, compute_capability="8.6",
                                     source="4 links x NCCL's 12 GB/s [Ampere-GA102-WP], "
                                     "[nccl-topo]"),
     # DGX-1 with V100 SXM2: 6 NVLink 2 links per GPU in a hybrid cube-mesh, no NVSwitch; a
