@@ -7,15 +7,18 @@ Prints, with nothing run on a GPU (every model figure is modeled, not measured):
 1. the model against NeuSight's ~27,000 measured kernels (FP32, each op timed alone with CUDA
    events), per GPU x op family: rows, share within 2x and 1.25x, mean absolute percentage
    error, median ratio (`gpu_measurements.table`); the target is >= 90 % within 2x and <= 25 %;
-2. the same in NeuSight's held-out protocol: constants fitted on P4, P100, V100, T4 and the
-   A100 PCIe 40 GB only, scored on H100, L4 and the A100 PCIe 80 GB;
+2. each measured GPU left out in turn: the datasheet rule (calibration.py) fitted on the
+   other seven, scored on it, beside the previous rule fitted the same way (issue 40), and
+   the rule's constants;
 3. a GPT-2 (large) block op by op on a T4, its total beside the sum of the measured rows for
    the same ops, and GPT-2 large's whole forward pass beside NeuSight's measured one;
 4. the model beside other published measurements (matmul TFLOPS in FP16/BF16/TF32, memory
-   bandwidth, copies, launch and sync latencies), timed the way each benchmark timed them.
+   bandwidth, copies, launch and sync latencies), timed the way each benchmark timed them,
+   with a published run on each board added without measured kernels (issue 40);
+5. how long one `predict()` takes (a shape seen before, a new one): it runs per op.
 
 `--markdown` prints the tables docs/gpu-models.md shows (between its markers), `--docs` writes
-them there; `--fit` fits
+them there; `--fit` (also the datasheet rule and band.py's tables) fits
 the calibration again from the measurements and prints `devlab/gpu_model/calibration.py`'s
 fitted part (about two minutes).
 """
