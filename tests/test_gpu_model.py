@@ -671,6 +671,10 @@ def test_bands_say_where_the_model_stops() -> None:
     assert "dtype" in half.outside
     huge = band(_product(65536), SPECS["T4"])
     assert "size outside" in huge.outside
+    # The model's answer carries it too, and the band's kinds are the model's families.
+    assert _product(2048, "RTX-4090").band("RTX 4090") == other
+    from devlab.gpu_model import band as band_module
+    assert set(band_module._KIND) == {GEMM, SOFTMAX, LAYER_NORM}
     # A band from boards left out is never narrower than the board's own, size for size.
     from devlab.gpu_model.band import IN_SAMPLE, LEAVE_ONE_OUT
     assert set(IN_SAMPLE) == set(LEAVE_ONE_OUT)
@@ -685,7 +689,7 @@ def loo(bench, measured):
 
 
 def test_the_datasheet_rule_is_what_the_measurements_give(bench, measured, loo) -> None:
-    from devlab.gpu_model import band as bands
+    from devlab.gpu_model.band import IN_SAMPLE, LEAVE_ONE_OUT
     from devlab.gpu_model.calibration import DATASHEET_RULE, MEASURED, from_datasheet
     gm = bench.gm
     fitted = gm.fit_datasheet_rule({g: CALIBRATION[g] for g in MEASURED}, gm.MEMORY_MEASURED)
@@ -693,9 +697,9 @@ def test_the_datasheet_rule_is_what_the_measurements_give(bench, measured, loo) 
     for key in NEW_BOARDS:
         assert CALIBRATION[key] == from_datasheet(SPECS[key])
     _, got = loo
-    assert gm.bands(gm.loo_ratios(measured, got), got.__getitem__) == bands.LEAVE_ONE_OUT
+    assert gm.bands(gm.loo_ratios(measured, got), got.__getitem__) == LEAVE_ONE_OUT
     assert gm.bands(((r, gm.predict(r).alone / r.measured) for r in measured),
-                    CALIBRATION.__getitem__) == bands.IN_SAMPLE
+                    CALIBRATION.__getitem__) == IN_SAMPLE
 
 
 # Where the leave-one-out table misses the 20 % target (docs/gpu-models.md says why): each is

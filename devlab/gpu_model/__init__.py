@@ -6,12 +6,13 @@ measured kernels (benchmarks/gpu_model.py, docs/gpu-models.md).
 
 from __future__ import annotations
 
+from .band import Band
 from .calibration import CALIBRATION, Calibration
 from .kernels import ALONE, QUEUED, Kernel, gemm, memory_bound, peak_tflops
 from .ops import family, predict
 from .specs import ALIASES, SPECS, GpuSpec, gpu
 
-__all__ = ["ALIASES", "ALONE", "CALIBRATION", "QUEUED", "SPECS", "Calibration", "GpuSpec",
+__all__ = ["ALIASES", "ALONE", "CALIBRATION", "QUEUED", "SPECS", "Band", "Calibration", "GpuSpec",
            "Kernel", "family", "gemm", "gpu", "memory_bound", "models", "peak_tflops",
            "predict"]
 

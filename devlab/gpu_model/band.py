@@ -15,10 +15,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import floor, log10
+from typing import Protocol
 
 from .calibration import MEASURED
-from .kernels import GEMM, LAYER_NORM, SOFTMAX, Kernel
 from .specs import GpuSpec
+
+
+class _Kernel(Protocol):
+    """What a band reads of a modeled kernel (`kernels.Kernel`, which imports this module
+    lazily: the families are its, spelled out here; a test checks they agree)."""
+
+    family: str
+    flops: int
+    nbytes: int
+
 
 # --- fitted: `benchmarks/gpu_model.py --fit` prints these from the measurements ---------------
 LEAVE_ONE_OUT: dict[tuple[str, int], tuple[float, float, int]] = {
@@ -45,7 +55,9 @@ IN_SAMPLE: dict[tuple[str, int], tuple[float, float, int]] = {
 }
 # --- end of the fitted part --------------------------------------------------------------------
 
-_KIND = {GEMM: "matrix product", SOFTMAX: "softmax", LAYER_NORM: "layer norm"}
+# kernels.GEMM, SOFTMAX, LAYER_NORM: the kinds of the tables (every other family moves bytes
+# as element-wise ops do).
+_KIND = {"matrix product": "matrix product", "softmax": "softmax", "layer norm": "layer norm"}
 
 
 @dataclass(frozen=True)
@@ -72,7 +84,7 @@ class Band:
                 f"(90 % of {self.kernels:,}){note}")
 
 
-def band(kernel: Kernel, spec: GpuSpec, fp32: bool = True) -> Band:
+def band(kernel: _Kernel, spec: GpuSpec, fp32: bool = True) -> Band:
     """The band of a modeled kernel on `spec` (`fp32`: the kernel is in FP32, the tables' dtype)."""
     kind = _KIND.get(kernel.family, "element-wise")
     size = kernel.flops if kind == "matrix product" else kernel.nbytes
