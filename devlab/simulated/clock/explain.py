@@ -5,7 +5,9 @@ longer of compute (whole waves of output tiles at the GPU's achieved rate) and m
 (bytes at the achieved bandwidth of its kind of kernel); copies cost their bytes over the host
 link or between GPUs (`devlab.gpu_model`). The breakdown says which limits each op, and beside
 the queued time the clock charges it shows what the same op would show timed alone with CUDA
-events on an idle GPU: the two ways of timing.
+events on an idle GPU: the two ways of timing. Each kernel also gets its band
+(`devlab.gpu_model.band`): how far the model was from measured kernels of its kind and size,
+and whether its board, dtype or size lies outside what the model was fitted on.
 """
 
 from __future__ import annotations
