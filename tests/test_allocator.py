@@ -1,4 +1,4 @@
-"""CUDA's caching allocator model (devlab.gpu_model.allocator) against the rules of torch's
+"""CUDA's caching allocator model (devlab.engine.gpu_model.allocator) against the rules of torch's
 c10/cuda/CUDACachingAllocator.cpp: sequences of requests, frees and empty_cache() and the
 statistics torch.cuda.memory_stats() would report for them. Nothing runs on a GPU."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from devlab.gpu_model.allocator import (
+from devlab.engine.gpu_model.allocator import (
     LARGE_BUFFER,
     SMALL_BUFFER,
     AllocatorConfig,
@@ -299,8 +299,8 @@ def test_accepted_configs() -> None:
 
 
 def test_every_modeled_gpu_has_a_published_capacity_below_its_datasheet() -> None:
-    from devlab.gpu_model import SPECS
-    from devlab.gpu_model.capacity import context_bytes, total_memory
+    from devlab.engine.gpu_model import SPECS
+    from devlab.engine.gpu_model.capacity import context_bytes, total_memory
 
     for spec in SPECS.values():
         total = total_memory(spec)

@@ -18,7 +18,7 @@ import pytest
 import torch.multiprocessing as mp
 
 import devlab
-from devlab.simulated.distributed import forks
+from devlab.engine.simulated.torch_distributed import forks
 
 # The test's own fork hooks (registered once; they act only while a test switches them on).
 _gate: dict[str, object] = {"on": False, "forks": 0, "held": None, "fork_times": [], "wait": 3}

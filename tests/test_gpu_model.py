@@ -15,10 +15,12 @@ import torch
 from torch import nn
 
 import devlab
-from devlab import exercises, gpu_model, simulated, timing
-from devlab.gpu_model import CALIBRATION, SPECS
-from devlab.gpu_model.kernels import COMPUTE, ELEMENTWISE, GEMM, LAYER_NORM, SOFTMAX
-from devlab.simulated.clock import roofline as _roofline
+from devlab.core import timing
+from devlab.engine import gpu_model, simulated
+from devlab.engine.gpu_model import CALIBRATION, SPECS
+from devlab.engine.gpu_model.kernels import COMPUTE, ELEMENTWISE, GEMM, LAYER_NORM, SOFTMAX
+from devlab.engine.simulated.clock import roofline as _roofline
+from devlab.fronts.lab import exercises
 
 pytestmark = pytest.mark.usefixtures("no_simulation")
 
@@ -101,7 +103,7 @@ def test_two_ways_of_timing_one_op() -> None:
 
 
 def test_a_products_backward_is_two_products_and_a_convolution_is_one() -> None:
-    grads = gpu_model.ops.backward("mm", ((512, 256), (256, 1024)), "float32", "T4")
+    grads = gpu_model.op_costs.backward("mm", ((512, 256), (256, 1024)), "float32", "T4")
     forward = gpu_model.predict("mm", ((512, 256), (256, 1024)), "float32", "T4")
     assert [g.family for g in grads] == [GEMM, GEMM]
     assert all(g.flops == forward.flops for g in grads)
@@ -110,7 +112,7 @@ def test_a_products_backward_is_two_products_and_a_convolution_is_one() -> None:
     assert conv.family == GEMM and conv.flops == 2 * (8 * 32 * 32) * 128 * (64 * 9)
     up = gpu_model.predict("conv_transpose2d", ((8, 64, 16, 16), (64, 32, 4, 4)), "float32", "T4")
     assert up.family == GEMM and up.flops == 2 * (8 * 16 * 16) * 64 * (32 * 16)
-    soft = gpu_model.ops.backward("softmax", ((64, 64),), "float32", "T4")
+    soft = gpu_model.op_costs.backward("softmax", ((64, 64),), "float32", "T4")
     assert soft[0].nbytes == 1.5 * gpu_model.predict("softmax", ((64, 64),), "float32",
                                                      "T4").nbytes
 
@@ -333,7 +335,7 @@ def test_every_modeled_figure_says_it_is_modeled(t4) -> None:
     assert "CPU:0 measured on this machine" in comparison.note
     assert torch.cuda.get_device_name(1) == "Simulated GPU 1 (modeled T4, CPU-backed)"
     assert "modeled from NVIDIA T4" in devlab.config.gpu_status()
-    table = devlab.inventory.device_table().text()
+    table = devlab.core.inventory.device_table().text()
     # A T4's memory as torch reports it (15,835,660,288 bytes), not its datasheet's 16 GB.
     assert "simulated, modeled T4" in table and "14.7 GiB" in table
 
@@ -401,7 +403,7 @@ def test_the_crossover_lies_between_64_and_2048(t4, monkeypatch) -> None:
     # on the machine cannot move the crossover; the T4's side is the model's own.
     import importlib
 
-    matmul = importlib.import_module("devlab.exercises.matmul")
+    matmul = importlib.import_module("devlab.fronts.lab.exercises.matmul")
     modeled = matmul._time_product
 
     def cpu_table(a, device, options):
@@ -426,7 +428,7 @@ def test_a_host_sync_per_step_costs_at_least_twice_the_on_device_log(t4) -> None
 
 
 def test_two_modeled_gpus_scale_whatever_the_cores(t4, monkeypatch) -> None:
-    from devlab.exercises import scaling
+    from devlab.fronts.lab.exercises import scaling
 
     monkeypatch.setattr(scaling, "cpu_cores", lambda: 1)  # as on a one-core Binder
     r = exercises.two_gpu_scaling(size=1024, repeats=3, progress=False)
@@ -607,8 +609,8 @@ def test_boards_are_found_by_the_names_people_type(typed: str, key: str) -> None
 
 
 def test_every_new_board_has_its_datasheet_figures() -> None:
-    from devlab.gpu_model.capacity import TOTAL_MEMORY
-    from devlab.gpu_model.links import topologies
+    from devlab.engine.gpu_model.capacity import TOTAL_MEMORY
+    from devlab.engine.gpu_model.links import topologies
     for key in NEW_BOARDS:
         s = SPECS[key]
         assert s.sms > 0 and s.board_power_w > 0 and s.base_clock_mhz < s.boost_clock_mhz
@@ -635,7 +637,7 @@ def test_every_new_board_has_its_datasheet_figures() -> None:
 
 
 def test_the_documented_capacities_are_the_models(bench) -> None:
-    from devlab.gpu_model.capacity import TOTAL_MEMORY
+    from devlab.engine.gpu_model.capacity import TOTAL_MEMORY
     _, doc = _benchmark()
     text = doc.read_text(encoding="utf-8")
     for key in NEW_BOARDS:
@@ -643,7 +645,7 @@ def test_the_documented_capacities_are_the_models(bench) -> None:
 
 
 def test_a_new_board_is_a_modeled_gpu_torch_sees_as_that_board() -> None:
-    from devlab.gpu_model.capacity import TOTAL_MEMORY
+    from devlab.engine.gpu_model.capacity import TOTAL_MEMORY
     devlab.config.simulate_gpus(1, model="GeForce RTX 4090")
     try:
         assert torch.cuda.get_device_capability(0) == (8, 9)
@@ -660,7 +662,7 @@ def test_a_new_board_is_a_modeled_gpu_torch_sees_as_that_board() -> None:
 
 
 def test_bands_say_where_the_model_stops() -> None:
-    from devlab.gpu_model.band import band
+    from devlab.engine.gpu_model.band import band
     inside = band(_product(2048), SPECS["T4"])
     assert inside.measured_board and not inside.outside and inside.lo < 1 < inside.hi
     assert inside.text.startswith("fitted on this board's own measured kernels")
@@ -673,10 +675,10 @@ def test_bands_say_where_the_model_stops() -> None:
     assert "size outside" in huge.outside
     # The model's answer carries it too, and the band's kinds are the model's families.
     assert _product(2048, "RTX-4090").band("RTX 4090") == other
-    from devlab.gpu_model import band as band_module
+    from devlab.engine.gpu_model import band as band_module
     assert set(band_module._KIND) == {GEMM, SOFTMAX, LAYER_NORM}
     # A band from boards left out is never narrower than the board's own, size for size.
-    from devlab.gpu_model.band import IN_SAMPLE, LEAVE_ONE_OUT
+    from devlab.engine.gpu_model.band import IN_SAMPLE, LEAVE_ONE_OUT
     assert set(IN_SAMPLE) == set(LEAVE_ONE_OUT)
     wider = sum(LEAVE_ONE_OUT[k][1] / LEAVE_ONE_OUT[k][0] >= IN_SAMPLE[k][1] / IN_SAMPLE[k][0]
                 for k in IN_SAMPLE)
@@ -689,8 +691,8 @@ def loo(bench, measured):
 
 
 def test_the_datasheet_rule_is_what_the_measurements_give(bench, measured, loo) -> None:
-    from devlab.gpu_model.band import IN_SAMPLE, LEAVE_ONE_OUT
-    from devlab.gpu_model.calibration import DATASHEET_RULE, MEASURED, from_datasheet
+    from devlab.engine.gpu_model.band import IN_SAMPLE, LEAVE_ONE_OUT
+    from devlab.engine.gpu_model.calibration import DATASHEET_RULE, MEASURED, from_datasheet
     gm = bench.gm
     fitted = gm.fit_datasheet_rule({g: CALIBRATION[g] for g in MEASURED}, gm.MEMORY_MEASURED)
     assert fitted == DATASHEET_RULE
