@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import itertools
 import math
 import os
 import statistics
@@ -22,7 +23,13 @@ from functools import partial
 from pathlib import Path
 
 from devlab.engine.gpu_model import SPECS, Calibration, Kernel, gemm, memory_bound
-from devlab.engine.gpu_model.calibration import CALIBRATION, GemmFit
+from devlab.engine.gpu_model.calibration import (
+    CALIBRATION,
+    MEASURED,
+    DatasheetRule,
+    GemmFit,
+    from_datasheet,
+)
 from devlab.engine.gpu_model.kernels import ELEMENTWISE, LAYER_NORM, SOFTMAX
 
 # The device names in the tables, and the model's key for each board.
@@ -375,3 +382,111 @@ def held_out(rows: list[Row], keep_tiles: bool = True) -> tuple[list[Score], Rul
     """NeuSight's protocol: fit on TRAIN only, score HELD_OUT with the rule's constants."""
     cals, rule = fit([r for r in rows if r.gpu in TRAIN], TRAIN, keep_tiles)
     return table(rows, rule.calibration, HELD_OUT), rule
+
+
+# --- the datasheet rule, and leaving each measured board out (issue 40) -------------------------
+
+def _grid(lo: float, hi: float, n: int) -> list[float]:
+    return [round(lo + (hi - lo) * i / (n - 1), 4) for i in range(n)]
+
+
+def _least_log(guess: Callable[[str, tuple], float], grids: list[list[float]],
+               target: dict[str, float]) -> tuple:
+    """The grid point with the least sum of |log(guess / target)| over the target's boards."""
+    best: tuple[float, tuple] | None = None
+    for point in itertools.product(*grids):
+        err = sum(abs(math.log(guess(g, point) / t)) for g, t in target.items())
+        if best is None or err < best[0]:
+            best = (err, point)
+    assert best is not None
+    return best[1]
+
+
+def fit_datasheet_rule(cals: dict[str, Calibration], measured_memory: Iterable[str]
+                       ) -> DatasheetRule:
+    """The datasheet rule (calibration.py, Note [The datasheet rule]) fitted on these boards'
+    own calibrations; memory constants from the boards in `measured_memory`."""
+    target = {g: math.sqrt(c.mm.fp32 * c.bmm.fp32) for g, c in cals.items()}
+
+    def power(g: str, p: tuple) -> float:
+        s = SPECS[g]
+        wide = s.fp32_lanes_per_scheduler >= 32
+        return min(p[1] if wide else p[0], p[2] * (12.0 / s.process_nm) ** p[3]
+                   * s.board_power_w / (s.fp32_tflops * 1e3))
+
+    def clock(g: str, p: tuple) -> float:
+        s = SPECS[g]
+        wide = s.fp32_lanes_per_scheduler >= 32
+        return (p[1] if wide else p[0]) * (s.base_clock_mhz / s.boost_clock_mhz) ** (1 - p[2])
+
+    pw = _least_log(power, [_grid(0.5, 1.0, 11), _grid(0.5, 1.0, 11), _grid(40, 80, 21),
+                            _grid(0, 2, 21)], target)
+    ck = _least_log(clock, [_grid(0.5, 1.1, 13), _grid(0.4, 1.1, 15), _grid(0, 1, 21)], target)
+    rule = DatasheetRule((pw[0], pw[1]), pw[2], pw[3], (ck[0], ck[1]), ck[2], 1.0, 1.0, 0.0,
+                         (0.0, 0.0), (0.0, 0.0), 0.0)
+    est = {g: rule.fp32_fraction(SPECS[g]) for g in cals}
+    mm = math.exp(statistics.fmean(math.log(c.mm.fp32 / est[g]) for g, c in cals.items()))
+    bmm = math.exp(statistics.fmean(math.log(c.bmm.fp32 / est[g]) for g, c in cals.items()))
+    memory = [g for g in measured_memory if g in cals]
+    xs = [math.log2(SPECS[g].l2_cache_mb) for g in memory]
+
+    def line(ys: list[float]) -> tuple[float, float]:
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        b = (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+             / sum((x - mx) ** 2 for x in xs))
+        return round(my - b * mx, 4), round(b, 4)
+
+    return replace(rule, mm=round(mm, 3), bmm=round(bmm, 3),
+                   bandwidth=round(statistics.fmean(cals[g].bandwidth for g in memory), 3),
+                   softmax=line([cals[g].softmax for g in memory]),
+                   layer_norm=line([cals[g].layer_norm for g in memory]),
+                   alone_floor_us=round(statistics.fmean(cals[g].alone_floor_us
+                                                         for g in memory), 1))
+
+
+# The boards with memory-bound rows (the H100 has products only).
+MEMORY_MEASURED = tuple(g for g in MEASURED if g != "H100")
+
+
+def leave_one_out(rows: list[Row]) -> tuple[list[Score], dict[str, Calibration]]:
+    """Each measured board scored with the datasheet rule fitted on the other seven's own
+    calibrations (each fitted on that board's rows only), and the calibrations it got."""
+    scores, got = [], {}
+    for out in MEASURED:
+        others = {g: CALIBRATION[g] for g in MEASURED if g != out}
+        rule = fit_datasheet_rule(others, [g for g in MEMORY_MEASURED if g != out])
+        cal = from_datasheet(SPECS[out], rule, others, CALIBRATION[out].tflops)
+        got[out] = cal
+        scores += table(rows, lambda _g, cal=cal: cal, [out])
+    return scores, got
+
+
+def loo_ratios(rows: list[Row], got: dict[str, Calibration]) -> list[tuple[Row, float]]:
+    """(row, model / measured) of every row of a measured board, with its left-out constants."""
+    return [(r, predict(r, got[r.gpu]).alone / r.measured) for r in rows if r.gpu in got]
+
+
+# --- bands: how far the model is from the measured kernels of a size (issue 40) -----------------
+
+def size_bucket(row: Row, kernel: Kernel) -> tuple[str, int]:
+    """(kind, decade) of a row: products by log10 of their FLOPs, the rest by log10 of bytes."""
+    if row.family in ("bmm", "linear"):
+        return "matrix product", int(math.floor(math.log10(max(kernel.flops, 1))))
+    kind = {"softmax": SOFTMAX, "layer norm": LAYER_NORM}.get(row.family, ELEMENTWISE)
+    return kind, int(math.floor(math.log10(max(kernel.nbytes, 1))))
+
+
+def bands(pairs: Iterable[tuple[Row, float]], cal_for: Callable[[str], Calibration],
+          share: float = 0.9) -> dict[tuple[str, int], tuple[float, float, int]]:
+    """(lo, hi, rows) of model / measured holding the middle `share` of each bucket's rows."""
+    groups: dict[tuple[str, int], list[float]] = {}
+    for row, ratio in pairs:
+        groups.setdefault(size_bucket(row, predict(row, cal_for(row.gpu))), []).append(ratio)
+    out = {}
+    tail = (1 - share) / 2
+    for key, rs in sorted(groups.items()):
+        rs.sort()
+        lo = rs[int(tail * (len(rs) - 1))]
+        hi = rs[int(round((1 - tail) * (len(rs) - 1)))]
+        out[key] = (round(lo, 2), round(hi, 2), len(rs))
+    return out

@@ -344,7 +344,8 @@ def test_wrong_model_names_fail_clearly() -> None:
     with pytest.raises(ValueError, match="no performance model for a GPU named 'A10'; the "
                                          "models are T4, P4, P100, V100, L4, A100-40GB, "
                                          "A100-80GB, A100-PCIe-40GB, A100-PCIe-80GB, H100, "
-                                         "H100-PCIe, TITAN-RTX \\(and A100 = A100-80GB\\)"):
+                                         "H100-PCIe, TITAN-RTX, RTX-3060, .*, B200 \\(and "
+                                         "A100 = A100-80GB, 3060 = RTX-3060, "):
         devlab.config.simulate_gpus(2, model="A10")
     assert not simulated.is_active()
     with pytest.raises(RuntimeError, match="no modeled GPU"):
@@ -588,3 +589,154 @@ def test_a_blocks_modeled_time_is_the_per_op_model_of_its_ops(t4) -> None:
     # copies, which torch makes inside C++, are the only ops the clock does not see).
     expected = bench.queued_seconds(ops, "T4")
     assert clocked == pytest.approx(expected, rel=0.10)
+
+
+# --- the boards of issue 40, the datasheet rule, leaving each measured board out, bands -------
+
+NEW_BOARDS = ("RTX-3060", "RTX-3090", "RTX-4060", "RTX-4070", "RTX-4090", "RTX-5090", "A10G",
+              "L40S", "V100-SXM2-16GB", "H200", "B200")
+
+
+@pytest.mark.parametrize(("typed", "key"), [
+    ("RTX 4090", "RTX-4090"), ("4090", "RTX-4090"), ("GeForce RTX 4090", "RTX-4090"),
+    ("NVIDIA GeForce RTX 3090", "RTX-3090"), ("rtx-3060-12gb", "RTX-3060"), ("H200", "H200"),
+    ("b200", "B200"), ("A10G", "A10G"), ("NVIDIA L40S", "L40S"), ("V100 SXM2 16GB",
+    "V100-SXM2-16GB"), ("V100-16GB", "V100-SXM2-16GB"), ("Tesla T4", "T4"), ("A100", "A100-80GB"),
+    ("a100-pcie-40gb", "A100-PCIe-40GB")])
+def test_boards_are_found_by_the_names_people_type(typed: str, key: str) -> None:
+    assert gpu_model.gpu(typed).name == key
+    assert simulated.gpu_spec(typed).name == key
+
+
+def test_every_new_board_has_its_datasheet_figures() -> None:
+    from devlab.engine.gpu_model.capacity import TOTAL_MEMORY
+    from devlab.engine.gpu_model.links import topologies
+    for key in NEW_BOARDS:
+        s = SPECS[key]
+        assert s.sms > 0 and s.board_power_w > 0 and s.base_clock_mhz < s.boost_clock_mhz
+        assert s.process_nm > 0 and s.l2_cache_mb > 0 and s.fp32_lanes_per_scheduler in (16, 32)
+        assert s.pcie_gen in (3, 4, 5) and f"PCIe Gen{s.pcie_gen}" in s.host_link
+        # The FP32 peak is the lanes at the boost clock: within 3 % of cores x 2 x clock
+        # (cores = SMs x 128, or 64 on Volta), the datasheet's own arithmetic.
+        per_sm = 64 if s.compute_capability == "7.0" else 128
+        peak = s.sms * per_sm * 2 * s.boost_clock_mhz * 1e6 / 1e12
+        assert peak == pytest.approx(s.fp32_tflops, rel=0.03), key
+        assert ("float16" in s.tensor_dtypes) and (("bfloat16" in s.tensor_dtypes)
+                                                   == (s.bf16_tflops is not None))
+        # torch's capacity is a little under the datasheet's GB (the driver keeps some).
+        assert 0.85 * s.memory_gb * 1e9 < TOTAL_MEMORY[key] < s.memory_gb * 1e9 * 1.08, key
+        assert topologies(key)
+    # The links each is sold with: NVLink on the 3090 pair, none on the 4090 and 5090,
+    # NVSwitch in the H200 and B200 servers.
+    def nvlink(key: str) -> list[str]:
+        return [t.key for t in topologies(key) if t.hw == "NVLink"]
+
+    assert nvlink("RTX-3090") == ["nvlink3-3090-bridge"]
+    assert nvlink("RTX-4090") == nvlink("RTX-5090") == nvlink("RTX-4060") == []
+    assert nvlink("H200") == ["nvswitch-h100"] and nvlink("B200") == ["nvswitch-b200"]
+
+
+def test_the_documented_capacities_are_the_models(bench) -> None:
+    from devlab.engine.gpu_model.capacity import TOTAL_MEMORY
+    _, doc = _benchmark()
+    text = doc.read_text(encoding="utf-8")
+    for key in NEW_BOARDS:
+        assert f"| {key} | {TOTAL_MEMORY[key]:,} |" in text, key
+
+
+def test_a_new_board_is_a_modeled_gpu_torch_sees_as_that_board() -> None:
+    from devlab.engine.gpu_model.capacity import TOTAL_MEMORY
+    devlab.config.simulate_gpus(1, model="GeForce RTX 4090")
+    try:
+        assert torch.cuda.get_device_capability(0) == (8, 9)
+        props = torch.cuda.get_device_properties(0)
+        assert props.total_memory == TOTAL_MEMORY["RTX-4090"]
+        assert "RTX-4090" in props.name
+        x = torch.randn(256, 256, device="cuda")
+        e = simulated.explain(lambda: x @ x)
+        assert e.band.startswith("Band: modeled from the datasheet")
+        assert "no kernels measured on the RTX-4090" in e.band
+        assert e.rows()[0][-1].endswith("x*")
+    finally:
+        devlab.config.stop_simulation()
+
+
+def test_bands_say_where_the_model_stops() -> None:
+    from devlab.engine.gpu_model.band import band
+    inside = band(_product(2048), SPECS["T4"])
+    assert inside.measured_board and not inside.outside and inside.lo < 1 < inside.hi
+    assert inside.text.startswith("fitted on this board's own measured kernels")
+    other = band(_product(2048, "RTX-4090"), SPECS["RTX-4090"])
+    assert not other.measured_board and "RTX-4090" in other.outside
+    assert other.text.startswith("modeled from the datasheet; kernels of this size measured on")
+    half = band(_product(2048, "T4", "float16"), SPECS["T4"], fp32=False)
+    assert "dtype" in half.outside
+    huge = band(_product(65536), SPECS["T4"])
+    assert "size outside" in huge.outside
+    # The model's answer carries it too, and the band's kinds are the model's families.
+    assert _product(2048, "RTX-4090").band("RTX 4090") == other
+    from devlab.engine.gpu_model import band as band_module
+    assert set(band_module._KIND) == {GEMM, SOFTMAX, LAYER_NORM}
+    # A band from boards left out is never narrower than the board's own, size for size.
+    from devlab.engine.gpu_model.band import IN_SAMPLE, LEAVE_ONE_OUT
+    assert set(IN_SAMPLE) == set(LEAVE_ONE_OUT)
+    wider = sum(LEAVE_ONE_OUT[k][1] / LEAVE_ONE_OUT[k][0] >= IN_SAMPLE[k][1] / IN_SAMPLE[k][0]
+                for k in IN_SAMPLE)
+    assert wider >= 0.75 * len(IN_SAMPLE)
+
+
+@pytest.fixture(scope="module")
+def loo(bench, measured):
+    return bench.gm.leave_one_out(measured)
+
+
+def test_the_datasheet_rule_is_what_the_measurements_give(bench, measured, loo) -> None:
+    from devlab.engine.gpu_model.band import IN_SAMPLE, LEAVE_ONE_OUT
+    from devlab.engine.gpu_model.calibration import DATASHEET_RULE, MEASURED, from_datasheet
+    gm = bench.gm
+    fitted = gm.fit_datasheet_rule({g: CALIBRATION[g] for g in MEASURED}, gm.MEMORY_MEASURED)
+    assert fitted == DATASHEET_RULE
+    for key in NEW_BOARDS:
+        assert CALIBRATION[key] == from_datasheet(SPECS[key])
+    _, got = loo
+    assert gm.bands(gm.loo_ratios(measured, got), got.__getitem__) == LEAVE_ONE_OUT
+    assert gm.bands(((r, gm.predict(r).alone / r.measured) for r in measured),
+                    CALIBRATION.__getitem__) == IN_SAMPLE
+
+
+# Where the leave-one-out table misses the 20 % target (docs/gpu-models.md says why): each is
+# a board x family; the test fails if one more appears or one of these is met.
+LOO_ERROR_MISSES = {("T4", "bmm"), ("T4", "softmax"), ("P4", "bmm"), ("P4", "softmax"),
+                    ("P100", "bmm"), ("P100", "softmax"), ("P100", "layer norm"), ("L4", "bmm"),
+                    ("A100-PCIe-40GB", "bmm")}
+
+
+def test_leaving_each_measured_board_out(bench, measured, loo) -> None:
+    scores, _ = loo
+    assert {s.gpu for s in scores} == set(bench.gm.MEASURED)
+    assert sum(s.rows for s in scores) == len(measured)
+    assert {(s.gpu, s.family) for s in scores if s.mape > 0.2} == LOO_ERROR_MISSES
+    assert [(s.gpu, s.family) for s in scores if s.within_2x < 0.9] == [("P4", "bmm")]
+    for s in scores:
+        assert s.within_2x >= 0.85 and s.mape <= 0.35 and 0.6 <= s.median_ratio <= 1.3, s
+    # Against the previous rule fitted the same way: every kernel's error together is lower,
+    # and the L4 (twice as fast per watt as the older boards) now meets the target on products.
+    before = bench.old_rule_loo(measured)
+
+    def mean(ss: list) -> float:
+        return sum(s.mape * s.rows for s in ss) / sum(s.rows for s in ss)
+
+    assert mean(scores) < 0.8 * mean(before)
+    by = {(s.gpu, s.family): s for s in scores}
+    assert by[("L4", "linear")].meets(0.9, 0.2) and by[("L4", "bmm")].within_2x >= 0.9
+    # A board's own constants stay better than its leave-one-out ones, family by family.
+    own = {(s.gpu, s.family): s for s in bench.gm.table(measured)}
+    assert mean(list(own.values())) < mean(scores)
+
+
+def test_published_runs_on_the_new_boards(bench) -> None:
+    rows = [r for r in bench.rows() if r.gpu in NEW_BOARDS]
+    # Every new board but the RTX 4070 (no published run of the plain card was found: docs).
+    assert {r.gpu for r in rows} == set(NEW_BOARDS) - {"RTX-4070"}
+    for r in rows:
+        assert 0.7 <= r.ratio <= 1.4, (r.gpu, r.what, r.published, r.model)

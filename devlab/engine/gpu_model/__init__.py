@@ -6,12 +6,13 @@ measured kernels (benchmarks/gpu_model.py, docs/gpu-models.md).
 
 from __future__ import annotations
 
+from devlab.engine.gpu_model.band import Band
 from devlab.engine.gpu_model.calibration import CALIBRATION, Calibration
 from devlab.engine.gpu_model.kernels import ALONE, QUEUED, Kernel, gemm, memory_bound, peak_tflops
 from devlab.engine.gpu_model.op_costs import family, predict
 from devlab.engine.gpu_model.specs import ALIASES, SPECS, GpuSpec, gpu
 
-__all__ = ["ALIASES", "ALONE", "CALIBRATION", "QUEUED", "SPECS", "Calibration", "GpuSpec",
+__all__ = ["ALIASES", "ALONE", "CALIBRATION", "QUEUED", "SPECS", "Band", "Calibration", "GpuSpec",
            "Kernel", "family", "gemm", "gpu", "memory_bound", "models", "peak_tflops",
            "predict"]
 

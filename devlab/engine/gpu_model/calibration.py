@@ -13,6 +13,9 @@ FP32 only); docs/gpu-models.md names each source.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from math import log2, sqrt
+
+from devlab.engine.gpu_model.specs import SPECS, GpuSpec
 
 # The GPU-side time of a tiny kernel (an add of 1,024 floats replayed in a CUDA graph, where
 # no launch overhead is left): 1.1-1.3 µs, pytorch/pytorch#161104. Every kernel pays it.
@@ -78,6 +81,26 @@ CITED_TFLOPS: dict[str, dict[str, float]] = {
     # [chsasank] "Nvidia H100-PCIe 80GB", torch.matmul best of n = 256…6888: FP16 435, BF16 449.
     "H100-PCIe": {"float16": 435.0, "bfloat16": 449.0},
     "TITAN-RTX": {},
+    # The boards of issue 40, from [zzc-db] (torch.mm, best of n = 1024...10240, 30 calls):
+    # "NVIDIA RTX 3090 24GB" FP16 75.64, BF16 76.34; "NVIDIA GeForce RTX 4060" TF32 15.60,
+    # FP16 32.64, BF16 31.21; "NVIDIA RTX 4090 24GB" (PyTorch 2.4.0) FP16 165.08, BF16 170.06;
+    # "NVIDIA RTX 5090 32GB" (PyTorch 2.7.1) FP16 237.63, BF16 242.18; "NVIDIA L40S" FP16
+    # 264.02, BF16 269.15; "NVIDIA H200" FP16 759.40, BF16 790.29; "NVIDIA B200 180GB" FP16
+    # 1627.64, BF16 1696.03; "NVIDIA Tesla V100-SXM2-16GB" FP16 94.84, BF16 10.34 (no BF16
+    # hardware). [chsasank] "Nvidia 3060 12 GB": FP16 26, BF16 26. [zzc#126] "NVIDIA A10G":
+    # TF32 34.71, FP16 69.47, BF16 69.47. None for the RTX 4070: its tensor-core rates are the
+    # FP32 fraction of the datasheet's.
+    "RTX-3060": {"float16": 26.0, "bfloat16": 26.0},
+    "RTX-3090": {"float16": 75.64, "bfloat16": 76.34},
+    "RTX-4060": {"tf32": 15.60, "float16": 32.64, "bfloat16": 31.21},
+    "RTX-4070": {},
+    "RTX-4090": {"float16": 165.08, "bfloat16": 170.06},
+    "RTX-5090": {"float16": 237.63, "bfloat16": 242.18},
+    "A10G": {"tf32": 34.71, "float16": 69.47, "bfloat16": 69.47},
+    "L40S": {"float16": 264.02, "bfloat16": 269.15},
+    "V100-SXM2-16GB": {"float16": 94.84, "bfloat16": 10.34},
+    "H200": {"float16": 759.40, "bfloat16": 790.29},
+    "B200": {"float16": 1627.64, "bfloat16": 1696.03},
 }
 
 # --- fitted: `benchmarks/gpu_model.py --fit` prints this part from the measurements -----------
@@ -124,3 +147,98 @@ CALIBRATION["TITAN-RTX"] = Calibration(
     GemmFit(CALIBRATION["T4"].mm.tile, 0.85), GemmFit(CALIBRATION["T4"].bmm.tile, 0.88),
     0.820, 0.646, 0.593, 19.6, CITED_TFLOPS["TITAN-RTX"], None,
     "the rule for GPUs without rows (NeuSight's protocol); the T4's tiles")
+
+
+# --- boards without measured kernels: the datasheet rule (issue 40) ---------------------------
+# Note [The datasheet rule]
+# A board with no measured kernels gets its constants from its datasheet, by a rule fitted on
+# the measured boards' own fits (`benchmarks/gpu_measurements.fit_datasheet_rule`, scored by
+# leaving each measured board out in turn: docs/gpu-models.md, "On GPUs the model was not
+# fitted on"). The achieved FP32 fraction is the geometric mean of two estimates of the clock
+# a long product sustains, each from the datasheet:
+# - power: the FLOPS a board watt sustains, growing with the process node as
+#   (12 nm / node)^exponent, times the board's power, over the FP32 peak (a 70 W card runs
+#   far below its boost clock), capped by a ceiling;
+# - clock: the base clock (what the board guarantees at its power limit) over the boost clock
+#   the peak is counted at, raised to (1 - theta), times a ceiling.
+# Each ceiling is per FP32 lanes per warp scheduler: 32 lanes (Pascal, GA10x, Ada, Hopper,
+# Blackwell) leave no issue slot beside a full rate of FFMA, 16 (Volta, Turing, GA100) do.
+# Products and batched products differ from that mean by a fitted factor each. Softmax and
+# layer-norm kernels re-read long rows, which a larger L2 serves: their bandwidth fractions are
+# a line in log2(L2 MB); element-wise ops' is the measured boards' mean, and so is the alone
+# floor (the host's time, which no GPU datasheet gives). Tiles, and the Pascal boards'
+# large-operand slowdown, are those of the measured board nearest in compute capability.
+
+
+@dataclass(frozen=True)
+class DatasheetRule:
+    """The rule's constants (Note [The datasheet rule]), fitted on the measured boards."""
+
+    power_ceiling: tuple[float, float]  # FP32 fraction with power to spare: 16, 32 lanes
+    gflops_per_watt: float  # what a board watt sustains on a 12 nm process
+    node_exponent: float  # ... times (12 nm / node)^this
+    clock_ceiling: tuple[float, float]  # the clock estimate's ceiling: 16, 32 lanes
+    clock_exponent: float  # theta: the sustained clock is base x (boost / base)^theta
+    mm: float  # products' fraction over the estimate
+    bmm: float  # batched products' fraction over the estimate
+    bandwidth: float  # element-wise ops' bandwidth fraction
+    softmax: tuple[float, float]  # softmax's: a + b log2(L2 MB)
+    layer_norm: tuple[float, float]  # layer norm's: a + b log2(L2 MB)
+    alone_floor_us: float
+
+    def fp32_fraction(self, spec: GpuSpec) -> float:
+        """The estimate of a long FP32 product's achieved fraction of the datasheet peak."""
+        wide = 1 if spec.fp32_lanes_per_scheduler >= 32 else 0
+        power = min(self.power_ceiling[wide], self.gflops_per_watt
+                    * (12.0 / spec.process_nm) ** self.node_exponent
+                    * spec.board_power_w / (spec.fp32_tflops * 1e3))
+        clock = (self.clock_ceiling[wide]
+                 * (spec.base_clock_mhz / spec.boost_clock_mhz) ** (1 - self.clock_exponent))
+        return sqrt(power * clock)
+
+    def memory(self, spec: GpuSpec) -> tuple[float, float, float]:
+        """(element-wise, softmax, layer-norm) bandwidth fractions."""
+        l2 = log2(max(spec.l2_cache_mb, 0.5))
+        return (self.bandwidth, min(1.0, self.softmax[0] + self.softmax[1] * l2),
+                min(1.0, self.layer_norm[0] + self.layer_norm[1] * l2))
+
+
+# The boards whose constants are fitted on their own rows (the rest are derived from them).
+MEASURED = ("T4", "P4", "P100", "V100", "L4", "A100-PCIe-40GB", "A100-PCIe-80GB", "H100")
+# --- fitted: `benchmarks/gpu_model.py --fit` prints this rule from the measurements ----------
+RULE_SOURCE = "the datasheet rule (no measured kernels); tiles of the nearest measured board"
+DATASHEET_RULE = DatasheetRule((0.9, 0.75), 64.0, 0.7, (1.1, 0.9), 0.2, 1.016, 0.97, 0.821,
+                               (0.5395, 0.0417), (0.4778, 0.0444), 18.2)
+# --- end of the fitted rule ---------------------------------------------------------------------
+
+
+def nearest_measured(spec: GpuSpec, boards: tuple[str, ...] | list[str] = MEASURED) -> str:
+    """The measured board nearest `spec` in compute capability (the newer of two as near)."""
+    cc = float(spec.compute_capability)
+    return min(boards, key=lambda g: (abs(float(SPECS[g].compute_capability) - cc),
+                                      -float(SPECS[g].compute_capability)))
+
+
+def from_datasheet(spec: GpuSpec, rule: DatasheetRule = DATASHEET_RULE,
+                   fitted: dict[str, Calibration] | None = None, tflops: dict | None = None,
+                   source: str = RULE_SOURCE) -> Calibration:
+    """A board's calibration by the datasheet rule; tiles (and a Pascal board's large-operand
+    slowdown) from the measured board nearest in compute capability among `fitted`."""
+    fitted = fitted if fitted is not None else {g: CALIBRATION[g] for g in MEASURED}
+    ref = fitted[nearest_measured(spec, list(fitted))]
+    gm = rule.fp32_fraction(spec)
+    bandwidth, softmax, layer_norm = rule.memory(spec)
+    same_generation = (SPECS[nearest_measured(spec, list(fitted))].compute_capability[0]
+                       == spec.compute_capability[0])
+    return Calibration(GemmFit(ref.mm.tile, round(gm * rule.mm, 3)),
+                       GemmFit(ref.bmm.tile, round(gm * rule.bmm, 3)),
+                       round(bandwidth, 3), round(softmax, 3), round(layer_norm, 3),
+                       rule.alone_floor_us,
+                       tflops if tflops is not None else CITED_TFLOPS.get(spec.name, {}),
+                       ref.large_operand if same_generation else None, source)
+
+
+for _name in ("RTX-3060", "RTX-3090", "RTX-4060", "RTX-4070", "RTX-4090", "RTX-5090", "A10G",
+              "L40S", "V100-SXM2-16GB", "H200", "B200"):
+    CALIBRATION[_name] = from_datasheet(SPECS[_name])
+assert set(CALIBRATION) == set(SPECS), "every board needs its calibration"

@@ -14,6 +14,12 @@ import re
 
 from devlab.engine.gpu_model.specs import GpuSpec
 
+
+def _gib(gib: float) -> int:
+    """The bytes of torch's "X GiB" (two decimals), to a whole MiB."""
+    return round(gib * 1024) * 2**20
+
+
 # `torch.cuda.get_device_properties(i).total_memory` (the same bytes as cudaMemGetInfo's
 # total, and CUDA's deviceQuery's "Total amount of global memory"), by the model's key. The
 # figure moves by a few MiB with the driver; these are the drivers named in the sources.
@@ -34,6 +40,29 @@ TOTAL_MEMORY: dict[str, int] = {
     # 24220.4375 MiB: `get_device_properties(i).total_memory / 1024 ** 2` printed for two
     # "NVIDIA TITAN RTX" under torch 1.12 (pytorch/pytorch#80876, driver not stated).
     "TITAN-RTX": 25_396_969_472,
+    # The boards of issue 40 (docs/gpu-models.md, "Memory capacity"). Where only torch's
+    # out-of-memory message is published ("total capacity of X GiB", two decimals), the bytes
+    # are round(X x 1024) MiB: within 5 MiB of the board's (`_gib`).
+    "RTX-3060": _gib(11.76),  # "11.76 GiB total capacity", RTX 3060 12 GB (PhotoMaker#47)
+    "RTX-3090": _gib(23.70),  # "23.70 GiB total capacity", two RTX 3090 (GaoLii/DSP#10)
+    # No figure from an RTX 4060 is published: the 8 GB GeForce RTX 3070's "7.78 GiB"
+    # (meta-llama/codellama#82) stands in, as the H100 SXM5's does for the H100 PCIe.
+    "RTX-4060": _gib(7.78),
+    # No RTX 4070 figure either: the 12 GB RTX 3060's.
+    "RTX-4070": _gib(11.76),
+    "RTX-4090": _gib(23.64),  # "a total capacty of 23.64 GiB" (3DTopia/Phidias-Diffusion#8)
+    "RTX-5090": 33_677_180_928,  # 32117 MiB, deviceQuery (aikitoria/open-gpu-kernel-modules#1)
+    # No torch figure from an A10G: nvidia-smi shows an A10's 23028 MiB (modal-client#2797);
+    # less the 516 MiB the L4 loses between nvidia-smi (23034 MiB, same PR) and torch (22518).
+    "A10G": (23028 - 516) * 2**20,
+    # No L40S figure: the RTX 6000 Ada's "44.43 GiB" (MTVCrafter#21), the same AD102 chip and
+    # 48 GB, whose nvidia-smi total (46068 MiB) is the L40S's (modal-client#2797).
+    "L40S": _gib(44.43),
+    "V100-SXM2-16GB": _gib(15.78),  # "15.78 GiB total capacity", a 16 GB V100 (Shift-GCN#34)
+    # No torch figure from an H200: nvidia-smi's 143771 MiB (NVIDIA/cuda-samples#311) less the
+    # 480 MiB the H100 SXM loses between nvidia-smi (81559 MiB, modal-client#2797) and torch.
+    "H200": (143771 - 480) * 2**20,
+    "B200": _gib(178.35),  # "Total Global Memory: 178.35 GB" (GiB) of a B200 (pytorch/ao#4002)
 }
 
 # NVML's total memory (`nvmlDeviceGetMemoryInfo(h).total`, nvidia-smi's "MiB" total), by the

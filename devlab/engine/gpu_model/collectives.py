@@ -175,7 +175,10 @@ def _check_bytes(nbytes: object) -> int:
 
 
 def _generation(topo: Topology, spec: GpuSpec | None) -> str:
-    return (spec.compute_capability if spec is not None else topo.compute_capability)[0]
+    # The major version ("12.0" is Blackwell's GeForce chip, not Volta's "1"); a generation past
+    # Hopper takes Hopper's LL cap (NCCL's table at the cited commit stops there; issue 40).
+    major = (spec.compute_capability if spec is not None else topo.compute_capability).split(".")[0]
+    return major if major in LL_MAX_GBS or int(major) < 9 else "9"
 
 
 def _two_way(op: str, ranks: int) -> bool:

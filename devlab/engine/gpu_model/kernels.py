@@ -93,6 +93,15 @@ class Kernel:
         """The bandwidth this op achieves at its size (bytes over floor + time): the curve."""
         return self.nbytes / self.seconds / 1e9 if self.nbytes else 0.0
 
+    def band(self, gpu: GpuSpec | str, fp32: bool = True):  # -> devlab.engine.gpu_model.band.Band
+        """Where the model stops for this kernel on `gpu`: how far the model was from measured
+        kernels of its kind and size (`devlab.engine.gpu_model.band`), and whether its board, dtype
+        (`fp32`: it is in FP32, the measured dtype) or size lies outside what was fitted."""
+        from devlab.engine.gpu_model.band import band  # band reads this module's families
+        from devlab.engine.gpu_model.specs import gpu as _gpu
+
+        return band(self, _gpu(gpu), fp32)
+
     @property
     def last_wave(self) -> float:
         """How full the last wave of tiles is (1.0: full; 0 when not a matrix product)."""

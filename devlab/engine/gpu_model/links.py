@@ -26,6 +26,8 @@ NVLINK, PCI = "NVLink", "PCI"  # NCCL's two intra-node hardware classes for per-
 SM70_NVLINK_GBS = 20.0  # SM70_NVLINK_BW: Volta and Turing (NVLink 2; ncclTopoNVLinkBw: 7.x)
 SM80_NVLINK_GBS = 20.0  # SM80_NVLINK_BW: A100 (NVLink 3)
 SM90_NVLINK_GBS = 20.6  # SM90_NVLINK_BW: H100 (NVLink 4)
+SM86_NVLINK_GBS = 12.0  # SM86_NVLINK_BW: GA102 boards (the RTX 3090's NVLink bridge)
+SM100_NVLINK_GBS = 40.1  # SM100_NVLINK_BW: Blackwell (NVLink 5); NCCL 2.23's topo.h
 # [nccl-topo] topo.cc: a PCIe link is width x speed / 80 GB/s, speed in 100 Mb/s per lane
 # ("8.0 GT/s PCIe" = 60, "16.0 GT/s PCIe" = 120, "32.0 GT/s PCIe" = 240): 12 GB/s for Gen3 x16
 # (topo.h's PCI_BW, "PCI Gen3 x16"), 24 for Gen4 x16, 48 for Gen5 x16.
@@ -122,6 +124,26 @@ TOPOLOGIES: dict[str, Topology] = {
                                "(2 NVLink 2 links, NV2)", NVLINK, 2 * SM70_NVLINK_GBS, 2, True,
                                ll128=False, compute_capability="7.5",
                                source="2 links x NCCL's 20 GB/s [TITAN-RTX], [nccl-topo]"),
+    # Two RTX 3090s joined by their NVLink bridge: 4 third-generation links, "112.5 GB/s"
+    # both ways [Ampere-GA102-WP], which NCCL counts at SM86_NVLINK_BW (12 GB/s) each; no
+    # LL128 (NCCL enables it on compute capability 7.0, 8.0, 9.0 and 10.0 only). The RTX 4090
+    # and 5090 have no NVLink: PCIe only.
+    "nvlink3-3090-bridge": Topology("nvlink3-3090-bridge", "NVLink bridge between two RTX 3090 "
+                                    "cards (4 NVLink 3 links)", NVLINK, 4 * SM86_NVLINK_GBS, 2,
+                                    True, ll128=False, compute_capability="8.6",
+                                    source="4 links x NCCL's 12 GB/s [Ampere-GA102-WP], "
+                                    "[nccl-topo]"),
+    # DGX-1 with V100 SXM2: 6 NVLink 2 links per GPU in a hybrid cube-mesh, no NVSwitch; a
+    # ring over it uses every GPU's 6 links at NCCL's 20 GB/s.
+    "nvlink2-dgx1": Topology("nvlink2-dgx1", "DGX-1, 8 V100 SXM2 in a hybrid cube-mesh (6 "
+                             "NVLink 2 links per GPU)", NVLINK, 6 * SM70_NVLINK_GBS, 8, True,
+                             ll128=True, compute_capability="7.0",
+                             source="6 links x NCCL's 20 GB/s [V100-DS], [nccl-topo]"),
+    # 8-GPU HGX B200: 18 NVLink 5 links per GPU to the NVSwitches (1.8 TB/s both ways).
+    "nvswitch-b200": Topology("nvswitch-b200", "NVSwitch, 8-GPU B200 server (18 NVLink 5 "
+                              "links per GPU)", NVLINK, 18 * SM100_NVLINK_GBS, 8, True,
+                              ll128=True, compute_capability="10.0",
+                              source="18 links x NCCL's 40.1 GB/s [B200-DS], [nccl-topo]"),
 }
 
 # The machines each GPU is sold in, the first one its default (what `explain()` names).
@@ -141,6 +163,19 @@ GPU_TOPOLOGIES: dict[str, tuple[str, ...]] = {
     "H100": ("nvswitch-h100",),
     "H100-PCIe": ("pcie5-host", "pcie5-p2p", "nvlink4-bridge"),
     "TITAN-RTX": ("pcie3-host", "pcie3-p2p", "nvlink2-bridge"),
+    # GeForce cards: NVIDIA's driver turns PCIe peer-to-peer off on them, so two talk through
+    # host memory; the RTX 3090 pair may have its NVLink bridge.
+    "RTX-3060": ("pcie4-host",),
+    "RTX-3090": ("pcie4-host", "nvlink3-3090-bridge"),
+    "RTX-4060": ("pcie4-host",),
+    "RTX-4070": ("pcie4-host",),
+    "RTX-4090": ("pcie4-host",),
+    "RTX-5090": ("pcie5-host", "pcie5-p2p"),
+    "A10G": ("pcie4-host", "pcie4-p2p"),
+    "L40S": ("pcie4-host", "pcie4-p2p"),
+    "V100-SXM2-16GB": ("nvlink2-dgx1",),
+    "H200": ("nvswitch-h100",),
+    "B200": ("nvswitch-b200",),
 }
 
 

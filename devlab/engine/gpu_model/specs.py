@@ -8,7 +8,7 @@ per direction for links; microseconds for latencies; watts for board power.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,16 @@ class GpuSpec:
     sms: int  # streaming multiprocessors: the datasheet's CUDA cores / cores per SM
     board_power_w: float  # maximum board power (TDP)
     compute_capability: str  # "7.5" (Turing) ... "9.0" (Hopper): which kernels cuBLAS has
+    # Datasheet figures the rule for boards without measured kernels reads (issue 40), each
+    # cited in docs/gpu-models.md ("Clocks, process and caches"); set below, per board.
+    base_clock_mhz: float = 0.0  # the clock the board sustains at its power limit
+    boost_clock_mhz: float = 0.0  # the clock its FP32 peak is counted at
+    process_nm: float = 0.0  # the process node's class (TSMC 4N/4NP: 5)
+    l2_cache_mb: float = 0.0  # L2 cache, MB as the vendor prints it
+    fp32_lanes_per_scheduler: int = 0  # FP32 lanes per warp scheduler: 16 or 32
+    tensor_dtypes: tuple[str, ...] = ()  # the dtypes its tensor cores multiply
+    pcie_gen: int = 0  # PCIe generation of its host link
+    pcie_lanes: int = 16  # PCIe lanes of its host link
 
 
 # Host-side costs, spent on the host and driver rather than the GPU chip, so one value is used
@@ -120,20 +130,130 @@ SPECS: dict[str, GpuSpec] = {
                          peer_link="NVLink 2 bridge (2 links) or PCIe Gen3 x16",
                          peer_link_gbs=50.0, **_HOST, sms=72, board_power_w=280.0,
                          compute_capability="7.5"),
+    # --- the boards learners own and the newer clusters' (issue 40): no measured kernels,
+    # their constants are the datasheet rule's (calibration.py). Each figure is cited in
+    # docs/gpu-models.md ("The boards added without measured kernels"). GeForce cards run
+    # FP16/BF16 products with FP32 accumulation (what torch asks for) at half their FP16-
+    # accumulate rate ([Ampere-GA102-WP], [Ada-WP], [Blackwell-WP]); those are the rates here.
+    "RTX-3060": GpuSpec("RTX-3060", "NVIDIA GeForce RTX 3060 (12 GB)", 12.74, 12.7, 25.5,
+                        25.5, 12.0, 360.0, **_GEN4, **_HOST, sms=28, board_power_w=170.0,
+                        compute_capability="8.6"),
+    "RTX-3090": GpuSpec("RTX-3090", "NVIDIA GeForce RTX 3090 (24 GB)", 35.6, 35.6, 71.0, 71.0,
+                        24.0, 936.0, host_link="PCIe Gen4 x16", host_link_gbs=32.0,
+                        peer_link="NVLink 3 bridge (4 links) or PCIe Gen4 x16",
+                        peer_link_gbs=56.25, **_HOST, sms=82, board_power_w=350.0,
+                        compute_capability="8.6"),
+    "RTX-4060": GpuSpec("RTX-4060", "NVIDIA GeForce RTX 4060 (8 GB)", 15.11, 15.1, 30.2, 30.2,
+                        8.0, 272.0, host_link="PCIe Gen4 x8", host_link_gbs=16.0,
+                        peer_link="PCIe Gen4 x8 (no NVLink)", peer_link_gbs=16.0, **_HOST,
+                        sms=24, board_power_w=115.0, compute_capability="8.9"),
+    "RTX-4070": GpuSpec("RTX-4070", "NVIDIA GeForce RTX 4070 (12 GB)", 29.15, 29.1, 58.3, 58.3,
+                        12.0, 504.0, **_GEN4, **_HOST, sms=46, board_power_w=200.0,
+                        compute_capability="8.9"),
+    "RTX-4090": GpuSpec("RTX-4090", "NVIDIA GeForce RTX 4090 (24 GB)", 82.58, 82.6, 165.2,
+                        165.2, 24.0, 1008.0, **_GEN4, **_HOST, sms=128, board_power_w=450.0,
+                        compute_capability="8.9"),
+    "RTX-5090": GpuSpec("RTX-5090", "NVIDIA GeForce RTX 5090 (32 GB)", 104.8, 104.8, 209.5,
+                        209.5, 32.0, 1792.0, host_link="PCIe Gen5 x16", host_link_gbs=64.0,
+                        peer_link="PCIe Gen5 x16 (no NVLink)", peer_link_gbs=64.0, **_HOST,
+                        sms=170, board_power_w=575.0, compute_capability="12.0"),
+    "A10G": GpuSpec("A10G", "NVIDIA A10G (24 GB, PCIe; AWS G5)", 31.52, 62.5, 125.0, 125.0,
+                    24.0, 600.0, **_GEN4, **_HOST, sms=72, board_power_w=300.0,
+                    compute_capability="8.6"),
+    "L40S": GpuSpec("L40S", "NVIDIA L40S (48 GB, PCIe)", 91.6, 183.0, 366.0, 366.0, 48.0,
+                    864.0, **_GEN4, **_HOST, sms=142, board_power_w=350.0,
+                    compute_capability="8.9"),
+    "V100-SXM2-16GB": GpuSpec("V100-SXM2-16GB", "NVIDIA V100 SXM2 16 GB", 15.7, None, 125.0,
+                              None, 16.0, 900.0, host_link="PCIe Gen3 x16", host_link_gbs=16.0,
+                              peer_link="NVLink 2 (6 links)", peer_link_gbs=150.0, **_HOST,
+                              sms=80, board_power_w=300.0, compute_capability="7.0"),
+    "H200": GpuSpec("H200", "NVIDIA H200 SXM 141 GB", 67.0, 494.5, 989.5, 989.5, 141.0, 4800.0,
+                    host_link="PCIe Gen5 x16", host_link_gbs=64.0,
+                    peer_link="NVLink 4 (18 links)", peer_link_gbs=450.0, **_HOST, sms=132,
+                    board_power_w=700.0, compute_capability="9.0"),
+    "B200": GpuSpec("B200", "NVIDIA B200 (HGX, 180 GB)", 75.0, 1125.0, 2250.0, 2250.0, 180.0,
+                    8000.0, host_link="PCIe Gen5 x16", host_link_gbs=64.0,
+                    peer_link="NVLink 5 (18 links)", peer_link_gbs=900.0, **_HOST, sms=148,
+                    board_power_w=1000.0, compute_capability="10.0"),
 }
 
+# The datasheet figures the rule for boards without rows reads (GpuSpec's last fields), one
+# board a line: (base MHz, boost MHz, process nm, L2 MB, FP32 lanes per scheduler, PCIe gen,
+# PCIe lanes), from the boards' datasheets, their architectures' whitepapers and the
+# TechPowerUp GPU database [TPU] (docs/gpu-models.md, "Clocks, process and caches").
+_VOLTA = ("float16",)
+_TURING = ("float16", "int8", "int4")
+_AMPERE = ("tf32", "float16", "bfloat16", "int8", "int4")
+_ADA = (*_AMPERE, "float8_e4m3fn", "float8_e5m2")
+_HOPPER = ("tf32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "float64")
+_BLACKWELL = (*_HOPPER, "float4_e2m1fn_x2")
+DATASHEET: dict[str, tuple[tuple[float, float, float, float, int, int, int], tuple[str, ...]]] = {
+    "T4": ((585, 1590, 12, 4, 16, 3, 16), _TURING),
+    "P4": ((886, 1114, 16, 2, 32, 3, 16), ()),
+    "P100": ((1190, 1329, 16, 4, 32, 3, 16), ()),
+    "V100": ((1230, 1380, 12, 6, 16, 3, 16), _VOLTA),
+    "L4": ((795, 2040, 5, 48, 32, 4, 16), _ADA),
+    "A100-40GB": ((1095, 1410, 7, 40, 16, 4, 16), (*_AMPERE, "float64")),
+    "A100-80GB": ((1275, 1410, 7, 40, 16, 4, 16), (*_AMPERE, "float64")),
+    "A100-PCIe-40GB": ((765, 1410, 7, 40, 16, 4, 16), (*_AMPERE, "float64")),
+    "A100-PCIe-80GB": ((1065, 1410, 7, 40, 16, 4, 16), (*_AMPERE, "float64")),
+    "H100": ((1590, 1980, 5, 50, 32, 5, 16), _HOPPER),
+    "H100-PCIe": ((1125, 1755, 5, 50, 32, 5, 16), _HOPPER),
+    "TITAN-RTX": ((1350, 1770, 12, 6, 16, 3, 16), _TURING),
+    "RTX-3060": ((1320, 1777, 8, 3, 32, 4, 16), _AMPERE),
+    "RTX-3090": ((1395, 1695, 8, 6, 32, 4, 16), _AMPERE),
+    "RTX-4060": ((1830, 2460, 5, 24, 32, 4, 8), _ADA),
+    "RTX-4070": ((1920, 2475, 5, 36, 32, 4, 16), _ADA),
+    "RTX-4090": ((2235, 2520, 5, 72, 32, 4, 16), _ADA),
+    "RTX-5090": ((2017, 2407, 5, 96, 32, 5, 16), _BLACKWELL),
+    "A10G": ((885, 1710, 8, 6, 32, 4, 16), _AMPERE),
+    "L40S": ((1110, 2520, 5, 96, 32, 4, 16), _ADA),
+    "V100-SXM2-16GB": ((1312, 1530, 12, 6, 16, 3, 16), _VOLTA),
+    # The H200 is the H100 SXM's GH100 chip at the same 700 W: its clocks are taken as the
+    # H100 SXM's. The B200's boost clock is what its 75 FP32 TFLOPS on 148 SMs of 128 lanes
+    # imply; no base clock is published, so the H100 SXM's ratio (0.80) is taken.
+    "H200": ((1590, 1980, 5, 50, 32, 5, 16), _HOPPER),
+    "B200": ((1584, 1980, 5, 126.5, 32, 5, 16), _BLACKWELL),
+}
+for _key, ((_base, _boost, _nm, _l2, _lanes, _gen, _width), _dtypes) in DATASHEET.items():
+    SPECS[_key] = replace(SPECS[_key], base_clock_mhz=float(_base), boost_clock_mhz=float(_boost),
+                          process_nm=float(_nm), l2_cache_mb=float(_l2),
+                          fp32_lanes_per_scheduler=_lanes, tensor_dtypes=_dtypes,
+                          pcie_gen=_gen, pcie_lanes=_width)
+assert set(DATASHEET) == set(SPECS), "every board needs its datasheet figures"
+
 # Other names a user may type. "A100" is the SXM4 80 GB board, as it was before the variants
-# were told apart (the board of 8-GPU servers, joined by NVLink).
-ALIASES = {"A100": "A100-80GB"}
+# were told apart (the board of 8-GPU servers, joined by NVLink). A GeForce card is also its
+# bare number ("4090"); `gpu()` ignores case, spaces, dashes and the words NVIDIA, GeForce and
+# Tesla, so "RTX 4090", "GeForce RTX 4090" and "rtx-4090" are one board.
+ALIASES = {"A100": "A100-80GB", "3060": "RTX-3060", "RTX-3060-12GB": "RTX-3060",
+           "3090": "RTX-3090", "4060": "RTX-4060", "4070": "RTX-4070", "4090": "RTX-4090",
+           "5090": "RTX-5090", "V100-16GB": "V100-SXM2-16GB", "V100-SXM2": "V100-SXM2-16GB",
+           "H200-SXM": "H200", "H200-141GB": "H200", "B200-180GB": "B200"}
+_NOISE = ("nvidia", "geforce", "tesla", " ", "-", "_")
+
+
+def _normal(name: str) -> str:
+    """A board's name as `gpu()` compares it: lower case, without spaces, dashes, underscores
+    and the words NVIDIA, GeForce and Tesla."""
+    text = name.strip().lower()
+    for word in _NOISE:
+        text = text.replace(word, "")
+    return text
+
+
+_BY_NAME = {_normal(key): key for key in SPECS} | {_normal(a): k for a, k in ALIASES.items()}
+assert len(_BY_NAME) == len(SPECS) + len(ALIASES), "two names of boards read alike"
+_BY_NAME |= {key: key for key in SPECS}  # a key as stored: no normalizing (called per op)
 
 
 def gpu(name: str | GpuSpec) -> GpuSpec:
-    """The GPU called `name` (case does not matter; "A100" is "A100-80GB")."""
+    """The GPU called `name` ("A100" is "A100-80GB"; case, spaces, dashes and the words NVIDIA,
+    GeForce and Tesla do not matter: "RTX 4090", "4090" and "rtx-4090" are one board)."""
     if isinstance(name, GpuSpec):
         return name
-    wanted = str(name).strip().lower()
-    for key in (*SPECS, *ALIASES):
-        if key.lower() == wanted:
-            return SPECS[ALIASES.get(key, key)]
+    key = _BY_NAME.get(name) if name in SPECS else _BY_NAME.get(_normal(str(name)))
+    if key is not None:
+        return SPECS[key]
     raise ValueError(f"no performance model for a GPU named {name!r}; the models are "
                      f"{', '.join(SPECS)} (and {', '.join(f'{a} = {k}' for a, k in ALIASES.items())})")

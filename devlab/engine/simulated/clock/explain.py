@@ -5,7 +5,9 @@ longer of compute (whole waves of output tiles at the GPU's achieved rate) and m
 (bytes at the achieved bandwidth of its kind of kernel); copies cost their bytes over the host
 link or between GPUs (`devlab.gpu_model`). The breakdown says which limits each op, and beside
 the queued time the clock charges it shows what the same op would show timed alone with CUDA
-events on an idle GPU: the two ways of timing.
+events on an idle GPU: the two ways of timing. Each kernel also gets its band
+(`devlab.engine.gpu_model.band`): how far the model was from measured kernels of its kind and size,
+and whether its board, dtype or size lies outside what the model was fitted on.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from html import escape
 from typing import Any
 
 from devlab._helpers.sizes import format_bytes
-from devlab.engine.gpu_model import ALONE, QUEUED
+from devlab.engine.gpu_model import ALONE, CALIBRATION, QUEUED
+from devlab.engine.gpu_model.band import Band, band
 from devlab.engine.gpu_model.links import Topology, nccl_topology, topologies
 from devlab.engine.simulated.clock.modeled_clock import record
 from devlab.engine.simulated.clock.roofline import COMPUTE, LAUNCH, MEMORY, OpTime
@@ -45,6 +48,23 @@ def _waves(op: OpTime) -> str:
     return f"{k.waves} × {k.slots} tiles (last {k.last_wave:.0%} full)"
 
 
+def _fp32(op: OpTime, spec: Any) -> bool:
+    """Whether a product ran at the FP32 rate (the measured tables' dtype); memory-bound
+    kernels' bytes are measured alike in every dtype."""
+    k = op.kernel
+    cal = CALIBRATION.get(getattr(spec, "name", ""))
+    if k is None or k.achieved_tflops is None or cal is None:
+        return True
+    return any(abs(k.achieved_tflops - f.fp32 * spec.fp32_tflops) < 1e-6
+               for f in (cal.mm, cal.bmm))
+
+
+def _band(op: OpTime, spec: Any) -> Band | None:
+    if op.kernel is None or spec is None or getattr(spec, "name", None) not in CALIBRATION:
+        return None
+    return band(op.kernel, spec, _fp32(op, spec))
+
+
 @dataclasses.dataclass
 class Explanation:
     """The modeled kernels and copies of some work on modeled GPUs, with their breakdown."""
@@ -54,6 +74,7 @@ class Explanation:
     result: Any = None
     timing: str = QUEUED  # what the times are: ops queued back to back
     machine: str = ""  # the topology the GPUs' collectives are timed on, in one line
+    spec: Any = None  # the GpuSpec modeled: each kernel's band (devlab.engine.gpu_model.band)
 
     @property
     def total(self) -> float:
@@ -87,21 +108,47 @@ class Explanation:
     def note(self) -> str:
         return f"Modeled from {self.gpu} specifications, not measured. Times: {self.timing}."
 
+    def bands(self) -> list[Band | None]:
+        """Each op's band: how far the model was from measured kernels like it."""
+        return [_band(op, self.spec) for op in self.ops]
+
+    @property
+    def band(self) -> str:
+        """Where the model stops, in one line: the widest band of these ops' kernels, and why
+        (a board, dtype or size outside what the model was fitted on)."""
+        found = [b for b in self.bands() if b is not None]
+        if not found:
+            return ""
+        lo, hi = min(b.lo for b in found), max(b.hi for b in found)
+        widest = max(found, key=lambda b: (b.hi / b.lo, bool(b.outside)))
+        reasons = sorted({part for b in found if b.outside for part in b.outside.split("; ")})
+        where = ("modeled from the datasheet; kernels of these sizes measured on boards like it"
+                 if not widest.measured_board else
+                 "outside what this board's measured kernels cover; kernels of these sizes "
+                 "measured on boards the model was not fitted on" if reasons else
+                 "fitted on this board's own measured kernels; kernels of these sizes")
+        why = f" ({'; '.join(reasons)})" if reasons else ""
+        return (f"Band: {where} were within {lo:.2f}x to {hi:.2f}x of the model (90 % of each "
+                f"kind and size){why}.")
+
     def rows(self) -> list[list[str]]:
         return [[op.op, f"GPU:{op.device}", _us(op.launch + op.sync), _us(op.gpu),
                  _us(op.compute), _us(op.memory), op.bound, _achieved(op), _waves(op),
                  _us(op.alone) if op.alone is not None else "", f"{op.flops:,}",
-                 format_bytes(op.nbytes)]
-                for op in self.ops]
+                 format_bytes(op.nbytes),
+                 f"{b.lo:.2f}–{b.hi:.2f}x{'*' if b.outside else ''}" if b is not None else ""]
+                for op, b in zip(self.ops, self.bands(), strict=True)]
 
     HEADERS = ("op", "device", "launch (+ host wait)", "GPU (floor + work)", "compute",
                "memory or link", "limited by", "achieved", "waves", "alone (CUDA events)",
-               "FLOPs", "bytes")
+               "FLOPs", "bytes", "band (model / measured)")
 
     def __str__(self) -> str:
         lines = [" | ".join(self.HEADERS)] + [" | ".join(r) for r in self.rows()]
         lines.append(f"total {_us(self.total)} queued ({_us(self.alone)} if each op were "
                      f"timed alone): {self.bound}. {self.note}")
+        if self.band:
+            lines.append(self.band)
         if self.machine:
             lines.append(self.machine)
         return "\n".join(lines)
@@ -117,6 +164,7 @@ class Explanation:
                 f"</tbody></table><p>Total {escape(_us(self.total))} queued "
                 f"({escape(_us(self.alone))} if each op were timed alone: {escape(ALONE)}), "
                 f"{escape(self.bound)}. <i>{escape(self.note)}</i></p>"
+                + (f"<p>{escape(self.band)}</p>" if self.band else "")
                 + (f"<p>{escape(self.machine)}</p>" if self.machine else ""))
 
 
@@ -124,7 +172,7 @@ def explain(fn: Callable[[], Any]) -> Explanation:
     """Run `fn()` on the modeled GPUs and break its modeled time down, op by op."""
     rec = record(fn)
     return Explanation(rec.spec.full_name, rec.ops, rec.result,
-                       machine=machine(rec.spec, rec.topology))
+                       machine=machine(rec.spec, rec.topology), spec=rec.spec)
 
 
 def machine(spec: Any, topology: Topology) -> str:
