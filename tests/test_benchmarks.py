@@ -39,3 +39,11 @@ def test_cuda_graphs_benchmark_prints_its_figures() -> None:
     eager = float(re.search(r"T4, eager +([0-9.]+) µs per step", out)[1])
     replay = float(re.search(r"T4, one replay +([0-9.]+) µs per step", out)[1])
     assert replay < eager, out  # one launch for the graph, one per kernel eagerly
+
+
+def test_profiler_benchmark_prints_its_figures() -> None:
+    out = _run("benchmarks/profiler.py", "--steps", "3", "--repeats", "1")
+    for mode in ("CPU", "simulated T4"):
+        assert re.search(rf"^{mode} +[0-9.]+ µs/step bare +[0-9.]+ µs/step profiled", out,
+                         re.M), out
+    assert re.search(r"with post-processing, simulated T4 / CPU: -?\d+\.\d\dx", out), out

@@ -334,6 +334,18 @@ def claims_03(nb: nbformat.NotebookNode, env: Env) -> None:
     assert float(replayed) < float(eager) / 2, graphed
     assert how == "modeled on T4", graphed  # every environment here simulates the T4
     assert "x[0] = 120: " in graphed, graphed
+    # 8. The profiler: torch's table with the modeled kernels, the loop launch-bound, the trace
+    # with a launch and a kernel per product.
+    profiled = text(cell_with(nb, 'prof.key_averages().table(sort_by="cuda_time_total"'))
+    assert "Self CUDA" in profiled and "CUDA total" in profiled, profiled
+    assert "Failed to record CUDA event" not in profiled
+    assert re.search(r"modeled: aten::mm \(matrix product, 2 MFLOP\) +.* 100 *$", profiled,
+                     re.M), profiled
+    ran = re.search(r"100 kernels ran for (\d+) µs of the loop's (\d+) µs on the GPU \((\d+)% "
+                    r"busy; kernels modeled, the host measured\)", profiled)
+    assert ran and int(ran[3]) < 50, profiled
+    assert ("trace.json: {'cpu_op': 500, 'cuda_runtime': 100, 'kernel': 100, 'ac2g': 200}"
+            in profiled), profiled
     scaling = html(cell_with(nb, "exercises.two_gpu_scaling("))
     if env.physical_gpus(2) >= 2:
         # 4. Two modeled GPUs, two queues, whatever this machine's cores.

@@ -56,6 +56,7 @@ LEFT_OUT = {
     "pytest-xdist": "the job runs pytest in one process",
     "jupyterlab": "the browser test", "playwright": "the browser test",
     "ruff": "linting is the suite's", "jupyter-repo2docker": "the Binder tests",
+    "holistictraceanalysis": "the profiler trace's HTA check (skipped without it; HTA pulls JupyterLab)",
     **dict.fromkeys(["lightning", "accelerate", "torchtitan", "triton", "torchdata", "datasets",
                      "tokenizers", "tyro"], "the conformance corpus"),
     "transformers": "the Hugging Face static-cache tests",

@@ -177,6 +177,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         from devlab.engine.simulated.cuda import cuda_build as _build
         from devlab.engine.simulated.cuda import cufft_plans as _cufft
         from devlab.engine.simulated.cuda import graphs as _graphs
+        from devlab.engine.simulated.instruments import profiler_kineto as _profiler_kineto
         from devlab.engine.simulated.mode import autograd as _autograd
         from devlab.engine.simulated.mode import compile_stance as _compile
         from devlab.engine.simulated.mode import device_queries as _queries
@@ -204,7 +205,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         try:
             for module in (_tensor, _wrappers, _cuda, _graphs, _build, _cufft, _queries, _factories,
                            _amp, _threads, _parallel, _serialization, _c10d, _stores, _forks,
-                           _dtensor, _compile):
+                           _dtensor, _compile, _profiler_kineto):
                 module.install(patcher)
             charges = _session.NO_CHARGES
             if spec is not None:

@@ -1,5 +1,6 @@
-"""The instruments people watch a GPU with, made to see the simulated GPUs: NVML through pynvml
-(`nvml_answers`) and `nvidia-smi` (`nvidia_smi`), both answering for every process of the
+"""The instruments people watch a GPU with, made to see the simulated GPUs: torch.profiler's CUDA
+activity (`profiler_kineto`, writing a Kineto trace with `kineto_trace`), NVML through pynvml
+(`nvml_answers`) and `nvidia-smi` (`nvidia_smi`), the last two answering for every process of the
 simulated machine from its register of GPU use (`base.machine`).
 
 `install(patcher)` is part of the simulation's start: it names the machine (`machine_key`: the
