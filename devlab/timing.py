@@ -40,7 +40,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from devlab import scope, simulated
-from devlab._tracebacks import drop_frames
+from devlab._tracebacks import devlab_file, drop_frames
 from devlab.figures import ensure_figure_formatter, figure_png
 from devlab.scope import device_label
 
@@ -259,7 +259,7 @@ def _drop_own_frames(err: BaseException) -> None:
     without this module's frames (a bare `raise` keeps the edited traceback on 3.11+)."""
     if not isinstance(err, DeviceMismatch):
         return
-    drop_frames(err, lambda filename: filename == __file__)
+    drop_frames(err, lambda filename: devlab_file(filename) == "timing.py")
 
 
 def _check_where(named: str, device: torch.device, ran: set[torch.device]) -> None:

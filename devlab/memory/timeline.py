@@ -33,73 +33,24 @@ import html
 import os
 import pickle
 import re
-import sys
-import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NamedTuple
 
+from devlab._tracebacks import CELL_FILE, is_user_file
 from devlab.sizes import format_bytes
 
 __all__ = ["timeline", "AllocationTimeline", "Allocation", "LineUsage", "Peak", "is_user_file",
            "MIN_BAND_FRACTION", "MAX_BANDS"]
 
-# -- which frame is the user's --------------------------------------------------------------
-
-# A notebook cell's code: IPython's `<ipython-input-3-1a2b3c>`, ipykernel's
-# `/tmp/ipykernel_123/456.py`, Colab's `/tmp/ipython-input-3-456.py`.
-_CELL = re.compile(r"(^<ipython-input-\d+-\w+>$)|(ipykernel_\d+/\d+\.py$)"
-                   r"|((^|/)ipython-input-\d+-\w+\.py$)")
-# The standard library anywhere (a snapshot may come from another machine):
-# .../lib/python3.11/..., .../lib64/python3.11t/..., ...\Lib\...
-_STDLIB = re.compile(r"/lib(64)?/python\d+(\.\d+)?t?/|^[A-Za-z]:/[^/]*python[^/]*/Lib/",
-                     re.IGNORECASE)
-
-
-@lru_cache(maxsize=1)
-def _library_dirs() -> tuple[str, ...]:
-    """This machine's directories of code that is not the user's: the standard library,
-    devlab and torch (a source checkout of torch is not under site-packages)."""
-    dirs = {os.path.dirname(os.path.abspath(__file__ + "/.."))}  # devlab/
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            dirs.add(path)
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch, "__file__", None):
-        dirs.add(os.path.dirname(torch.__file__))
-    out = set()
-    for d in dirs:
-        out.add(os.path.normcase(os.path.abspath(d)))
-        out.add(os.path.normcase(os.path.realpath(d)))
-    return tuple(sorted(out))
-
-
-def is_user_file(filename: str) -> bool:
-    """Whether a frame's file is the user's code: a notebook cell, or a Python file that is
-    not part of torch, devlab, an installed package (site-packages, dist-packages) or the
-    standard library; code typed at Python's prompt (`<stdin>`) too. C++ frames (`.cpp`, `.h`, `??`) and generated code (`<string>`,
-    `<eval_with_key>.3`, `<frozen ...>`) are not."""
-    if not filename:
-        return False
-    name = filename.replace("\\", "/")
-    if _CELL.search(name) or name == "<stdin>":
-        return True
-    if name.startswith("<") or not name.endswith(".py"):
-        return False
-    if "/site-packages/" in name or "/dist-packages/" in name or _STDLIB.search(name):
-        return False
-    paths = {os.path.normcase(os.path.abspath(filename))}
-    paths.add(os.path.normcase(os.path.realpath(filename)))
-    return not any(p.startswith(d + os.sep) for p in paths for d in _library_dirs())
+# -- the user's line (whose frame it is: devlab._tracebacks.whose) --------------------------
 
 
 def _short_file(filename: str) -> str:
     """A cell as IPython names it in tracebacks (`In[3]`) where the kernel knows it; a file
     under the working directory relative to it; else the path as recorded."""
     name = filename.replace("\\", "/")
-    if _CELL.search(name):
+    if CELL_FILE.search(name):
         number = None
         try:
             from IPython import get_ipython

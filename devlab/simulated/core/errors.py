@@ -19,17 +19,16 @@ import torch
 
 from devlab.gpu_model.allocator import OutOfMemory
 
-from ..._tracebacks import drop_frames
+from ..._tracebacks import devlab_file, drop_frames
 from .session import DeviceState
 
 _USER_ERROR = "_devlab_user_error"
-# The simulation's own files: devlab/simulated/ and its sub-packages.
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep
 
 
 def _own(filename: str) -> bool:
-    """Whether `filename` is one of the simulation's own files."""
-    return filename.startswith(_PACKAGE_DIR)
+    """Whether `filename` is one of the simulation's own files (devlab/simulated/ and its
+    sub-packages)."""
+    return (devlab_file(filename) or "").startswith("simulated/")
 
 _E = TypeVar("_E", bound=BaseException)
 _F = TypeVar("_F", bound=Callable[..., Any])
