@@ -41,7 +41,7 @@ from torch.overrides import TorchFunctionMode
 
 from devlab import scope, simulated
 from devlab._tracebacks import devlab_file, drop_frames
-from devlab.figures import ensure_figure_formatter, figure_png
+from devlab.figures import figure_png, new_figure
 from devlab.scope import device_label
 
 __all__ = [
@@ -419,12 +419,7 @@ def _quantiles(xs: Sequence[float]) -> tuple[float, float, float]:
 def _figure_and_axes(ax, size: tuple[float, float]):
     if ax is not None:
         return ax.figure, ax
-    from matplotlib.figure import Figure
-
-    # A bare Figure, not pyplot's: it is not shown a second time at the end of the cell, and
-    # is safe to draw from a widget's thread.
-    ensure_figure_formatter()
-    fig = Figure(figsize=size, dpi=100)
+    fig = new_figure(size, dpi=100)
     return fig, fig.add_subplot()
 
 
