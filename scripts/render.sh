@@ -4,5 +4,5 @@
 # notebook names to render only those, --out DIR for another folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh lab,test
 exec .venv/bin/python -m tools.render "$@"

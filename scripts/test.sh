@@ -3,7 +3,7 @@
 # in parallel on every core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh lab,test
 if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing Debian's chromium for the browser test" >&2
     apt-get update -qq && apt-get install -y -qq chromium >/dev/null

@@ -180,6 +180,31 @@ def test_an_english_change_marks_its_translation_stale(sandbox: Path) -> None:
     assert problems(sandbox) == []
 
 
+def test_a_stale_translation_keeps_the_english_it_was_made_from(sandbox: Path) -> None:
+    """Changed twice before review: still fuzzy, its `#| msgid` still the English the
+    translation was made from (Babel's merge alone would keep only the last), and the
+    translator's own comment kept."""
+    ready(sandbox)
+    path = i18n.catalog_path(sandbox, "ja")
+    cat = i18n.load(path)
+    cat.find(LESSON[3][1]).tcomment = "checked against the guide"
+    i18n.save(cat, path)
+    once = [(k, s.replace("A copy is explicit.", "A copy is always explicit.")) for k, s in LESSON]
+    twice = [(k, s.replace("A copy is explicit.", "A copy is always explicit, too."))
+             for k, s in LESSON]
+    for cells in (once, twice):
+        write_lesson(sandbox, cells)
+        i18n.update(sandbox, i18n.LANGUAGES["ja"])
+    entry = i18n.load(path).find(twice[3][1])
+    assert entry.fuzzy and entry.msgstr == JA[LESSON[3][1]]
+    assert entry.previous_msgid == LESSON[3][1]
+    assert entry.tcomment == "checked against the guide"
+    # Text unlike any translated one (difflib's ratio under 0.6) starts untranslated.
+    write_lesson(sandbox, [*twice[:3], ("markdown", "Nothing in common with the rest.")])
+    i18n.update(sandbox, i18n.LANGUAGES["ja"])
+    assert i18n.load(path).find("Nothing in common with the rest.").msgstr == ""
+
+
 def test_new_english_text_is_untranslated(sandbox: Path) -> None:
     ready(sandbox)
     write_lesson(sandbox, [*LESSON, ("markdown", "Something entirely new to say here.")])

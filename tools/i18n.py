@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import difflib
 import io
 import re
 import sys
@@ -273,13 +272,15 @@ def extract(notebook: Path) -> polib.POFile:
 
 def update(notebook: Path, lang: Language) -> polib.POFile:
     """Merge the notebook's current English text into the language's catalog, as gettext's
-    msgmerge does.
+    msgmerge does, by Babel's `Catalog.update`.
 
-    A msgid no longer in the notebook is matched to its closest new text, whose entry then
-    keeps the old translation, flagged fuzzy, with the old English beside it (`#| msgid`):
-    stale until a translator revises it and removes the flag. New text the language's other
-    catalogs have translated word for word (the set-up cell's comment, say) gets that
-    translation, fuzzy too, to be checked in its new place; any other new text is untranslated."""
+    A msgid no longer in the notebook is matched to its closest new text (difflib's ratio of at
+    least 0.6, as msgmerge), whose entry then keeps the old translation, flagged fuzzy, with the
+    old English beside it (`#| msgid`): stale until a translator revises it and removes the
+    flag. New text the language's other catalogs have translated word for word (the set-up
+    cell's comment, say) gets that translation, fuzzy too, to be checked in its new place; any
+    other new text is untranslated. The files are read and written by polib, whose output the
+    catalogs keep (Babel's writer would drop their own headers, `X-Reviewed`, and rewrap them)."""
     pot = extract(notebook)
     path = catalog_path(notebook, lang.code)
     if path.exists():
@@ -294,26 +295,27 @@ def update(notebook: Path, lang: Language) -> polib.POFile:
             "Language-Team": f"{lang.english} <devlab lessons>", "Language": lang.code})
     cat.metadata["POT-Creation-Date"] = pot.metadata["POT-Creation-Date"]
     known = {e.msgid: e for e in old if not e.obsolete} if old is not None else {}
-    translated = {e.msgid: e for e in known.values() if e.msgstr}
+    merged = _babel(known.values())
+    merged.update(_babel(pot), update_creation_date=False)
     memory = translation_memory(lang, besides=notebook)
     comment_ids = {u.text for u in units(nbformat.read(notebook, as_version=4), notebook.name)
                    if u.comment is not None}
     for t in pot:
         entry = polib.POEntry(msgid=t.msgid, msgstr="", occurrences=t.occurrences,
                               comment=t.comment)
+        message = merged[t.msgid]
         if lang.english_comments and t.msgid in comment_ids:
             entry.msgstr = t.msgid  # stays English: nothing for a translator to do
-        elif t.msgid in known:
-            before = known[t.msgid]
-            entry.msgstr, entry.flags, entry.tcomment = before.msgstr, list(before.flags), \
-                before.tcomment
-            if before.fuzzy:
-                entry.previous_msgid = before.previous_msgid
-        elif (match := _closest(t.msgid, translated)) is not None:
-            entry.msgstr, entry.flags = match.msgstr, ["fuzzy"]
-            # The English the translation was made from: the older one if it was stale already.
-            entry.previous_msgid = match.previous_msgid if match.fuzzy and match.previous_msgid \
-                else match.msgid
+        elif message.string:
+            was = known[message.previous_id[0]] if message.previous_id else known[t.msgid]
+            entry.msgstr, entry.tcomment = message.string, "\n".join(message.user_comments)
+            entry.flags = [f for f in was.flags if f in message.flags] + sorted(
+                message.flags - set(was.flags) - {"python-format", "python-brace-format"})
+            # The English the translation was made from: the older one if it was stale already
+            # (Babel keeps only the last).
+            entry.previous_msgid = (was.previous_msgid if was.fuzzy and was.previous_msgid
+                                    else message.previous_id[0] if message.previous_id
+                                    else None)
         elif t.msgid in memory:
             entry.msgstr, entry.flags = memory[t.msgid], ["fuzzy"]
         cat.append(entry)
@@ -324,16 +326,21 @@ def update(notebook: Path, lang: Language) -> polib.POFile:
     return cat
 
 
+def _babel(entries: Iterable[polib.POEntry]):
+    """polib's entries as a Babel `Catalog`, for its merge."""
+    from babel.messages.catalog import Catalog
+
+    cat = Catalog(fuzzy=False)
+    for e in entries:
+        cat.add(e.msgid, e.msgstr, flags=e.flags,
+                user_comments=e.tcomment.split("\n") if e.tcomment else (),
+                previous_id=e.previous_msgid or ())
+    return cat
+
+
 def _contents(cat: polib.POFile) -> list[tuple[object, ...]]:
     return [(e.msgid, e.msgstr, sorted(e.flags), e.previous_msgid, e.occurrences, e.comment)
             for e in cat if not e.obsolete]
-
-
-def _closest(text: str, candidates: dict[str, polib.POEntry]) -> polib.POEntry | None:
-    """The translated entry whose English is most like `text` (difflib's ratio of at least 0.6,
-    the cut-off msgmerge and Babel use), or None."""
-    match = difflib.get_close_matches(text, list(candidates), n=1, cutoff=0.6)
-    return candidates[match[0]] if match else None
 
 
 def translation_memory(lang: Language, besides: Path) -> dict[str, str]:
@@ -430,6 +437,8 @@ def relocate_links(text: str) -> str:
 _FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})")
 
 
+# Where the fenced blocks and code spans are (which `rtl_markdown` needs to rewrite the text
+# around them): mistune's AST says what they hold, not where in the text they are.
 def fenced_blocks(text: str) -> list[tuple[int, int, int]]:
     """Fenced code blocks of a markdown text: (first line, last line, indent), 0-based."""
     lines = text.split("\n")
@@ -546,40 +555,47 @@ def code_signature(source: str, where: str = "a code cell") -> list[tuple[str, s
     return [item for _, item in sorted(sig, key=lambda s: s[0])]
 
 
-def markdown_facts(text: str) -> dict[str, set[str]]:
-    """What a translation of a markdown cell must keep: inline code, fenced code, links."""
-    lines = text.split("\n")
-    fences = fenced_blocks(text)
-    inside = {i for first, last, _ in fences for i in range(first, last + 1)}
-    prose = "\n".join(line for i, line in enumerate(lines) if i not in inside)
-    return {
-        "code": {prose[s:e].strip("`").strip() for s, e in code_spans(prose)},
-        "blocks": {"\n".join(lines[f:last + 1]) for f, last, _ in fences},
-        "links": {m[2] for m in _LINK.finditer(prose)},
-    }
+_HTML_LINK = re.compile(r"""\b(?:href|src)=["']([^"']+)""")
+
+
+def _markdown_ast(text: str) -> list[dict]:
+    import mistune
+
+    return mistune.create_markdown(renderer="ast")(text)
+
+
+def _nodes(nodes: list[dict]) -> Iterator[dict]:
+    for node in nodes:
+        yield node
+        yield from _nodes(node.get("children", []))
+
+
+def markdown_facts(text: str) -> dict[str, set]:
+    """What a translation of a markdown cell must keep, as a CommonMark parser (mistune, as
+    nbconvert uses) reads it: inline code, fenced code (info string and code), links (markdown
+    links and images, and `href`/`src` in inline HTML)."""
+    facts: dict[str, set] = {"code": set(), "blocks": set(), "links": set()}
+    for node in _nodes(_markdown_ast(text)):
+        kind = node["type"]
+        if kind == "codespan":
+            facts["code"].add(node["raw"].strip())
+        elif kind == "block_code" and node.get("style") == "fenced":
+            facts["blocks"].add((node.get("attrs", {}).get("info", ""), node["raw"]))
+        elif kind in ("link", "image"):
+            facts["links"].add(node["attrs"]["url"])
+        elif kind in ("inline_html", "block_html"):
+            facts["links"].update(_HTML_LINK.findall(node["raw"]))
+    return facts
 
 
 def markdown_shape(text: str) -> dict[str, object]:
     """A markdown text's structure as a CommonMark parser (mistune, as nbconvert uses) reads it:
     its headings' levels, how many list items, and any `*` left as text, which is emphasis
     that did not parse (CommonMark's flanking rules can leave it so beside CJK punctuation)."""
-    import mistune
-
-    shape: dict[str, list] = {"headings": [], "items": [], "stars": []}
-
-    def walk(nodes: list[dict]) -> None:
-        for node in nodes:
-            kind = node["type"]
-            if kind == "heading":
-                shape["headings"].append(node["attrs"]["level"])
-            elif kind == "list_item":
-                shape["items"].append(1)
-            elif kind == "text" and "*" in node.get("raw", ""):
-                shape["stars"].append(node["raw"])
-            walk(node.get("children", []))
-
-    walk(mistune.create_markdown(renderer="ast")(text))
-    return {"headings": shape["headings"], "items": len(shape["items"]), "stars": shape["stars"]}
+    nodes = list(_nodes(_markdown_ast(text)))
+    return {"headings": [n["attrs"]["level"] for n in nodes if n["type"] == "heading"],
+            "items": sum(n["type"] == "list_item" for n in nodes),
+            "stars": [n["raw"] for n in nodes if n["type"] == "text" and "*" in n.get("raw", "")]}
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,42 @@
-"""Matplotlib figures without pyplot: render to PNG bytes, and show a bare `Figure` as a
-cell's value. Shared by the memory chart, timing results, exercises and widgets."""
+"""devlab's one way to draw: matplotlib figures without pyplot, as PNG bytes, as a cell's value,
+or as inline SVG with hover text; and the one tick rule every axis uses.
+
+- `new_figure(size, dpi)`: a bare `Figure` (no pyplot: shown once, as the cell's value, and safe
+  to draw from a widget's thread). The memory chart, timing results, exercises, widgets and
+  both timelines draw on one.
+- `figure_png(fig)`: PNG bytes (Agg).
+- `svg_figure(width, height)` and `svg_markup(fig, tips)`: a figure sized in CSS pixels and its
+  SVG as one self-contained `<svg>` element for an HTML output, each artist of `tips` showing
+  its text on hover (see Note [Hover text in matplotlib's SVG]).
+- `nice_ticks` / `ticks_in_unit` / `byte_axis`: ticks at 1-2-2.5-5 steps (matplotlib's own
+  `MaxNLocator` rule), bytes at round numbers of the unit `format_bytes` shows.
+"""
 
 from __future__ import annotations
 
-__all__ = ["figure_png", "ensure_figure_formatter"]
+import html
+import io
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["new_figure", "figure_png", "ensure_figure_formatter", "svg_figure", "svg_markup",
+           "nice_ticks", "ticks_in_unit", "byte_axis"]
+
+# The one tick rule: matplotlib's default locator's steps.
+_STEPS = (1, 2, 2.5, 5, 10)
+_BYTE_UNITS = (1, 1 << 10, 1 << 20, 1 << 30, 1 << 40)
+
+
+def new_figure(size: tuple[float, float], dpi: float = 100):
+    """A bare matplotlib `Figure` (not pyplot's): shown once when it is a cell's value (see
+    `ensure_figure_formatter`), never leaking into a later cell's output, and safe to draw from
+    a widget's thread."""
+    from matplotlib.figure import Figure
+
+    ensure_figure_formatter()
+    return Figure(figsize=size, dpi=dpi)
 
 
 def figure_png(fig, dpi: float | None = None) -> bytes:
@@ -11,8 +44,6 @@ def figure_png(fig, dpi: float | None = None) -> bytes:
 
     Safe from a background thread as long as no other thread draws the same figure.
     """
-    import io
-
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
@@ -45,3 +76,242 @@ def ensure_figure_formatter() -> None:
         from IPython.core.pylabtools import print_figure
 
         png.for_type(Figure, partial(print_figure, fmt="png", base64=True))
+
+
+# -- ticks ----------------------------------------------------------------------------------------
+
+
+def nice_ticks(lo: float, hi: float, target: int = 5, integer: bool = False) -> list[float]:
+    """About `target` ticks at 1-2-2.5-5 x 10^k steps inside [lo, hi], as matplotlib's own
+    axes place them (`MaxNLocator`)."""
+    from matplotlib.ticker import MaxNLocator
+
+    if hi <= lo:
+        hi = lo + 1
+    eps = 1e-9 * (hi - lo)
+    values = MaxNLocator(nbins=target, steps=list(_STEPS), integer=integer).tick_values(lo, hi)
+    return [float(v) for v in values if lo - eps <= v <= hi + eps]
+
+
+def _byte_unit(top: float) -> int:
+    return next(u for u in reversed(_BYTE_UNITS) if top >= u or u == 1)
+
+
+def ticks_in_unit(top: float, target: int = 5) -> list[int]:
+    """Byte ticks from 0 to `top` at round numbers of the unit `format_bytes` shows `top` in
+    (0, 50 MiB, 100 MiB, ... rather than 0, 52428800, ...)."""
+    unit = _byte_unit(top)
+    return sorted({int(round(v * unit)) for v in nice_ticks(0, top / unit, target)})
+
+
+def byte_axis(axis, top: float, target: int = 5) -> None:
+    """Put `ticks_in_unit(top)` on a matplotlib axis, labelled by `format_bytes`."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter
+
+    from devlab._helpers.sizes import format_bytes
+
+    ticks = ticks_in_unit(top, target)
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
+
+
+# -- inline SVG -----------------------------------------------------------------------------------
+
+# Note [Hover text in matplotlib's SVG]
+# matplotlib's SVG backend writes an artist's gid as the id of the <g> it draws the artist in
+# (its "SVG Tooltip" example adds hover boxes so). A <title> inside an element is the hover
+# text every browser shows, with no script: `svg_markup` gives each artist of `tips` a gid,
+# then puts the <title> into that group, or one into each element of it (a collection's
+# items, each with its own text; a patch's one path). The rest of the markup is
+# made fit for an HTML output that may hold several figures: no XML prolog, no global
+# stylesheet (matplotlib's `*{stroke-linejoin...}` would style the whole page), no group ids
+# (matplotlib numbers them from 1 in every figure), no attribute-less groups, markers (tick
+# marks) written where they are placed rather than by <use> reference, and coordinates
+# to 0.1 px, with horizontal and vertical path segments as H and V: the output is then as
+# small as a hand-written SVG's. Text stays text (`svg.fonttype: none`), in the page's font
+# where DejaVu Sans is missing; `svg.hashsalt` makes the clip and marker ids matplotlib
+# derives from their contents the same on every run.
+
+_SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "devlab", "font.size": 10,
+           "font.family": "sans-serif", "font.sans-serif": ["DejaVu Sans"]}
+_TIP = "devlab-tip-"
+
+
+@contextmanager
+def svg_figure(width: int, height: int) -> Iterator[Any]:
+    """A `Figure` whose SVG is `width` x `height` CSS pixels (1 point = 1 pixel), drawn under
+    the settings `svg_markup` writes it with; use it inside the `with` block."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context(_SVG_RC):
+        fig = Figure(figsize=(width / 72, height / 72), dpi=72)
+        fig.patch.set_visible(False)  # the page's background, as an image's would be
+        yield fig
+
+
+_PATH_TOKEN = re.compile(r"[MLQCz]|-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+_GROUP_TAG = re.compile(r"<g\b[^>]*>|</g>")
+
+
+def _num(text: str) -> str:
+    v = round(float(text), 1)
+    return f"{v:.1f}".removesuffix(".0") if v else "0"
+
+
+def _compact_path(d: str) -> str:
+    """A path's data with numbers to 0.1 px and straight segments that keep x or y as V or H."""
+    out: list[str] = []
+    tokens = _PATH_TOKEN.findall(d)
+    i, x, y = 0, None, None
+    while i < len(tokens):
+        cmd = tokens[i]
+        if cmd in ("M", "L"):
+            nx, ny = _num(tokens[i + 1]), _num(tokens[i + 2])
+            if cmd == "L" and nx == x:
+                out.append(f"V{ny}")
+            elif cmd == "L" and ny == y:
+                out.append(f"H{nx}")
+            else:
+                out.append(f"{cmd}{nx} {ny}")
+            x, y = nx, ny
+            i += 3
+        elif cmd == "z":
+            out.append("z")
+            i += 1
+        else:  # a curve: its numbers rounded
+            n = 6 if cmd == "C" else 4
+            out.append(cmd + " ".join(_num(t) for t in tokens[i + 1:i + 1 + n]))
+            x, y = _num(tokens[i + n - 1]), _num(tokens[i + n])
+            i += 1 + n
+    return "".join(out)
+
+
+_MARKER = re.compile(r'<defs><path id="(m[0-9a-f]+)" d="([^"]*)"[^>]*/></defs>')
+_USE = re.compile(r'<use xlink:href="#(m[0-9a-f]+)" x="([^"]*)" y="([^"]*)" (style="[^"]*")/>')
+
+
+def _moved(d: str, dx: float, dy: float) -> str:
+    """A compacted path's data (M, L, H, V, z) moved by (dx, dy)."""
+    def move(m: re.Match) -> str:
+        cmd, nums = m.group(1), m.group(2).split()
+        if cmd == "H":
+            return f"H{_num(str(float(nums[0]) + dx))}"
+        if cmd == "V":
+            return f"V{_num(str(float(nums[0]) + dy))}"
+        return f"{cmd}{_num(str(float(nums[0]) + dx))} {_num(str(float(nums[1]) + dy))}"
+
+    return re.sub(r"([MLHV])([-\d. e+]+)", move, d)
+
+
+def _inline_markers(svg: str) -> str:
+    """Each marker matplotlib defines once and places with <use> (a tick mark) written where
+    it is placed: no reference inside the markup, which an HTML sanitizer may drop."""
+    shapes = dict(_MARKER.findall(svg))
+    svg = _MARKER.sub("", svg)
+
+    def placed(m: re.Match) -> str:
+        d = _moved(shapes[m.group(1)], float(m.group(2)), float(m.group(3)))
+        return f'<path d="{d}" {m.group(4)}/>'
+
+    return _USE.sub(placed, svg)
+
+
+def _compact_style(style: str) -> str:
+    """A style attribute without spaces, the font family (the <svg> element sets it once)
+    or a zero dash offset, with #rrggbb colors as #rgb where they can be."""
+    style = re.sub(r"\s*([:;])\s*", r"\1", style)
+    style = re.sub(r"font-family:[^;]*;?|stroke-dashoffset:0;?", "", style)
+    return re.sub(r"#([0-9a-f])\1([0-9a-f])\2([0-9a-f])\3\b", r"#\1\2\3", style).rstrip(";")
+
+
+def _drop_bare_groups(svg: str) -> str:
+    """The markup without `<g>` elements that carry no attribute (and their closing tags)."""
+    out: list[str] = []
+    bare: list[bool] = []
+    at = 0
+    for m in _GROUP_TAG.finditer(svg):
+        out.append(svg[at:m.start()])
+        at = m.end()
+        tag = m.group()
+        if tag == "</g>":
+            if not bare.pop():
+                out.append(tag)
+        else:
+            bare.append(tag == "<g>")
+            if tag != "<g>":
+                out.append(tag)
+    out.append(svg[at:])
+    return "".join(out)
+
+
+_BARE_ELEMENT = re.compile(r"<(\w+)\b[^>]*?/>")
+
+
+def _put_titles(svg: str, gid: str, text: str | Sequence[str]) -> str:
+    """Hover text into the group matplotlib drew artist `gid` in: a text for the whole group,
+    a list of texts one into each of its shapes (empty elements) in order: a collection's
+    items, a patch's path, a line's markers."""
+    start = f'<g id="{gid}">'
+    at = svg.index(start) + len(start)
+    if isinstance(text, str):
+        return (f"{svg[:at - len(start)]}<g class='devlab-tip'><title>"
+                f"{html.escape(text, quote=False)}</title>{svg[at:]}")
+    out = [svg[:at]]
+    for t in text:
+        m = _BARE_ELEMENT.search(svg, at)
+        if m is None:
+            break
+        out += [svg[at:m.end() - 2], f"><title>{html.escape(t, quote=False)}</title>",
+                f"</{m.group(1)}>"]
+        at = m.end()
+    out.append(svg[at:])
+    return "".join(out)
+
+
+def svg_markup(fig, tips: Mapping[Any, str | Sequence[str]] | None = None,
+               title: str | None = None, css_class: str | None = None) -> str:
+    """`fig` as one `<svg>` element to put in an HTML output: self-contained (no script, no
+    stylesheet, no link), each artist of `tips` showing its text on hover (a list of texts:
+    one for each element the artist draws, as a collection's items), `title` for the whole
+    picture (see Note [Hover text in matplotlib's SVG])."""
+    import matplotlib
+
+    tips = tips or {}
+    gids = {}
+    for k, (artist, text) in enumerate(tips.items()):
+        gid = f"{_TIP}{k}"
+        artist.set_gid(gid)
+        gids[gid] = text
+    for ax in fig.axes:  # the page's background shows through, as around an image
+        ax.patch.set_visible(False)
+    buf = io.StringIO()
+    with matplotlib.rc_context(_SVG_RC):
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None,
+                                                 "Format": None, "Type": None})
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]
+    svg = re.sub(r">\s+<", "><", svg).strip()
+    svg = re.sub(r'<style type="text/css">[^<]*</style>', "", svg).replace("<defs></defs>", "")
+    svg = re.sub(r'\sd="([^"]*)"', lambda m: f' d="{_compact_path(m.group(1))}"', svg)
+    svg = re.sub(r'\s(x|y|x1|x2|y1|y2|width|height)="(-?[\d.e+-]+)"',
+                 lambda m: f' {m.group(1)}="{_num(m.group(2))}"', svg)
+    svg = re.sub(r' transform="rotate\(-?0 [^)]*\)"', "", svg)
+    svg = re.sub(r'style="([^"]*)"', lambda m: 'style="' + _compact_style(m.group(1)) + '"', svg)
+
+    svg = _inline_markers(svg)
+    for gid, text in gids.items():
+        svg = _put_titles(svg, gid, text)
+    svg = re.sub(r"<g\b[^>]*/>", "", svg)  # an empty group: an artist with nothing to draw
+    svg = re.sub(r'<g id="[^"]*">', "<g>", svg)
+    svg = _drop_bare_groups(svg)
+    w, h = f"{fig.get_figwidth() * 72:.0f}", f"{fig.get_figheight() * 72:.0f}"
+    head = (f'<svg width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img"'
+            ' style="display:block;stroke-linejoin:round;stroke-linecap:butt;'
+            "font-family:'DejaVu Sans',sans-serif\""
+            + (f' class="{css_class}"' if css_class else "") + ">"
+            + (f"<title>{html.escape(title, quote=False)}</title>" if title else ""))
+    svg = head + svg[svg.index(">") + 1:]
+    for artist in tips:  # the artists keep no trace of this rendering
+        artist.set_gid(None)
+    return svg

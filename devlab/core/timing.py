@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from devlab._helpers.figures import ensure_figure_formatter, figure_png
-from devlab._helpers.tracebacks import drop_frames
+from devlab._helpers.figures import figure_png, new_figure
+from devlab._helpers.tracebacks import devlab_file, drop_frames
 from devlab.core import placement_scope as scope
 from devlab.core.placement_scope import device_label
 from devlab.engine import simulated
@@ -260,7 +260,7 @@ def _drop_own_frames(err: BaseException) -> None:
     without this module's frames (a bare `raise` keeps the edited traceback on 3.11+)."""
     if not isinstance(err, DeviceMismatch):
         return
-    drop_frames(err, lambda filename: filename == __file__)
+    drop_frames(err, lambda filename: devlab_file(filename) == "core/timing.py")
 
 
 def _check_where(named: str, device: torch.device, ran: set[torch.device]) -> None:
@@ -420,12 +420,7 @@ def _quantiles(xs: Sequence[float]) -> tuple[float, float, float]:
 def _figure_and_axes(ax, size: tuple[float, float]):
     if ax is not None:
         return ax.figure, ax
-    from matplotlib.figure import Figure
-
-    # A bare Figure, not pyplot's: it is not shown a second time at the end of the cell, and
-    # is safe to draw from a widget's thread.
-    ensure_figure_formatter()
-    fig = Figure(figsize=size, dpi=100)
+    fig = new_figure(size, dpi=100)
     return fig, fig.add_subplot()
 
 

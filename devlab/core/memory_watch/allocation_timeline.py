@@ -6,7 +6,8 @@ line of the user's code behind it, drawn as stacked bands over time.
 allocator on a real GPU after `torch.cuda.memory._record_memory_history()`, or devlab's model
 of it on a simulated GPU. It returns an `AllocationTimeline`: `.data` (one `Allocation` per
 block), `.peak`, `.top_lines()`, `_repr_html_()` (a self-contained SVG and table: no script,
-no CDN, hover by SVG `<title>`), `plot()` (matplotlib) and `save_snapshot(path)` (the pickle
+no CDN, hover by SVG `<title>`), `plot()` (the same picture as a matplotlib `Figure`: both are
+drawn by `_draw` through devlab._helpers.figures) and `save_snapshot(path)` (the pickle
 pytorch.org/memory_viz opens).
 
 How the trace is read, as PyTorch's viewer (`MemoryViz.js`, "Active Memory Timeline") reads
@@ -33,73 +34,24 @@ import html
 import os
 import pickle
 import re
-import sys
-import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NamedTuple
 
 from devlab._helpers.sizes import format_bytes
+from devlab._helpers.tracebacks import CELL_FILE, is_user_file
 
 __all__ = ["timeline", "AllocationTimeline", "Allocation", "LineUsage", "Peak", "is_user_file",
            "MIN_BAND_FRACTION", "MAX_BANDS"]
 
-# -- which frame is the user's --------------------------------------------------------------
-
-# A notebook cell's code: IPython's `<ipython-input-3-1a2b3c>`, ipykernel's
-# `/tmp/ipykernel_123/456.py`, Colab's `/tmp/ipython-input-3-456.py`.
-_CELL = re.compile(r"(^<ipython-input-\d+-\w+>$)|(ipykernel_\d+/\d+\.py$)"
-                   r"|((^|/)ipython-input-\d+-\w+\.py$)")
-# The standard library anywhere (a snapshot may come from another machine):
-# .../lib/python3.11/..., .../lib64/python3.11t/..., ...\Lib\...
-_STDLIB = re.compile(r"/lib(64)?/python\d+(\.\d+)?t?/|^[A-Za-z]:/[^/]*python[^/]*/Lib/",
-                     re.IGNORECASE)
-
-
-@lru_cache(maxsize=1)
-def _library_dirs() -> tuple[str, ...]:
-    """This machine's directories of code that is not the user's: the standard library,
-    devlab and torch (a source checkout of torch is not under site-packages)."""
-    dirs = {os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))}  # devlab/
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            dirs.add(path)
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch, "__file__", None):
-        dirs.add(os.path.dirname(torch.__file__))
-    out = set()
-    for d in dirs:
-        out.add(os.path.normcase(os.path.abspath(d)))
-        out.add(os.path.normcase(os.path.realpath(d)))
-    return tuple(sorted(out))
-
-
-def is_user_file(filename: str) -> bool:
-    """Whether a frame's file is the user's code: a notebook cell, or a Python file that is
-    not part of torch, devlab, an installed package (site-packages, dist-packages) or the
-    standard library; code typed at Python's prompt (`<stdin>`) too. C++ frames (`.cpp`, `.h`, `??`) and generated code (`<string>`,
-    `<eval_with_key>.3`, `<frozen ...>`) are not."""
-    if not filename:
-        return False
-    name = filename.replace("\\", "/")
-    if _CELL.search(name) or name == "<stdin>":
-        return True
-    if name.startswith("<") or not name.endswith(".py"):
-        return False
-    if "/site-packages/" in name or "/dist-packages/" in name or _STDLIB.search(name):
-        return False
-    paths = {os.path.normcase(os.path.abspath(filename))}
-    paths.add(os.path.normcase(os.path.realpath(filename)))
-    return not any(p.startswith(d + os.sep) for p in paths for d in _library_dirs())
+# -- the user's line (whose frame it is: devlab._helpers.tracebacks.whose) -----------------
 
 
 def _short_file(filename: str) -> str:
     """A cell as IPython names it in tracebacks (`In[3]`) where the kernel knows it; a file
     under the working directory relative to it; else the path as recorded."""
     name = filename.replace("\\", "/")
-    if _CELL.search(name):
+    if CELL_FILE.search(name):
         number = None
         try:
             from IPython import get_ipython
@@ -197,37 +149,14 @@ class LineUsage(NamedTuple):
 # bands under a pixel wide, show only in the total's grey area.
 MIN_BAND_FRACTION = 0.005
 MAX_BANDS = 200
-# The SVG's step paths hold at most about this many corners; past it the x axis is drawn in
-# coarser columns (a 10,000-entry trace stays a few hundred KB).
+# The bands hold at most about this many corners; past it the x axis is drawn in coarser
+# columns (the SVG of a 10,000-entry trace stays a few hundred KB).
 _MAX_CORNERS = 16_000
 
 _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
             "#ff9da7", "#9c755f", "#86bcb6", "#d37295", "#a0cbe8", "#ffbe7d", "#8cd17d")
 _GREY = "#c8c8c8"
 _PEAK = "#d62728"
-
-
-def _nice_step(span: float, target: int = 5) -> float:
-    """A 1-2-5 step giving about `target` ticks over `span`."""
-    import math
-
-    if span <= 0:
-        return 1.0
-    raw = span / target
-    k = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 2.5, 5, 10):
-        if m * k >= raw:
-            return m * k
-    return 10 * k
-
-
-def _byte_ticks(top: int) -> list[int]:
-    """Ticks at round numbers of the unit `format_bytes` will show `top` in."""
-    unit = 1
-    while top >= unit * 1024 and unit < 1024**4:
-        unit *= 1024
-    step = max(1, int(_nice_step(top / unit) * unit))
-    return list(range(0, int(top) + 1, step))
 
 
 class AllocationTimeline:
@@ -404,122 +333,12 @@ class AllocationTimeline:
                 f"{self._table()}</div>")
 
     def _svg(self, width: int, height: int) -> str:
-        ml, mr, mt, mb = 64, 22, 24, 34
-        pw, ph = width - ml - mr, height - mt - mb
-        n = len(self._trace)
-        steps = n + 1  # x runs over [0, steps)
-        ticks_y = _byte_ticks(int(self.peak.bytes * 1.08) or 1)
-        ymax = max(ticks_y[-1], int(self.peak.bytes * 1.08), 1)
+        from devlab._helpers import figures
 
-        def Y(b: float) -> str:
-            return f"{mt + ph - b * ph / ymax:.1f}"
-
-        bands, _ = self._bands()
-        colors = self._colors([a.line for a, _, _ in bands])
-        columns = pw
-        while True:
-            body, corners = self._band_paths(bands, colors, steps, columns, ml, pw, Y)
-            if corners <= _MAX_CORNERS or columns <= 16:
-                break
-            columns //= 2
-        parts = [f"<svg width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
-                 "role='img' style='font:11px sans-serif;display:block'>",
-                 f"<title>{html.escape(self._peak_text())}</title>"]
-        # Axes and grid.
-        for t in ticks_y:
-            y = Y(t)
-            parts.append(f"<line x1='{ml}' x2='{ml + pw}' y1='{y}' y2='{y}' stroke='#e6e6e6'/>"
-                         f"<text x='{ml - 4}' y='{y}' dy='3.5' text-anchor='end'>"
-                         f"{html.escape(format_bytes(t))}</text>")
-        xstep = max(1, int(_nice_step(steps, 6)))
-        for t in range(0, steps + 1, xstep):
-            x = f"{ml + t * pw / steps:.1f}"
-            parts.append(f"<line x1='{x}' x2='{x}' y1='{mt + ph}' y2='{mt + ph + 4}' "
-                         f"stroke='#666'/><text x='{x}' y='{mt + ph + 15}' "
-                         f"text-anchor='middle'>{t}</text>")
-        parts.append(f"<text x='{ml + pw / 2:.0f}' y='{height - 4}' text-anchor='middle' "
-                     "fill='#444'>trace entries (step k: after the first k)</text>")
-        # The total, grey, behind the bands: the highest of each pixel column.
-        parts.append(self._total_path(steps, ml, pw, Y))
-        parts.extend(body)
-        parts.append(f"<line x1='{ml}' x2='{ml}' y1='{mt}' y2='{mt + ph}' stroke='#666'/>"
-                     f"<line x1='{ml}' x2='{ml + pw}' y1='{mt + ph}' y2='{mt + ph}' "
-                     "stroke='#666'/>")
-        # The peak.
-        px = f"{ml + self._peak_step * pw / steps:.1f}"
-        # The label stays inside the picture when the peak is near an edge.
-        anchor = ("start" if self._peak_step < steps * 0.1
-                  else "end" if self._peak_step > steps * 0.9 else "middle")
-        peak_tip = html.escape(f"{self._peak_text()}"
-                               + (f" ({self.peak.bytes:,} B)" if self.peak.bytes else ""))
-        parts.append(f"<g><title>{peak_tip}</title><line x1='{px}' x2='{px}' y1='{mt}' "
-                     f"y2='{mt + ph}' stroke='{_PEAK}' stroke-dasharray='5 3' "
-                     f"stroke-width='1.5'/><line x1='{ml}' x2='{ml + pw}' "
-                     f"y1='{Y(self.peak.bytes)}' y2='{Y(self.peak.bytes)}' stroke='{_PEAK}' "
-                     "stroke-dasharray='2 3' stroke-width='0.8'/>"
-                     f"<text x='{px}' y='{mt - 5}' text-anchor='{anchor}' fill='{_PEAK}'>peak "
-                     f"{html.escape(format_bytes(self.peak.bytes))}</text></g>")
-        for index, size, free in self.ooms:
-            x = ml + (index + 1) * pw / steps
-            tip = html.escape(f"out of memory at entry {index}: asked for {format_bytes(size)}, "
-                              f"{format_bytes(free)} free on the device")
-            parts.append(f"<path d='M{x - 5:.1f} {mt}h10l-5 8z' fill='{_PEAK}'>"
-                         f"<title>{tip}</title></path>")
-        parts.append("</svg>")
-        return "".join(parts)
-
-    def _band_paths(self, bands, colors, steps, columns, ml, pw, Y) -> tuple[list[str], int]:
-        def col(step: float) -> int:
-            return round(min(step, steps) * columns / steps)
-
-        def X(c: int) -> str:
-            return f"{ml + c * pw / columns:.1f}".removesuffix(".0")
-
-        out = []
-        total_corners = 0
-        for a, corners, end in bands:
-            c0, c1 = col(corners[0][0]), col(end)
-            if c1 <= c0:
-                continue  # under a pixel: in the grey total only
-            # The band's bottom as (column, offset) steps, the last offset of each column.
-            edge: list[tuple[int, int]] = []
-            for step, offset in corners:
-                c = max(col(step), c0)
-                if edge and edge[-1][0] == c:
-                    edge[-1] = (c, offset)
-                elif not edge or edge[-1][1] != offset:
-                    edge.append((c, offset))
-            # Along the bottom left to right, up, along the top right to left.
-            d = [f"M{X(c0)} {Y(edge[0][1])}"]
-            for c, offset in edge[1:]:
-                d.append(f"H{X(c)}V{Y(offset)}")
-            d.append(f"H{X(c1)}V{Y(edge[-1][1] + a.size)}")
-            for k in range(len(edge) - 1, 0, -1):
-                d.append(f"H{X(edge[k][0])}V{Y(edge[k - 1][1] + a.size)}")
-            d.append(f"H{X(c0)}Z")
-            total_corners += 2 * len(edge) + 2
-            out.append(f"<path d='{''.join(d)}' fill='{colors[a.line]}' stroke='#fff' "
-                       f"stroke-width='0.4'><title>{html.escape(_tooltip(a))}</title></path>")
-        return out, total_corners
-
-    def _total_path(self, steps: int, ml: int, pw: int, Y) -> str:
-        columns = min(pw, steps)
-        highest = [0] * columns
-        for k, b in enumerate(self.allocated):
-            c = min(columns - 1, k * columns // steps)
-            highest[c] = max(highest[c], b)
-        d = [f"M{ml} {Y(0)}"]
-        prev = None
-        for c, b in enumerate(highest):
-            if b != prev:
-                d.append(f"H{ml + c * pw / columns:.1f}V{Y(b)}")
-                prev = b
-        d.append(f"H{ml + pw}V{Y(0)}Z")
-        threshold = format_bytes(self.peak.bytes * MIN_BAND_FRACTION)
-        tip = ("all allocated bytes; grey where no band is drawn: blocks under "
-               f"{threshold} (0.5 % of the peak), past the {MAX_BANDS} drawn, or under a "
-               "pixel wide")
-        return f"<path d='{''.join(d)}' fill='{_GREY}'><title>{html.escape(tip)}</title></path>"
+        with figures.svg_figure(width, height) as fig:
+            ax = fig.add_axes((64 / width, 34 / height, 1 - 86 / width, 1 - 58 / height))
+            tips = self._draw(ax, legend=False)  # hover says what the legend would
+            return figures.svg_markup(fig, tips, title=self._peak_text())
 
     def _table(self) -> str:
         usage = self.top_lines("peak", 10)
@@ -537,49 +356,140 @@ class AllocationTimeline:
         return (f"<table class='devlab-top-lines' style='font-size:12px'><thead><tr>{head}"
                 f"</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
-    # -- matplotlib --------------------------------------------------------------------------
+    # -- the drawing (one for the HTML's SVG and for plot()) ---------------------------------
 
     def plot(self, ax=None, size: tuple[float, float] = (8.0, 3.2), dpi: float = 90):
         """The timeline as a matplotlib `Figure` (drawn on `ax` if given): the total in grey,
-        the bands over it colored by line, the peak dashed."""
-        from matplotlib.ticker import FixedLocator, FuncFormatter
-
-        from devlab._helpers.figures import ensure_figure_formatter
-
+        the bands over it colored by line, the peak dashed; the picture the HTML form shows."""
         if ax is None:
-            from matplotlib.figure import Figure
+            from devlab._helpers.figures import new_figure
 
-            ensure_figure_formatter()
-            fig = Figure(figsize=size, dpi=dpi)
+            fig = new_figure(size, dpi)
             ax = fig.add_subplot()
-            fig.subplots_adjust(left=0.12, right=0.98, bottom=0.16, top=0.9)
-        fig = ax.figure
-        steps = len(self._trace) + 1
-        xs = list(range(steps + 1))
-        ax.fill_between(xs, [*self.allocated, self.allocated[-1]], step="post", color=_GREY,
-                        lw=0, label="all allocations")
+            fig.subplots_adjust(left=0.12, right=0.98, bottom=0.16, top=0.84)
+        ax.set_title(f"Allocation timeline, device {self.device}: {self._peak_text()}",
+                     fontsize=10, pad=14)
+        self._draw(ax, legend=True)
+        return ax.figure
+
+    def _draw(self, ax, legend: bool) -> dict:
+        """Draw the timeline on `ax` at its width in pixels; the hover text of what it drew."""
+        import numpy as np
+        from matplotlib.collections import PolyCollection
+        from matplotlib.patches import Polygon
+
+        from devlab._helpers.figures import byte_axis, nice_ticks
+
+        steps = len(self._trace) + 1  # x runs over [0, steps)
+        top = int(self.peak.bytes * 1.08) or 1
+        pixels = max(16, int(ax.bbox.width))
+        tips: dict = {}
+        threshold = format_bytes(self.peak.bytes * MIN_BAND_FRACTION)
+        # add_artist, not add_patch: the limits are set below, and fitting them to each band
+        # would cost more than drawing it.
+        total = Polygon(np.asarray(self._total_corners(steps, min(pixels, steps)), float),
+                        closed=True, facecolor=_GREY, lw=0, label="all allocations",
+                        clip_on=False, joinstyle="round")
+        ax.add_artist(total)
+        tips[total] = [("all allocated bytes; grey where no band is drawn: blocks under "
+                        f"{threshold} (0.5 % of the peak), past the {MAX_BANDS} drawn, or under "
+                        "a pixel wide")]
         bands, _ = self._bands()
         colors = self._colors([a.line for a, _, _ in bands])
-        for a, corners, end in bands:
-            x, lo = [], []
-            for (s, off), nxt in zip(corners, [*corners[1:], (end, None)], strict=True):
-                x += [s, nxt[0]]
-                lo += [off, off]
-            ax.fill_between(x, lo, [v + a.size for v in lo], color=colors[a.line], lw=0.3,
-                            edgecolor="white")
-        ax.axvline(self._peak_step, color=_PEAK, ls="--", lw=1.2,
-                   label=f"peak {format_bytes(self.peak.bytes)}")
-        top = int(self.peak.bytes * 1.08) or 1
-        ticks = _byte_ticks(top)
-        ax.set_ylim(0, max(top, ticks[-1]))
-        ax.yaxis.set_major_locator(FixedLocator(ticks))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
+        columns = pixels
+        while True:
+            polygons, corners = self._band_corners(bands, steps, columns)
+            if corners <= _MAX_CORNERS or columns <= 16:
+                break
+            columns //= 2
+        if polygons:  # one collection: an artist per band would cost more than the drawing
+            drawn = PolyCollection([np.asarray(c, float) for _, c in polygons],
+                                   facecolors=[colors[a.line] for a, _ in polygons],
+                                   edgecolors="#fff", linewidths=0.4, clip_on=False,
+                                   joinstyle="round")
+            ax.add_collection(drawn, autolim=False)
+            tips[drawn] = [_tooltip(a) for a, _ in polygons]
+        peak = format_bytes(self.peak.bytes)
+        line = ax.axvline(self._peak_step, color=_PEAK, ls=(0, (5, 3)), lw=1.5,
+                          label=f"peak {peak}", clip_on=False)
+        tips[line] = (f"{self._peak_text()}"
+                      + (f" ({self.peak.bytes:,} B)" if self.peak.bytes else ""))
+        ax.axhline(self.peak.bytes, color=_PEAK, ls=(0, (2, 3)), lw=0.8, clip_on=False)
+        # The label stays inside the picture when the peak is near an edge.
+        where = self._peak_step / steps
+        ax.annotate(f"peak {peak}", (self._peak_step, 1), xycoords=("data", "axes fraction"),
+                    xytext=(0, 4), textcoords="offset points", color=_PEAK, fontsize=9,
+                    ha="left" if where < 0.1 else "right" if where > 0.9 else "center")
+        for index, size, free in self.ooms:
+            mark = ax.plot([index + 1], [1], marker="v", ms=7, color=_PEAK, ls="",
+                           transform=ax.get_xaxis_transform(), clip_on=False)[0]
+            tips[mark] = [f"out of memory at entry {index}: asked for {format_bytes(size)}, "
+                          f"{format_bytes(free)} free on the device"]
+        ax.set_ylim(0, top)
+        byte_axis(ax.yaxis, top)
         ax.set_xlim(0, steps)
-        ax.set_xlabel("trace entries")
-        ax.set_title(f"Allocation timeline, device {self.device}: {self._peak_text()}",
-                     fontsize=10)
-        ax.legend(loc="upper left", fontsize=8)
-        return fig
+        ax.set_xticks(nice_ticks(0, steps, 6, integer=True))
+        ax.grid(True, axis="y", color="#e6e6e6", lw=0.8, clip_on=False)
+        ax.tick_params(axis="y", length=0)  # the grid marks them
+        ax.set_axisbelow(True)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+        ax.set_xlabel("trace entries (step k: after the first k)", fontsize=9, color="#444")
+        if legend:
+            ax.legend(loc="upper left", fontsize=8)
+        return tips
+
+    def _total_corners(self, steps: int, columns: int) -> list[tuple[float, float]]:
+        """The total's outline: the highest of each column, so a short spike still shows."""
+        highest = [0] * columns
+        for k, b in enumerate(self.allocated):
+            c = min(columns - 1, k * columns // steps)
+            highest[c] = max(highest[c], b)
+        out: list[tuple[float, float]] = [(0, 0)]
+        prev = 0
+        for c, b in enumerate(highest):
+            if b != prev:
+                x = c * steps / columns
+                out += [(x, prev), (x, b)]
+                prev = b
+        return [*out, (steps, prev), (steps, 0)]
+
+    def _band_corners(self, bands, steps: int, columns: int
+                      ) -> tuple[list[tuple[Allocation, list[tuple[float, float]]]], int]:
+        """Each band's outline at `columns` columns over the x axis (a band under a column
+        wide is left to the grey total), and how many corners they have together."""
+        def col(step: float) -> int:
+            return round(min(step, steps) * columns / steps)
+
+        def X(c: int) -> float:
+            return c * steps / columns
+
+        out = []
+        total_corners = 0
+        for a, corners, end in bands:
+            c0, c1 = col(corners[0][0]), col(end)
+            if c1 <= c0:
+                continue  # under a pixel: in the grey total only
+            # The band's bottom as (column, offset) steps, the last offset of each column.
+            edge: list[tuple[int, int]] = []
+            for step, offset in corners:
+                c = max(col(step), c0)
+                if edge and edge[-1][0] == c:
+                    edge[-1] = (c, offset)
+                elif not edge or edge[-1][1] != offset:
+                    edge.append((c, offset))
+            # Along the bottom left to right, up, along the top right to left.
+            poly = [(X(c0), edge[0][1])]
+            for c, offset in edge[1:]:
+                poly += [(X(c), poly[-1][1]), (X(c), offset)]
+            poly += [(X(c1), edge[-1][1]), (X(c1), edge[-1][1] + a.size)]
+            for k in range(len(edge) - 1, 0, -1):
+                poly += [(X(edge[k][0]), edge[k][1] + a.size),
+                         (X(edge[k][0]), edge[k - 1][1] + a.size)]
+            poly.append((X(c0), edge[0][1] + a.size))
+            total_corners += 2 * len(edge) + 2
+            out.append((a, poly))
+        return out, total_corners
 
 
 def _tooltip(a: Allocation) -> str:

@@ -6,7 +6,7 @@ and `devlab.widgets.MemoryMonitor` redraws it live.
 
 from __future__ import annotations
 
-from devlab._helpers.figures import ensure_figure_formatter, figure_png
+from devlab._helpers.figures import figure_png, new_figure
 from devlab.core.memory_watch.readers import MemoryReading
 
 __all__ = ["MemoryChart"]
@@ -44,10 +44,7 @@ class MemoryChart:
                  show_limit: bool = True, max_points: int = 600, title: str | None = None,
                  live: bool = False) -> None:
         if ax is None:
-            from matplotlib.figure import Figure
-
-            ensure_figure_formatter()
-            self.fig = Figure(figsize=size, dpi=dpi)
+            self.fig = new_figure(size, dpi)
             self.ax = self.fig.add_subplot()
             # Fixed margins rather than tight_layout, which costs a second render.
             self.fig.subplots_adjust(left=0.11, right=0.98, bottom=0.17, top=0.9)

@@ -35,15 +35,13 @@ import types
 from pathlib import Path
 from typing import Any
 
+from devlab._helpers.tracebacks import devlab_file
 from devlab.engine import simulated
 
 # A spawned rank: a fresh interpreter with the parent's module path, started with this code
 # and the run directory and rank as its arguments.
 _SPAWN = ("import sys; sys.path[:] = {path!r}; from devlab.core.ranks.rank_process import _spawned_rank; "
           "_spawned_rank(sys.argv[1], int(sys.argv[2]))")
-
-# The folder of devlab's launcher (this package): a frame there is not the user's.
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
 
@@ -54,8 +52,8 @@ def _rank_file(run_dir: str | Path, rank: int, kind: str) -> Path:
 
 
 def _in_launcher(filename: str) -> bool:
-    """Whether a frame's file is one of devlab's launcher (this package's modules)."""
-    return os.path.dirname(os.path.abspath(filename)) == _PACKAGE
+    """Whether a frame's file is one of devlab's launcher (devlab/core/ranks/'s modules)."""
+    return (devlab_file(filename) or "").startswith("core/ranks/")
 
 
 def _dumps(obj: Any) -> bytes:

@@ -17,18 +17,17 @@ from typing import Any, TypeVar
 
 import torch
 
-from devlab._helpers.tracebacks import drop_frames
+from devlab._helpers.tracebacks import devlab_file, drop_frames
 from devlab.engine.gpu_model.allocator import OutOfMemory
 from devlab.engine.simulated.base.session import DeviceState
 
 _USER_ERROR = "_devlab_user_error"
-# The simulation's own files: devlab/engine/simulated/ and its sub-packages.
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep
 
 
 def _own(filename: str) -> bool:
-    """Whether `filename` is one of the simulation's own files."""
-    return filename.startswith(_PACKAGE_DIR)
+    """Whether `filename` is one of the simulation's own files (devlab/engine/simulated/ and
+    its sub-packages)."""
+    return (devlab_file(filename) or "").startswith("engine/simulated/")
 
 _E = TypeVar("_E", bound=BaseException)
 _F = TypeVar("_F", bound=Callable[..., Any])

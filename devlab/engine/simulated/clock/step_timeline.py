@@ -15,14 +15,13 @@ Per GPU the numbers add up by construction: the communication is the part hidden
 communication + `idle` (neither stream busy: the host still launching, or waiting for another
 rank). In a distributed run each rank records its own GPU; `Timeline.merge` puts the ranks'
 timelines together (their clocks agree at every collective). Pure data once recorded, so a rank
-can return it to the notebook; shown as text or as a self-contained SVG (hover by `<title>`, no
-script).
+can return it to the notebook; shown as text or as a self-contained SVG drawn by matplotlib
+(devlab.figures: hover by `<title>`, no script).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable, Sequence
 from html import escape
 from typing import Any, NamedTuple
@@ -207,43 +206,35 @@ class Timeline:
                 f"<ul style='margin:2px 0'>{items}</ul><i>{foot}</i></div>")
 
     def _svg(self, width: int) -> str:
+        from matplotlib.collections import PolyCollection
+
+        from devlab._helpers import figures
+
         devices = self.devices()
         ml, mr, mt, lane, gap = 118, 14, 8, 18, 10
         pw = width - ml - mr
-        height = mt + len(devices) * (2 * lane + gap) + 40
+        rows = len(devices) * (2 * lane + gap)
+        height = mt + rows + 40
         span = self.seconds or 1e-9
 
-        def X(t: float) -> float:
-            return ml + (t - self.start) * pw / span
+        def X(t: float) -> float:  # pixels from the plot's left
+            return (t - self.start) * pw / span
 
-        parts = [f"<svg width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
-                 "role='img' style='font:11px sans-serif;display:block'>",
-                 f"<title>{escape(f'Step timeline, {_ms(self.seconds)}, modeled')}</title>",
-                 "<defs><pattern id='devlab-wait' width='6' height='6' patternUnits="
-                 "'userSpaceOnUse' patternTransform='rotate(45)'><rect width='3' height='6' "
-                 f"fill='{_COLORS[WAIT_RANKS]}'/></pattern></defs>"]
-        bottom = height - 30
-        step = _nice_step(span * 1e3)
-        for k in range(int(span * 1e3 / step) + 1):
-            x = ml + k * step * 1e-3 * pw / span
-            parts.append(f"<line x1='{x:.1f}' x2='{x:.1f}' y1='{mt}' y2='{bottom + 4}' "
-                         f"stroke='#e6e6e6'/><text x='{x:.1f}' y='{bottom + 15}' "
-                         f"text-anchor='middle'>{k * step:g}</text>")
-        parts.append(f"<text x='{ml + pw / 2:.0f}' y='{height - 3}' text-anchor='middle' "
-                     "fill='#444'>modeled ms from the step's start</text>")
+        solid: list = []  # (rectangle, color, hover text), one list per kind of fill
+        waits: list = []
+        marks: list = []
+        labels: list[tuple[float, str]] = []
         for row, d in enumerate(devices):
-            y0 = mt + row * (2 * lane + gap)
+            y0 = row * (2 * lane + gap)
             for k, (stream, label) in enumerate(((COMPUTE, f"GPU:{d} compute"),
                                                  (COMM, f"GPU:{d} NCCL"))):
                 y = y0 + k * lane
-                parts.append(f"<text x='{ml - 6}' y='{y + lane / 2 + 4:.1f}' "
-                             f"text-anchor='end'>{escape(label)}</text>")
+                labels.append((y + lane / 2, label))
                 mine = [s for s in self.spans if s.device == d and s.stream == stream]
                 for x0, x1, kind, tip in _blocks(mine, X, self.start):
-                    fill = "url(#devlab-wait)" if kind in (WAIT_RANKS, WAIT_COMM) else _COLORS[kind]
-                    parts.append(f"<rect x='{x0:.2f}' y='{y + 2}' width='{max(x1 - x0, 0.6):.2f}'"
-                                 f" height='{lane - 4}' fill='{fill}'><title>{escape(tip)}"
-                                 "</title></rect>")
+                    box = _box(x0, max(x1 - x0, 0.6), y + 2, lane - 4)
+                    (waits if kind in _WAITS else solid).append(
+                        (box, _COLORS.get(kind, _OTHER), tip))
             # Under the NCCL lane: which part of the communication compute hid (green) and
             # which it did not (red).
             compute = _union((s.start, s.end) for s in self.spans
@@ -252,27 +243,51 @@ class Timeline:
                 if s.device != d or s.kind != COLLECTIVE:
                     continue
                 for a, b, hidden in _split(s.start, s.end, compute):
-                    parts.append(f"<rect x='{X(a):.2f}' y='{y0 + 2 * lane - 1}' "
-                                 f"width='{max(X(b) - X(a), 0.6):.2f}' height='3' "
-                                 f"fill='{'#59a14f' if hidden else '#d62728'}'><title>"
-                                 f"{escape('hidden behind compute' if hidden else 'exposed')}"
-                                 f" {escape(_ms(b - a))}</title></rect>")
-        parts.append(f"<line x1='{ml}' x2='{ml + pw}' y1='{bottom}' y2='{bottom}' "
-                     "stroke='#666'/></svg>")
-        return "".join(parts)
+                    marks.append((_box(X(a), max(X(b) - X(a), 0.6), y0 + 2 * lane - 1, 3),
+                                  "#59a14f" if hidden else "#d62728",
+                                  f"{'hidden behind compute' if hidden else 'exposed'} "
+                                  f"{_ms(b - a)}"))
+        with figures.svg_figure(width, height) as fig:
+            ax = fig.add_axes((ml / width, 30 / height, pw / width, rows / height))
+            tips = {}
+            for items, hatch in ((solid, None), (waits, "////"), (marks, None)):
+                if not items:
+                    continue
+                colors = [c for _, c, _ in items]
+                # One collection per kind of fill: an artist per block would cost more than
+                # the drawing. Hatched: the lines in the block's color on white.
+                drawn = PolyCollection(
+                    [r for r, _, _ in items], clip_on=False, linewidths=0, hatch=hatch,
+                    facecolors="#fff" if hatch else colors,
+                    edgecolors=colors if hatch else "none")
+                ax.add_collection(drawn, autolim=False)
+                tips[drawn] = [t for _, _, t in items]
+            ax.set_xlim(0, pw)
+            ax.set_ylim(rows, 0)
+            ms = span * 1e3
+            ticks = figures.nice_ticks(0, ms, 6)
+            ax.set_xticks([t * pw / ms for t in ticks], [f"{t:g}" for t in ticks])
+            ax.set_yticks([y for y, _ in labels], [label for _, label in labels])
+            ax.tick_params(axis="y", length=0)
+            ax.grid(True, axis="x", color="#e6e6e6", lw=0.8, clip_on=False)
+            ax.set_axisbelow(True)
+            for side in ("top", "right", "left"):
+                ax.spines[side].set_visible(False)
+            ax.set_xlabel("modeled ms from the step's start", fontsize=10, color="#444")
+            return figures.svg_markup(fig, tips,
+                                      title=f"Step timeline, {_ms(self.seconds)}, modeled")
 
 
+# Kinds drawn hatched: a stream waiting (for the slowest rank, for a collective). A kind the
+# clock adds later is drawn solid, in its color here or grey.
+_WAITS = {WAIT_RANKS, WAIT_COMM}
 _COLORS = {KERNEL: "#4e79a7", COPY_SPAN: "#76b7b2", COLLECTIVE: "#f28e2b",
            WAIT_RANKS: "#bbbbbb", WAIT_COMM: "#bbbbbb"}
+_OTHER = "#bbbbbb"
 
 
-def _nice_step(span: float, target: int = 6) -> float:
-    """A 1-2-5 tick step giving about `target` ticks over `span`."""
-    if span <= 0:
-        return 1.0
-    raw = span / target
-    k = 10 ** math.floor(math.log10(raw))
-    return next(m * k for m in (1, 2, 5, 10) if m * k >= raw)
+def _box(x: float, w: float, y: float, h: float) -> list[tuple[float, float]]:
+    return [(x, y), (x + w, y), (x + w, y + h), (x, y + h)]
 
 
 def _blocks(spans: list[Span], X: Callable[[float], float],

@@ -190,14 +190,9 @@ class ExerciseResult:
 
     def plot(self) -> Any:
         """A matplotlib `Figure` of the result (shown as an image when it is a cell's value)."""
-        from matplotlib.figure import Figure
+        from devlab._helpers.figures import new_figure
 
-        from devlab._helpers.figures import ensure_figure_formatter
-
-        # A bare Figure rather than pyplot's: it is shown once, as the cell's value, and
-        # never leaks into a later cell's output.
-        ensure_figure_formatter()
-        fig = Figure(figsize=(7, 3.6), dpi=100)
+        fig = new_figure((7, 3.6), dpi=100)
         self._draw(fig)
         if self.modeled:
             fig.text(0.01, 0.01, f"GPU times modeled from {self.modeled} specifications, "

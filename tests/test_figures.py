@@ -1,0 +1,94 @@
+"""devlab._helpers.figures: matplotlib's SVG as an HTML output (hover text, self-contained, compact)
+and the one tick rule."""
+
+from __future__ import annotations
+
+import math
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+from matplotlib.collections import PolyCollection
+from matplotlib.patches import Rectangle
+
+from devlab._helpers import figures
+from devlab._helpers.sizes import format_bytes
+
+MiB = 1 << 20
+
+
+def _svg(tips_for):
+    with figures.svg_figure(300, 120) as fig:
+        ax = fig.add_axes((0.1, 0.2, 0.85, 0.7))
+        box = Rectangle((1, 1), 2, 1, color="#4e79a7", clip_on=False)
+        ax.add_artist(box)
+        boxes = PolyCollection([[(4, 0), (5, 0), (5, 2), (4, 2)], [(6, 0), (7, 0), (7, 1), (6, 1)]],
+                               facecolors=["#f28e2b", "#59a14f"], clip_on=False)
+        ax.add_collection(boxes, autolim=False)
+        ax.set_xlim(0, 8)
+        ax.set_ylim(0, 3)
+        return figures.svg_markup(fig, tips_for(box, boxes), title="the whole picture")
+
+
+def test_hover_text_per_artist_and_per_collection_item():
+    svg = _svg(lambda box, boxes: {box: "one <box>", boxes: ["first", "second"]})
+    root = ET.fromstring(svg)
+    assert root.tag == "svg" and root.get("width") == "300" and root.get("height") == "120"
+    assert root.find("title").text == "the whole picture"
+    # The patch's group holds its title; each item of the collection its own.
+    group = next(g for g in root.iter("g") if g.get("class") == "devlab-tip")
+    assert group.find("title").text == "one <box>" and group.find("path") is not None
+    items = [p for p in root.iter("path") if p.find("title") is not None]
+    assert [p.find("title").text for p in items] == ["first", "second"]
+    assert ["#f28e2b" in p.get("style") for p in items] == [True, False]
+
+
+def test_the_markup_is_self_contained_and_compact():
+    svg = _svg(lambda box, boxes: {box: "a", boxes: ["b", "c"]})
+    assert not re.search(r"<script|<style|<link|<use|href=|url\(|http|<\?xml|<!DOCTYPE", svg)
+    assert "id=" not in svg  # no ids to collide with another figure's on the page
+    assert "<g>" not in svg  # groups without attributes are gone
+    assert "font-family" not in svg[svg.index(">"):]  # set once, on the <svg> element
+    numbers = re.findall(r'\sd="([^"]*)"', svg)
+    assert numbers and all(not re.search(r"\.\d\d", d) for d in numbers)  # to 0.1 px
+    # The collection's second item: x 6..7 of 0..8 over 85 % of 300 px from 30 px.
+    items = re.findall(r'<path d="([^"]*)" style="fill:#59a14f', svg)
+    assert items
+    x0 = 30 + 6 / 8 * 255
+    assert items[0].startswith(f"M{round(x0, 1):g} ")
+    assert "H" in items[0] and "V" in items[0]
+
+
+def test_the_artists_keep_no_gid():
+    kept = {}
+
+    def tips(box, boxes):
+        kept["artists"] = (box, boxes)
+        return {box: "a", boxes: ["b", "c"]}
+
+    _svg(tips)
+    assert all(a.get_gid() is None for a in kept["artists"])
+
+
+@pytest.mark.parametrize(("lo", "hi", "target"), [(0, 190, 5), (0, 10_001, 6), (0, 0.011, 6),
+                                                   (0, 7, 5)])
+def test_ticks_are_matplotlibs_rule_inside_the_range(lo, hi, target):
+    from matplotlib.ticker import MaxNLocator
+
+    ticks = figures.nice_ticks(lo, hi, target)
+    assert ticks[0] >= lo and ticks[-1] <= hi * (1 + 1e-9)
+    expected = MaxNLocator(nbins=target, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
+    assert ticks == [t for t in expected if lo <= t <= hi * (1 + 1e-9)]
+    steps = {round(b - a, 12) for a, b in zip(ticks, ticks[1:], strict=False)}
+    assert len(steps) == 1
+    mantissa = steps.pop() / 10 ** math.floor(math.log10(ticks[1]))
+    assert any(abs(mantissa - m) < 1e-9 for m in (1, 2, 2.5, 5, 10))
+
+
+def test_byte_ticks_are_round_in_the_unit_shown():
+    ticks = figures.ticks_in_unit(190 * MiB)
+    assert ticks == [0, 50 * MiB, 100 * MiB, 150 * MiB]
+    assert [format_bytes(t) for t in ticks][:2] == ["0 B", "50.0 MiB"]
+    assert figures.ticks_in_unit(900) == [0, 200, 400, 600, 800]
+    assert [format_bytes(t) for t in figures.ticks_in_unit(12 << 30)] == [
+        "0 B", "2.5 GiB", "5.0 GiB", "7.5 GiB", "10.0 GiB"]
