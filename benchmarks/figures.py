@@ -62,7 +62,7 @@ def step_timeline():
 
 
 def cases() -> dict:
-    from devlab.memory import timeline
+    from devlab.core.memory_watch import timeline
 
     return {"memory timeline, 12 entries": timeline(memory_trace(12)),
             "memory timeline, 10,000 entries": timeline(memory_trace(10_000)),

@@ -16,7 +16,7 @@ communication + `idle` (neither stream busy: the host still launching, or waitin
 rank). In a distributed run each rank records its own GPU; `Timeline.merge` puts the ranks'
 timelines together (their clocks agree at every collective). Pure data once recorded, so a rank
 can return it to the notebook; shown as text or as a self-contained SVG drawn by matplotlib
-(devlab.figures: hover by `<title>`, no script).
+(devlab._helpers.figures: hover by `<title>`, no script).
 """
 
 from __future__ import annotations
