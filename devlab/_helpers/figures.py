@@ -7,7 +7,7 @@ or as inline SVG with hover text; and the one tick rule every axis uses.
 - `figure_png(fig)`: PNG bytes (Agg).
 - `svg_figure(width, height)` and `svg_markup(fig, tips)`: a figure sized in CSS pixels and its
   SVG as one self-contained `<svg>` element for an HTML output, each artist of `tips` showing
-  its text on hover (see Note [Hover text in matplotlib's SVG]).
+  its text on hover (See Note [Hover text in matplotlib's SVG]).
 - `nice_ticks` / `ticks_in_unit` / `byte_axis`: ticks at 1-2-2.5-5 steps (matplotlib's own
   `MaxNLocator` rule), bytes at round numbers of the unit `format_bytes` shows.
 """
@@ -274,7 +274,7 @@ def svg_markup(fig, tips: Mapping[Any, str | Sequence[str]] | None = None,
     """`fig` as one `<svg>` element to put in an HTML output: self-contained (no script, no
     stylesheet, no link), each artist of `tips` showing its text on hover (a list of texts:
     one for each element the artist draws, as a collection's items), `title` for the whole
-    picture (see Note [Hover text in matplotlib's SVG])."""
+    picture (See Note [Hover text in matplotlib's SVG])."""
     import matplotlib
 
     tips = tips or {}

@@ -172,7 +172,7 @@ CALIBRATION["TITAN-RTX"] = Calibration(
 
 @dataclass(frozen=True)
 class DatasheetRule:
-    """The rule's constants (Note [The datasheet rule]), fitted on the measured boards."""
+    """The rule's constants (See Note [The datasheet rule]), fitted on the measured boards."""
 
     power_ceiling: tuple[float, float]  # FP32 fraction with power to spare: 16, 32 lanes
     gflops_per_watt: float  # what a board watt sustains on a 12 nm process
