@@ -99,10 +99,40 @@ class AfterTorch:
         self.ran = True
         if self in sys.meta_path:
             sys.meta_path = [f for f in sys.meta_path if f is not self]
-        self.then()
+        try:
+            self.then()
+        except KeyboardInterrupt:
+            # Ctrl-C while devlab starts: raised from here, it would fail torch's import, which
+            # drops the executed torch from sys.modules (the next `import torch` runs it again,
+            # with its C++ half already loaded). torch stays imported; the interrupt is raised
+            # again in the main thread, where it came from, once importlib has finished with
+            # torch (a pending interrupt any sooner lands in importlib's own bytecode, which
+            # drops torch all the same).
+            print(f"devlab: interrupted while starting the simulated GPUs ({VARIABLE}): they "
+                  "did not start; `import devlab` starts them.", file=sys.stderr)
+            _interrupt_when_imported("torch")
 
     def invalidate_caches(self) -> None:
         """Nothing cached (importlib.invalidate_caches calls this on every finder)."""
+
+
+def _interrupt_when_imported(name: str, limit: float = 10.0) -> None:
+    """Raise KeyboardInterrupt in the main thread once module `name` is no longer being
+    imported (or after `limit` seconds), from a thread of its own."""
+    import _thread
+    import threading
+    import time
+
+    def wait() -> None:
+        end = time.monotonic() + limit
+        while time.monotonic() < end:
+            spec = getattr(sys.modules.get(name), "__spec__", None)
+            if not getattr(spec, "_initializing", False):
+                break
+            time.sleep(0.001)
+        _thread.interrupt_main()
+
+    threading.Thread(target=wait, name="devlab-reraise-interrupt", daemon=True).start()
 
 
 _finder = AfterTorch(_start)

@@ -165,3 +165,30 @@ def test_torch_imported_by_a_sitecustomize_first(tmp_path: Path) -> None:
     out = _run(["-c", "import sys; assert 'torch' in sys.modules\n" + REPORT], tmp_path,
                {"sitecustomize.py": "import torch\n"})
     assert SIMULATED in out, out
+
+
+def test_an_interrupt_while_devlab_starts_leaves_torch_imported_once(tmp_path: Path) -> None:
+    # A stand-in torch that counts its executions; `then` is interrupted, as Ctrl-C during
+    # devlab's start-up would be.
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(
+        "import builtins\nbuiltins.EXECUTED = getattr(builtins, 'EXECUTED', 0) + 1\n")
+    program = (
+        "import builtins, sys, time\n"
+        "import _devlab_autostart as hook\n"
+        "def then():\n    raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, hook.AfterTorch(then))\n"
+        "try:\n"
+        "    import torch\n"
+        "    for _ in range(500):\n        time.sleep(0.01)\n"
+        "    print('not interrupted')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted, torch imported', 'torch' in sys.modules)\n"
+        "import torch\n"
+        "print('executed', builtins.EXECUTED)\n")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVLAB_")}
+    environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(tmp_path)])
+    out = subprocess.run([sys.executable, "-S", "-c", program], env=environ, text=True,
+                         capture_output=True, timeout=60)
+    assert "interrupted, torch imported True\nexecuted 1\n" in out.stdout, out.stdout + out.stderr
+    assert "devlab: interrupted while starting the simulated GPUs" in out.stderr, out.stderr
