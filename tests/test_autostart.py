@@ -106,7 +106,8 @@ def _run(args: list[str], tmp_path: Path, files: dict[str, str] | None = None,
         (tmp_path / name).write_text(text)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVLAB_")}
     environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.pop("PYTHONPATH", str(tmp_path))])
-    environ.update(DEVLAB_SIMULATE_GPUS="1", **env)
+    environ["DEVLAB_SIMULATE_GPUS"] = "1"
+    environ.update(env)
     out = subprocess.run([sys.executable, *args], env=environ, cwd=tmp_path, text=True,
                          capture_output=True, timeout=timeout)
     return out.stdout + out.stderr
@@ -192,3 +193,24 @@ def test_an_interrupt_while_devlab_starts_leaves_torch_imported_once(tmp_path: P
                          capture_output=True, timeout=60)
     assert "interrupted, torch imported True\nexecuted 1\n" in out.stdout, out.stdout + out.stderr
     assert "devlab: interrupted while starting the simulated GPUs" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(("visible", "seen"), [
+    (None, 4), ("1", 1), ("3,1", 2), ("", 0), ("-1", 0), ("0,4,1", 1), ("2,2", 1), ("0, 1", 2),
+    ("GPU-8a1b", 0),
+])
+def test_cuda_visible_devices_hides_simulated_gpus_as_cuda_reads_it(visible: str | None,
+                                                                     seen: int) -> None:
+    from devlab.config import _cuda_visible
+
+    assert _cuda_visible(4, visible) == seen
+
+
+def test_cuda_visible_devices_set_inside_the_program_before_torch(tmp_path: Path) -> None:
+    program = ("import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '1'\n"
+               "import torch\nprint('count', torch.cuda.device_count())\n" + REPORT)
+    out = _run(["-c", program], tmp_path, DEVLAB_SIMULATE_GPUS="2")
+    assert "count 1\n" + SIMULATED in out, out
+    out = _run(["-c", "import torch; print('available', torch.cuda.is_available())"], tmp_path,
+               DEVLAB_SIMULATE_GPUS="2", CUDA_VISIBLE_DEVICES="")
+    assert "available False" in out, out
