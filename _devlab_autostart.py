@@ -12,6 +12,12 @@ for real GPUs, and every process it starts (torch.multiprocessing.spawn, multipr
 spawn, fork or forkserver, torchrun's workers, DataLoader workers), sees the simulated GPUs:
 the way coverage.py measures subprocesses. A process that never imports torch pays for
 compiling nothing and importing nothing but this small module (`python -X importtime`).
+
+site runs the .pth lines before `sitecustomize`, so a sitecustomize that imports torch finds
+the hook waiting; where torch was imported before the hook (a user-site .pth, an embedder
+that imports it before site runs), `install` starts the simulation at once. What no hook can
+see is a process whose site never ran the line (`python -S`, an embedder without site) or
+one that sets the variable itself after start-up: there `import devlab` starts the GPUs.
 """
 
 import os
