@@ -5,12 +5,19 @@ pip installs `devlab-autostart.pth` into site-packages with devlab (regular and 
 installs); Python runs its one line at start-up, which imports this module only when the
 variable is set, so other processes pay for a look at os.environ and nothing more. This
 module imports nothing itself (`os` and `sys` are loaded at start-up already; its type hints
-are never evaluated): it waits for the program's own `import torch`, then imports devlab,
+are never evaluated): it waits for torch's module to be executed, however the program reaches it
+(Note [Every spec for torch]), then imports devlab,
 which starts the simulation (`devlab.config.simulate_from_environment`). So a script written
 for real GPUs, and every process it starts (torch.multiprocessing.spawn, multiprocessing with
 spawn, fork or forkserver, torchrun's workers, DataLoader workers), sees the simulated GPUs:
 the way coverage.py measures subprocesses. A process that never imports torch pays for
 compiling nothing and importing nothing but this small module (`python -X importtime`).
+
+site runs the .pth lines before `sitecustomize`, so a sitecustomize that imports torch finds
+the hook waiting; where torch was imported before the hook (a user-site .pth, an embedder
+that imports it before site runs), `install` starts the simulation at once. What no hook can
+see is a process whose site never ran the line (`python -S`, an embedder without site) or
+one that sets the variable itself after start-up: there `import devlab` starts the GPUs.
 """
 
 import os
@@ -36,44 +43,102 @@ def _start() -> None:
 
 class AfterTorch:
     """A `sys.meta_path` finder (`importlib.abc.MetaPathFinder`'s protocol, without importing
-    it) that finds nothing itself: when `torch` is imported, it wraps the loader that will
-    execute it, so that `then()` runs as soon as torch is complete. (The conformance corpus's
-    observer of rank processes uses one too.)"""
+    it) that finds nothing itself: it wraps the loader of every spec found for `torch`, so that
+    `then()` runs, once, as soon as torch's module has been executed, and then leaves
+    `sys.meta_path`. (The conformance corpus's observer of rank processes uses one too.)
+
+    Note [Every spec for torch]: a program reaches torch by more than `import torch`.
+    `importlib.util.find_spec("torch")` (transformers', datasets' and accelerate's checks for
+    what is installed) asks the finders for a spec, which the caller throws away: the real
+    import later asks again and gets a fresh spec with a fresh loader. So the finder stays on
+    the path until torch has actually been executed, wraps each spec's loader, and `then` is
+    guarded to run once (a reload executes torch again). It leaves the path by replacing the
+    list, not by removing itself from it: a thread importing at the same time iterates the old
+    list, and a removal would make its iterator skip the finder after this one."""
 
     def __init__(self, then: "Callable[[], None]") -> None:
         self.then = then
+        self.ran = False
 
     def __repr__(self) -> str:
         return f"AfterTorch(then={getattr(self.then, '__qualname__', self.then)!s})"
 
     def find_spec(self, name: str, path: "Any" = None, target: "ModuleType | None" = None
                   ) -> "ModuleSpec | None":
-        if name != "torch":
+        if name != "torch" or self.ran:
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        for finder in sys.meta_path:
+        finders = sys.meta_path
+        after = finders[finders.index(self) + 1:] if self in finders else finders
+        for finder in after:
             find = getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find is not None else None
             if spec is not None:
                 break
         else:
             return None
-        loader = spec.loader
+        self._wrap(spec.loader)
+        return spec
+
+    def _wrap(self, loader: "Any") -> None:
+        """Make `loader.exec_module` call `self._ran` after executing the module (once per
+        loader: zipimport's loader is shared by every spec it finds)."""
         exec_module = getattr(loader, "exec_module", None)
+        inner = exec_module
+        while inner is not None:
+            if getattr(inner, "_after_torch", None) is self:
+                return
+            inner = getattr(inner, "_inner", None)
         if exec_module is None:
-            return spec
-        then = self.then
+            return
 
         def exec_then(module: "ModuleType") -> None:
             exec_module(module)
-            then()
+            self._ran()
 
+        exec_then._after_torch = self  # type: ignore[attr-defined]
+        exec_then._inner = exec_module  # type: ignore[attr-defined]
         loader.exec_module = exec_then  # this spec's loader
-        return spec
+
+    def _ran(self) -> None:
+        if self.ran:
+            return
+        self.ran = True
+        if self in sys.meta_path:
+            sys.meta_path = [f for f in sys.meta_path if f is not self]
+        try:
+            self.then()
+        except KeyboardInterrupt:
+            # Ctrl-C while devlab starts: raised from here, it would fail torch's import, which
+            # drops the executed torch from sys.modules (the next `import torch` runs it again,
+            # with its C++ half already loaded). torch stays imported; the interrupt is raised
+            # again in the main thread, where it came from, once importlib has finished with
+            # torch (a pending interrupt any sooner lands in importlib's own bytecode, which
+            # drops torch all the same).
+            print(f"devlab: interrupted while starting the simulated GPUs ({VARIABLE}): they "
+                  "did not start; `import devlab` starts them.", file=sys.stderr)
+            _interrupt_when_imported("torch")
 
     def invalidate_caches(self) -> None:
         """Nothing cached (importlib.invalidate_caches calls this on every finder)."""
+
+
+def _interrupt_when_imported(name: str, limit: float = 10.0) -> None:
+    """Raise KeyboardInterrupt in the main thread once module `name` is no longer being
+    imported (or after `limit` seconds), from a thread of its own."""
+    import _thread
+    import threading
+    import time
+
+    def wait() -> None:
+        end = time.monotonic() + limit
+        while time.monotonic() < end:
+            spec = getattr(sys.modules.get(name), "__spec__", None)
+            if not getattr(spec, "_initializing", False):
+                break
+            time.sleep(0.001)
+        _thread.interrupt_main()
+
+    threading.Thread(target=wait, name="devlab-reraise-interrupt", daemon=True).start()
 
 
 _finder = AfterTorch(_start)

@@ -146,7 +146,13 @@ def test_out_of_memory_frees_the_cache_first_then_raises_cudas_error() -> None:
         "CUDA out of memory. Tried to allocate 300.00 MiB. GPU 0 has a total capacity of "
         "1024.00 MiB of which 224.00 MiB is free. Of the allocated memory 500.00 MiB is allocated "
         "by PyTorch, and 0 bytes is reserved by PyTorch but unallocated.")
-    assert "Process 42 has 800.00 MiB memory in use. " in e.message(pid=42)
+    # reportProcessMemoryInfo: this process in its own words, the others (NVML's) by pid.
+    assert ("is free. Including non-PyTorch memory, this process has 800.00 MiB memory in use. "
+            "Of the allocated memory ") in e.message(pid=42)
+    assert "Process 42" not in e.message(pid=42)
+    assert ("this process has 800.00 MiB memory in use. Process 7 has 1.50 GiB memory in use. "
+            "Process 9 has 512 bytes memory in use. Of the allocated") in e.message(
+                pid=42, others=((7, 3 * 512 * MiB), (42, 800 * MiB), (9, 512)))
     a.free(y)
 
 

@@ -82,7 +82,7 @@ def _step(a: Any, rng: random.Random, live: list[Any], mod: Any) -> Any:
         size, stream = _size(rng), rng.choice((0, 0, 0, 1, 7))
         got = a.allocate(size, stream)
         if isinstance(got, mod.OutOfMemory):
-            return ("oom", got.message(pid=1), got.alloc_size)
+            return ("oom", got.message(), got.process_bytes, got.alloc_size)
         live.append(got)
         return ("block", got.address, got.size, got.stream, got.requested)
     if r < 0.8:

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # What the hook imported before issue 16 only to declare types and subclass an ABC: typing
@@ -85,3 +87,130 @@ def test_the_finder_is_a_meta_path_finder_without_the_abc() -> None:
         importlib.invalidate_caches()  # calls every finder's invalidate_caches
     finally:
         sys.meta_path.remove(finder)
+
+
+# Every way a program reaches torch (issue 41). Each program below ends by reading, in the
+# process that imported torch, whether CUDA is there and where a new tensor lives.
+REPORT = ("import torch; print('simulated', torch.cuda.is_available(), "
+          "torch.ones(1, device='cuda').device, flush=True)")
+SIMULATED = "simulated True cuda:0"
+# What transformers, datasets and accelerate ask before importing torch (is it installed?).
+ASK_FIRST = "import importlib.util; assert importlib.util.find_spec('torch') is not None\n"
+
+
+def _run(args: list[str], tmp_path: Path, files: dict[str, str] | None = None,
+         timeout: float = 240, **env: str) -> str:
+    """Run `python *args` in `tmp_path` (holding `files`) with one simulated GPU, through this
+    venv's own devlab-autostart.pth; its stdout and stderr."""
+    for name, text in (files or {}).items():
+        (tmp_path / name).write_text(text)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVLAB_")}
+    environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.pop("PYTHONPATH", str(tmp_path))])
+    environ["DEVLAB_SIMULATE_GPUS"] = "1"
+    environ.update(env)
+    out = subprocess.run([sys.executable, *args], env=environ, cwd=tmp_path, text=True,
+                         capture_output=True, timeout=timeout)
+    return out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("first", [
+    ASK_FIRST,
+    "import transformers\n",
+    "import datasets\n",
+    "import accelerate, lightning\n",  # these import torch straight away
+    "import importlib; importlib.import_module('torch')\n",
+    "from torch import nn\n",
+])
+def test_the_simulation_starts_whatever_the_program_imports_first(first: str, tmp_path: Path
+                                                                 ) -> None:
+    out = _run(["-c", first + REPORT], tmp_path)
+    assert SIMULATED in out, out
+
+
+def test_a_module_run_with_dash_m_and_a_script_run_through_runpy(tmp_path: Path) -> None:
+    files = {"lesson.py": ASK_FIRST + REPORT}
+    assert SIMULATED in _run(["-m", "lesson"], tmp_path, files), "python -m"
+    out = _run(["-c", "import runpy; runpy.run_path('lesson.py', run_name='__main__')"],
+               tmp_path, files)
+    assert SIMULATED in out, out
+
+
+def test_torch_first_imported_in_a_thread(tmp_path: Path) -> None:
+    program = ("import threading\n"
+               f"def work():\n    {ASK_FIRST.strip()}\n    {REPORT}\n"
+               "t = threading.Thread(target=work)\nt.start()\nt.join()\n")
+    out = _run(["-c", program], tmp_path)
+    assert SIMULATED in out, out
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
+def test_torch_first_imported_in_a_child(method: str, tmp_path: Path) -> None:
+    # The parent never imports torch: the child, spawned or forked, is the first to.
+    program = ("import multiprocessing, sys\n"
+               f"def work():\n    {ASK_FIRST.strip()}\n    {REPORT}\n"
+               "if __name__ == '__main__':\n"
+               f"    p = multiprocessing.get_context({method!r}).Process(target=work)\n"
+               "    p.start(); p.join(); assert 'torch' not in sys.modules\n")
+    out = _run(["child.py"], tmp_path, {"child.py": program})
+    assert SIMULATED in out, out
+
+
+def test_under_torchrun(tmp_path: Path) -> None:
+    out = _run(["-m", "torch.distributed.run", "--nproc-per-node", "2", "rank.py"], tmp_path,
+               {"rank.py": ASK_FIRST + REPORT}, OMP_NUM_THREADS="1")
+    assert out.count(SIMULATED) == 2, out
+
+
+def test_torch_imported_by_a_sitecustomize_first(tmp_path: Path) -> None:
+    # site runs the .pth files before sitecustomize, so the hook is waiting for it.
+    out = _run(["-c", "import sys; assert 'torch' in sys.modules\n" + REPORT], tmp_path,
+               {"sitecustomize.py": "import torch\n"})
+    assert SIMULATED in out, out
+
+
+def test_an_interrupt_while_devlab_starts_leaves_torch_imported_once(tmp_path: Path) -> None:
+    # A stand-in torch that counts its executions; `then` is interrupted, as Ctrl-C during
+    # devlab's start-up would be.
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(
+        "import builtins\nbuiltins.EXECUTED = getattr(builtins, 'EXECUTED', 0) + 1\n")
+    program = (
+        "import builtins, sys, time\n"
+        "import _devlab_autostart as hook\n"
+        "def then():\n    raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, hook.AfterTorch(then))\n"
+        "try:\n"
+        "    import torch\n"
+        "    for _ in range(500):\n        time.sleep(0.01)\n"
+        "    print('not interrupted')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted, torch imported', 'torch' in sys.modules)\n"
+        "import torch\n"
+        "print('executed', builtins.EXECUTED)\n")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVLAB_")}
+    environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(tmp_path)])
+    out = subprocess.run([sys.executable, "-S", "-c", program], env=environ, text=True,
+                         capture_output=True, timeout=60)
+    assert "interrupted, torch imported True\nexecuted 1\n" in out.stdout, out.stdout + out.stderr
+    assert "devlab: interrupted while starting the simulated GPUs" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(("visible", "seen"), [
+    (None, 4), ("1", 1), ("3,1", 2), ("", 0), ("-1", 0), ("0,4,1", 1), ("2,2", 1), ("0, 1", 2),
+    ("GPU-8a1b", 0),
+])
+def test_cuda_visible_devices_hides_simulated_gpus_as_cuda_reads_it(visible: str | None,
+                                                                     seen: int) -> None:
+    from devlab.config import _cuda_visible
+
+    assert _cuda_visible(4, visible) == seen
+
+
+def test_cuda_visible_devices_set_inside_the_program_before_torch(tmp_path: Path) -> None:
+    program = ("import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '1'\n"
+               "import torch\nprint('count', torch.cuda.device_count())\n" + REPORT)
+    out = _run(["-c", program], tmp_path, DEVLAB_SIMULATE_GPUS="2")
+    assert "count 1\n" + SIMULATED in out, out
+    out = _run(["-c", "import torch; print('available', torch.cuda.is_available())"], tmp_path,
+               DEVLAB_SIMULATE_GPUS="2", CUDA_VISIBLE_DEVICES="")
+    assert "available False" in out, out

@@ -636,7 +636,8 @@ def test_out_of_memory_in_cudas_words_and_nothing_left_allocated() -> None:
         torch.empty(100 * MIB // 4, device="cuda:1")
     assert re.match(
         r"CUDA out of memory\. Tried to allocate 100\.00 MiB\. GPU 1 has a total capacity of "
-        r"100\.00 MiB of which 78\.00 MiB is free\. Process \d+ has 22\.00 MiB memory in use\. "
+        r"100\.00 MiB of which 78\.00 MiB is free\. Including non-PyTorch memory, this process has 22\.00 MiB "
+        r"memory in use\. "
         r"Of the allocated memory 22\.00 MiB is allocated by PyTorch", str(err.value))
     assert "(This GPU is simulated on the CPU; its memory limit comes from devlab.config.simulate_gpus" in str(err.value)
     assert torch.cuda.memory_allocated(1) == 22 * MIB

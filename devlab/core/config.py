@@ -567,11 +567,29 @@ def _order(d: PhysicalDevice) -> tuple[int, int]:
     return (kinds.index(d.device_type) if d.device_type in kinds else len(kinds), d.index)
 
 
+def _cuda_visible(count: int, visible: str | None) -> int:
+    """How many of `count` GPUs a process sees under CUDA_VISIBLE_DEVICES=`visible`, read as
+    CUDA reads it: unset, all; else the comma-separated indices up to the first that is not
+    one of the machine's (out of range, repeated, or not a number: "", "-1" hide them all).
+    The simulated machine has `count` GPUs; the process sees the listed ones, renumbered from
+    0. (A GPU's UUID is not matched: it ends the list, as an unknown one does.)"""
+    if visible is None:
+        return count
+    seen: list[int] = []
+    for entry in visible.split(","):
+        entry = entry.strip()
+        if not entry.isdigit() or int(entry) >= count or int(entry) in seen:
+            break
+        seen.append(int(entry))
+    return len(seen)
+
+
 def simulate_from_environment() -> bool:
     """Start simulated GPUs if `DEVLAB_SIMULATE_GPUS=N` is set (how a Binder image turns them
     on for everyone); `DEVLAB_SIMULATE_GPU_MEMORY_MB` sets each one's memory and
     `DEVLAB_SIMULATE_GPU_MODEL` the GPU they model ("T4"), `DEVLAB_SIMULATE_GPU_TOPOLOGY` the
-    machine its collectives are timed in ("pcie3-p2p"). Returns whether it started. A
+    machine its collectives are timed in ("pcie3-p2p"). `CUDA_VISIBLE_DEVICES` hides GPUs of
+    that machine as it hides real ones (`_cuda_visible`). Returns whether it started. A
     malformed value is reported and ignored: importing devlab must not fail."""
     import warnings
 
@@ -585,6 +603,9 @@ def simulate_from_environment() -> bool:
         count = int(raw)
         memory = int(raw_mb) if raw_mb else None
         if count == 0:
+            return False
+        count = _cuda_visible(count, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if count == 0:  # CUDA sees no GPU: torch.cuda.is_available() is False
             return False
         simulate_gpus(count, memory_limit=memory, model=raw_model or None,
                       topology=raw_topology or None)

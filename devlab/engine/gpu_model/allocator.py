@@ -427,10 +427,15 @@ class OutOfMemory(Exception):
         self.process_bytes = process_bytes
         super().__init__(self.message())
 
-    def message(self, pid: int | None = None) -> str:
-        """CUDA's out-of-memory message (`DeviceCachingAllocator::malloc`)."""
-        proc = ("" if pid is None else
-                f"Process {pid} has {format_size(self.process_bytes)} memory in use. ")
+    def message(self, pid: int | None = None, others: tuple[tuple[int, int], ...] = ()) -> str:
+        """CUDA's out-of-memory message (`DeviceCachingAllocator::malloc`). With `pid` (this
+        process's, as NVML lists it), the processes' lines of `reportProcessMemoryInfo`: this
+        process's own in its words, then "Process N has ..." for each (pid, bytes) of `others`,
+        the other processes on the GPU."""
+        proc = "" if pid is None else "".join(
+            [f"Including non-PyTorch memory, this process has {format_size(self.process_bytes)} "
+             "memory in use. "] + [f"Process {p} has {format_size(b)} memory in use. "
+                                   for p, b in others if p != pid])
         allowed = "" if self.allowed is None else f"{format_size(self.allowed)} allowed; "
         # The cached blocks of private pools count as allocated, as CUDA's message counts them.
         private = self.in_private_pools

@@ -316,6 +316,31 @@ def _gloo(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupG
     return ProcessGroupGloo(store, rank, size, options)
 
 
+def _bootstrap_store(store: Any) -> Any:
+    """The store a new group's transport meets its peers through: under torch elastic, a prefix
+    of this attempt's own (Note [A fresh bootstrap per attempt])."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return store
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return dist.PrefixStore(f"devlab-nccl/{run}/attempt-{attempt}/", store)
+
+
+# Note [A fresh bootstrap per attempt]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch elastic restarts a failed job's workers against the store of the attempt before:
+# torchrun's static rendezvous (its default) keeps one TCPStore for the whole run, and workers
+# with TORCHELASTIC_USE_AGENT_STORE use it without a prefix of their attempt
+# (`rendezvous._create_c10d_store`), so a group of attempt 1 gets the store prefix of attempt 0
+# ("default_pg/0/"). gloo's connectFullMesh publishes each rank's address under the rank's key
+# and reads its peers' keys: a rank of attempt 1 can read the address of attempt 0's dead peer
+# before the peer has replaced it, and is refused (the job needs another attempt) or waits for
+# a connection that never comes (it hangs). Plain torch on gloo does the same
+# (docs/upstream-gloo-restart.md). NCCL bootstraps every communicator afresh from a unique id;
+# devlab's NCCL group, gloo underneath, bootstraps under a prefix of its attempt instead, which
+# no key of an earlier attempt carries. Its splits build on it, so they are fresh too.
+
+
 class ProcessGroupNCCL(dist.ProcessGroup):
     """NCCL's process group on simulated GPUs (see the module docstring)."""
 
@@ -328,6 +353,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         options = options if options is not None else Options()
         timeout = getattr(options, "_timeout", None) or DEFAULT_TIMEOUT
         super().__init__(rank, size)  # a Python group takes no store; `_inner` holds it
+        store = _bootstrap_store(store)
         gloo = _gloo(store, rank, size, timeout)
         gloo.options.global_ranks_in_group = list(options.global_ranks_in_group)
         gloo.options.group_name = options.group_name
