@@ -8,7 +8,7 @@ attempt of each rank runs init_process_group, one all_reduce and a barrier; rank
 attempt 0, after its all_reduce. A run should finish in attempt 1 (the second). `--delay S`
 has rank 0 wait S seconds before it joins the group again in a restart, which makes a stale
 bootstrap key of the attempt before (Note [A fresh bootstrap per attempt], in
-devlab/simulated/distributed/nccl.py) the one its peer reads, every time. By default the
+devlab/engine/simulated/torch_distributed/nccl.py) the one its peer reads, every time. By default the
 job runs on 2 simulated GPUs (DEVLAB_SIMULATE_GPUS=2, backend "nccl", which devlab carries on
 gloo); `--no-simulation --backend gloo` runs torch alone, the reproduction for torch's own
 report (docs/upstream-gloo-restart.md). Prints, per run, the attempts it took (or "hung" past

@@ -201,7 +201,7 @@ def test_an_interrupt_while_devlab_starts_leaves_torch_imported_once(tmp_path: P
 ])
 def test_cuda_visible_devices_hides_simulated_gpus_as_cuda_reads_it(visible: str | None,
                                                                      seen: int) -> None:
-    from devlab.config import _cuda_visible
+    from devlab.core.config import _cuda_visible
 
     assert _cuda_visible(4, visible) == seen
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import devlab
+from devlab.engine.gpu_model.allocator import format_size
 from devlab.engine.gpu_model.capacity import NVML_TOTAL_MIB, TOTAL_MEMORY
 from devlab.engine.simulated.base import machine
 
@@ -302,6 +303,41 @@ def test_a_second_process_on_the_machine_sees_the_first(no_simulation, key):
         seen = dict(line.split() for line in r.stdout.splitlines())
         assert seen[str(os.getpid())] == str(total - free)  # the kernel, from the child
         assert len(seen) == 2  # and the child itself
+    finally:
+        devlab.simulated.stop()
+
+
+def test_the_out_of_memory_message_names_the_other_processes_on_the_gpu(no_simulation, key):
+    """CUDA's text, as torch's reportProcessMemoryInfo writes it: this process in its own words,
+    each other process on the GPU (here a child holding a block) by its pid and NVML's bytes."""
+    devlab.config.simulate_gpus(1, model="T4")
+    try:
+        torch.ones(10, device="cuda")
+        code = textwrap.dedent("""
+            import torch, time
+            x = torch.ones(64, 1024, 1024, device="cuda")  # 256 MiB
+            print("ready", flush=True)
+            time.sleep(120)
+        """)
+        env = dict(os.environ, DEVLAB_SIMULATE_GPUS="1", DEVLAB_SIMULATE_GPU_MODEL="T4",
+                   PYTHONPATH=str(ROOT))
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                 text=True, env=env)
+        try:
+            assert child.stdout.readline().strip() == "ready"
+            # Its CUDA context is published first, then its block beside it.
+            assert _wait_until(lambda: sum(b for _, b in machine.others_on_gpu(0)) > 256 * MiB)
+            (pid, used), = machine.others_on_gpu(0)
+            assert pid == child.pid
+            with pytest.raises(torch.OutOfMemoryError) as e:
+                torch.empty(64 * 1024 * MiB, dtype=torch.uint8, device="cuda")
+            text = str(e.value)
+            assert "Including non-PyTorch memory, this process has " in text
+            assert f"Process {os.getpid()} has" not in text  # this process is not "another"
+            assert f"Process {child.pid} has {format_size(used)} memory in use." in text
+        finally:
+            child.kill()
+            child.wait()
     finally:
         devlab.simulated.stop()
 

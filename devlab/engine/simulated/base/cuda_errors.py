@@ -19,6 +19,7 @@ import torch
 
 from devlab._helpers.tracebacks import devlab_file, drop_frames
 from devlab.engine.gpu_model.allocator import OutOfMemory
+from devlab.engine.simulated.base import machine
 from devlab.engine.simulated.base.session import DeviceState
 
 _USER_ERROR = "_devlab_user_error"
@@ -174,7 +175,9 @@ def out_of_memory(dev: DeviceState, oom: OutOfMemory) -> torch.OutOfMemoryError:
     else:
         where = ("its memory limit comes from devlab.config.simulate_gpus(memory_limit=...) or "
                  "set_logical_device_configuration")
+    # The other processes on this GPU, as NVML lists them for torch's reportProcessMemoryInfo.
+    others = tuple(machine.others_on_gpu(dev.index))
     return user_error(torch.OutOfMemoryError(
-        f"{oom.message(os.getpid())} (This GPU is simulated on the CPU; {where}.) Free tensors "
+        f"{oom.message(os.getpid(), others)} (This GPU is simulated on the CPU; {where}.) Free tensors "
         "you no longer need (del x), and torch.cuda.empty_cache() returns what the allocator "
         "keeps cached."))
