@@ -63,9 +63,9 @@ def execute(path: Path, timeout: int = 600) -> nbformat.NotebookNode:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
                             resources={"metadata": {"path": str(path.parent)}})
-    saved = dict(os.environ)
+    saved, env = dict(os.environ), kernel_env()  # read before the environment is cleared
     os.environ.clear()
-    os.environ.update(kernel_env())  # the kernel inherits the client's environment
+    os.environ.update(env)  # the kernel inherits the client's environment
     try:
         client.execute()
     finally:
