@@ -3,7 +3,7 @@
 A simulated GPU's tensor is a CPU tensor whose storage is marked with the GPU's index
 (`core.marks`); while the simulation runs, `Tensor.device`/`is_cuda`/`get_device` report the
 mark (`mode.tensor`), `torch.cuda` and `torch.accelerator` answer for the simulated GPUs
-(`cuda.api`), and a TorchFunctionMode on every routed thread (`mode.routing`, `mode.threads`)
+(`cuda.namespaces`), and a TorchFunctionMode on every routed thread (`mode.routing`, `mode.threads`)
 places each op where its tensors are (`mode.ops`), moves tensors (`mode.moves`), runs backward
 passes routed (`mode.autograd`) and launches heavy products asynchronously on one worker per GPU
 (`mode.launch`, `core.workers`). Where torch asks C++ about devices, the simulation answers
@@ -171,10 +171,10 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         # Only now: these modules reach into torch internals the check has vouched for.
         from .core.patcher import Patcher
         from .cuda import amp as _amp
-        from .cuda import api as _cuda
         from .cuda import build as _build
         from .cuda import cufft as _cufft
         from .cuda import graphs as _graphs
+        from .cuda import namespaces as _namespaces
         from .distributed import c10d as _c10d
         from .distributed import dtensor as _dtensor
         from .distributed import forks as _forks
@@ -200,9 +200,9 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                 _routing.remove_mode(old)
         patcher = Patcher()
         try:
-            for module in (_tensor, _wrappers, _cuda, _graphs, _build, _cufft, _queries, _factories,
-                           _amp, _threads, _parallel, _serialization, _c10d, _stores, _forks,
-                           _dtensor, _compile):
+            for module in (_tensor, _wrappers, _namespaces, _graphs, _build, _cufft, _queries,
+                           _factories, _amp, _threads, _parallel, _serialization, _c10d, _stores,
+                           _forks, _dtensor, _compile):
                 module.install(patcher)
             charges = _session.NO_CHARGES
             if spec is not None:

@@ -65,7 +65,8 @@ from ..core.marks import is_pinned, live_mark, storage_of, tensors_of
 from ..core.patcher import Patcher
 from ..core.session import _BARE_REFS, _use_count
 from ..mode.dispatched import run as _run_dispatched
-from . import api as _api
+from . import device_api as _device_api
+from . import streams as _streams
 from .memory import new_pool_id, pool_id_of
 
 Tensor = torch.Tensor
@@ -390,7 +391,7 @@ class CUDAGraph:
         self._held_by: tuple[Any, int, tuple[int, int] | None] | None = None
 
     @entry
-    @_api.initializes
+    @_device_api.initializes
     def capture_begin(self, pool: tuple[int, int] | None = None,
                       capture_error_mode: str = "global",
                       check_input_liveness: bool = False) -> None:
@@ -652,7 +653,7 @@ def install(p: Patcher) -> None:
     for mod in (torch.cuda, torch_graphs):
         for name, fn in _FUNCS.items():
             p.set(mod, name, fn)
-    p.set(_api.Stream, "is_capturing", _stream_is_capturing)
+    p.set(_streams.Stream, "is_capturing", _stream_is_capturing)
     # torch.cuda.graph makes its default capture stream once per process, on the current GPU
     # of the first capture: a simulated stream must not outlive the simulation in torch.
     p.set(torch_graphs.graph, "default_capture_stream", None)

@@ -1,0 +1,244 @@
+"""`torch.cuda`'s device functions for simulated GPUs, as torch keeps them in
+torch/cuda/__init__.py: what GPUs exist and which is current (`is_available`, `device_count`,
+`set_device`, `torch.cuda.device`), what each says about itself (name, properties,
+capability), `synchronize`, and `_lazy_init`, which a call that needs the CUDA runtime meets.
+`initializes` marks the stand-ins whose originals initialize CUDA."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from devlab.host import cpu_cores
+
+from ..core import devices as _devices
+from ..core import errors as _errors
+from ..core import fork as _fork
+from ..core import session as _session
+from ..core import workers as _workers
+from ..core.errors import entry
+from .memory import total_memory
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def initializes(fn: _F) -> _F:
+    """A stand-in for a torch.cuda function that initializes CUDA (its original calls
+    `torch.cuda._lazy_init()`, or C++ does): it initializes the simulated runtime, which a
+    child forked after its parent did may not (`_fork`)."""
+
+    @functools.wraps(fn)
+    def initialized(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+        _fork.initialize()
+        return fn(*args, **kwargs)
+
+    return initialized  # type: ignore[return-value]
+
+
+
+def device_name(index: int) -> str:
+    sess = _session.session
+    spec = sess.spec if sess is not None else None
+    modeled = "" if spec is None else f"modeled {spec.name}, "
+    return f"Simulated GPU {index} ({modeled}CPU-backed)"
+
+
+@dataclass(frozen=True)
+class SimulatedDeviceProperties:
+    """What torch.cuda.get_device_properties answers for a simulated GPU."""
+
+    name: str
+    total_memory: int
+    major: int = 0
+    minor: int = 0
+    multi_processor_count: int = 0
+    is_integrated: bool = True
+    is_multi_gpu_board: bool = False
+    simulated: bool = True
+
+    def __repr__(self) -> str:
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, "
+                f"minor={self.minor}, total_memory={self.total_memory // (1024 * 1024)}MB, "
+                f"multi_processor_count={self.multi_processor_count}, simulated=True)")
+
+
+@entry
+def is_available() -> bool:
+    return _session.session is not None
+
+
+@entry
+def device_count() -> int:
+    sess = _session.session
+    return sess.count if sess is not None else 0
+
+
+@entry
+@initializes
+def current_device() -> int:
+    return _session.current_device()
+
+
+def _ordinal(device: Any) -> int:
+    """The index torch.cuda.set_device/torch.cuda.device take (-1: none, keep the current)."""
+    if device is None:
+        return -1
+    kind, index = _devices.parse(device)
+    if kind != "cuda":
+        raise _errors.not_a_cuda_device(device)
+    return _session.current_device() if index is None else index
+
+
+@entry
+@initializes
+def set_device(device: Any) -> None:
+    i = _ordinal(device)
+    if i >= 0:  # torch: a negative index is a no-op
+        _session.tls.device = _devices.checked_ordinal(i)
+
+
+@entry
+@initializes
+def get_device_name(device: Any = None) -> str:
+    return device_name(_devices.cuda_index(device))
+
+
+@entry
+@initializes
+def get_device_properties(device: Any = None) -> SimulatedDeviceProperties:
+    i = _devices.cuda_index(device)
+    major, minor = _capability()
+    return SimulatedDeviceProperties(name=device_name(i), total_memory=total_memory(i),
+                                     multi_processor_count=cpu_cores(), major=major,
+                                     minor=minor)
+
+
+@entry
+@initializes
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    _devices.cuda_index(device)
+    return _capability()
+
+
+def _capability() -> tuple[int, int]:
+    """A modeled GPU's compute capability (a T4's 7.5, an H100's 9.0: code sizing buffers or
+    choosing dtypes by it chooses as on that GPU); (0, 0) for a GPU with no model, so code
+    gated on one takes its plain path."""
+    sess = _session.session
+    spec = sess.spec if sess is not None else None
+    if spec is None:
+        return (0, 0)
+    major, minor = spec.compute_capability.split(".")
+    return (int(major), int(minor))
+
+
+@entry
+@initializes
+def synchronize(device: Any = None) -> None:
+    """Wait for the device's queued work; with no device, for every simulated GPU's.
+
+    CUDA's synchronize() waits for the current device only, but d2l and most timing code
+    call it meaning "wait for the GPUs", and waiting for all keeps such timings honest here.
+    """
+    index = _devices.cuda_index(device)
+    _workers.host_sync(None if device is None else index)
+
+
+@entry
+def is_initialized() -> bool:
+    """As torch.cuda's: initialized here, and not in a child forked after its parent was."""
+    sess = _session.session
+    return bool(sess is not None and sess.initialized and not _session.bad_fork)
+
+
+@entry
+@initializes
+def init() -> None:
+    """Nothing to initialize for simulated GPUs."""
+
+
+
+class device:  # noqa: N801 - stands in for torch.cuda.device
+    """`with torch.cuda.device(i):` for simulated GPUs: the thread's current device."""
+
+    @entry
+    def __init__(self, device: Any) -> None:
+        self.idx = _ordinal(device)
+        self.prev_idx = -1
+
+    @entry
+    def __enter__(self) -> None:
+        self.prev_idx = _session.current_device()
+        if self.idx >= 0:
+            _fork.initialize()
+            _session.tls.device = _devices.checked_ordinal(self.idx)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.idx >= 0:
+            _session.tls.device = self.prev_idx
+
+
+class device_of(device):  # noqa: N801
+    """`with torch.cuda.device_of(tensor):` the tensor's device, if it is a simulated GPU."""
+
+    def __init__(self, obj: torch.Tensor) -> None:
+        super().__init__(obj.get_device() if obj.is_cuda else -1)
+
+
+@entry
+@initializes
+def can_device_access_peer(device: Any, peer_device: Any) -> bool:
+    """Simulated GPUs share the host's memory, so each reaches every other."""
+    _devices.cuda_index(device)
+    _devices.cuda_index(peer_device)
+    return True
+
+
+def _lazy_init() -> None:
+    """torch.cuda._lazy_init: torch asks for the CUDA runtime, which no simulated GPU has.
+
+    Torch calls it before it would create a tensor on a CUDA device itself, which happens only
+    where the simulation does not route the call: in a thread that is not routed, or in a call
+    the simulation does not cover. Either way, say so in one line, naming the caller.
+    """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    _fork.check()  # in a bad fork, CUDA's own error comes first, as in torch's
+    if not _session.is_routed():
+        name = threading.current_thread().name
+        raise _errors.user_error(RuntimeError(
+            f"devlab: thread {name!r} places work on a simulated GPU, but it was started "
+            "before the simulation, so its work is not routed to the simulated GPUs. Start "
+            "the thread after devlab.config.simulate_gpus(), or run its work inside "
+            "`with devlab.simulated.thread_routing():`."))
+    caller = sys._getframe(1)
+    raise _errors.user_error(RuntimeError(
+        f"devlab: {caller.f_code.co_name} (at {caller.f_code.co_filename}:{caller.f_lineno}) "
+        "needs the CUDA runtime, which simulated GPUs do not have (they are the CPU). Run it "
+        "on the CPU, or on a machine with a real GPU."))
+
+
+
+CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
+    "is_available": is_available,
+    "device_count": device_count,
+    "current_device": current_device,
+    "set_device": set_device,
+    "get_device_name": get_device_name,
+    "get_device_properties": get_device_properties,
+    "get_device_capability": get_device_capability,
+    "synchronize": synchronize,
+    "is_initialized": is_initialized,
+    "init": init,
+    "device": device,
+    "device_of": device_of,
+    "can_device_access_peer": can_device_access_peer,
+    "_lazy_init": _lazy_init,
+    "_is_in_bad_fork": _fork.is_in_bad_fork,
+}
