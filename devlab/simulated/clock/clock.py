@@ -12,6 +12,11 @@ makes the host wait for it. A host sync (`.item()`, printing, `.cpu()`, `synchro
 the host wait until the GPU's queue is done, and pays the round trip of waking up (nothing if
 the GPU was already idle). Events read the time at which a stream reaches them.
 
+The host's time (See Note [The host's modeled time]) runs at the wall clock's pace while the
+program is outside the simulation (its Python, sleeps, data loading, waits for another
+process) and by the modeled costs inside it (`Clock.enter`/`leave` bracket each call on a
+simulated GPU and each wait for one), never at the CPU's time to compute the values.
+
 Streams (See Note [Streams on the modeled clock]): each stream of a GPU keeps its own position;
 work queued on a stream starts after the stream's earlier work and what it was made to wait
 for (`wait_for`: `wait_stream`, `wait_event`). Kernels of one GPU use its compute one at a time,
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -95,6 +101,47 @@ class Clock:
         self.spans: list[Span] | None = None
         self._launch = spec.launch_latency_us * 1e-6
         self._sync = spec.sync_latency_us * 1e-6
+        self._held = 0  # calls inside the simulation now (`enter` minus `leave`), all threads
+
+    # Note [The host's modeled time]
+    # On a GPU machine the host's time passes whatever the host does; the simulation adds one
+    # thing a GPU machine does not have: the CPU computing the GPU's values. So the host's
+    # modeled time `host` is the wall clock with the simulation's own time cut out: `enter`
+    # (a call on a simulated GPU begins: an op, a copy, a backward pass, a sync, an event)
+    # adds the wall time since the last `leave` (the program's own: its Python, a sleep, a
+    # data loader's wait, another process), and inside the call only the modeled costs move it
+    # (each launch, each wait for the GPU). A kernel then starts at the later of its launch on
+    # the host's time and its stream's previous end, so a GPU waits for a slow host (an input
+    # stall is an idle gap) and a loop of small ops is launch-bound, as on a GPU. Calls nest
+    # (a backward pass's hooks, a handler's inner ops), so `_held` counts them and only the
+    # outermost pair reads the wall clock: one perf_counter read on the way in and one out.
+    # With threads placing work at once, the time while any of them is inside is cut out.
+    # What still counts as host time: the mode's entry (torch's override dispatch, about a
+    # microsecond a call) and attribute reads (`.shape`), which bypass the bracket.
+
+    def enter(self) -> None:
+        """The host enters the simulation: the wall time since it left passes on its clock."""
+        now = time.perf_counter()
+        with self.lock:
+            if not self._held:
+                gap = now - self._left
+                if gap > 0.0:
+                    self.host += gap
+            self._held += 1
+
+    def host_work(self, seconds: float) -> None:
+        """The host computed for `seconds` inside a call (an op on host tensors): host time."""
+        with self.lock:
+            if self._held:
+                self.host += seconds
+
+    def leave(self) -> None:
+        """The host leaves the simulation: its clock follows the wall clock from now."""
+        with self.lock:
+            if self._held:
+                self._held -= 1
+            if not self._held:
+                self._left = time.perf_counter()
 
     # Note [Streams on the modeled clock]
     # `free[q]` is when GPU q's default stream is done; `side[(i, id)]` when simulated GPU i's
@@ -115,6 +162,7 @@ class Clock:
             raise ValueError(f"queues has {len(queue)} entries for {count} simulated GPUs")
         with self.lock:
             self.host = 0.0
+            self._left = time.perf_counter()  # the wall clock's time for host == 0
             self.queue = queue
             self.free = [0.0] * (max(queue) + 1)
             self.busy = [0.0] * (max(queue) + 1)
@@ -382,11 +430,15 @@ class Charges(NoCharges):
     routing mode runs on modeled GPUs, and the host's syncs; the one way to the clock (without a
     model, the session's `NoCharges` charges nothing)."""
 
-    __slots__ = ("_backward", "_costed", "_pending", "_tf32", "_timed", "clock", "spec",
-                 "topology")
+    __slots__ = ("_backward", "_costed", "_pending", "_tf32", "_timed", "clock", "enter",
+                 "leave", "spec", "topology")
 
     def __init__(self, clock: Clock, topology: Topology | None = None) -> None:
         self.clock = clock
+        # The host enters and leaves the simulation (Note [The host's modeled time]): bound
+        # once, as the mode calls them for every call.
+        self.enter = clock.enter  # type: ignore[misc]
+        self.leave = clock.leave  # type: ignore[misc]
         self.spec = clock.spec
         self._tf32 = bool(clock.spec.tf32_tflops)  # torch's TF32 switch changes its products
         self._costed: dict[tuple, tuple[OpTime, tuple[OpTime, ...]]] = {}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -231,6 +233,13 @@ class NoCharges:
     __slots__ = ()
     clock = None  # the modeled clock (`clock.clock.Clock`): none
 
+    def enter(self) -> None:
+        """The host enters the simulation (a call on a simulated GPU, a wait for one): until
+        the matching `leave`, the host's modeled time is the model's, not the wall clock's."""
+
+    def leave(self) -> None:
+        """The host leaves the simulation: its time runs at the wall clock's pace again."""
+
     def call(self, func: Any, args: tuple, kwargs: dict, out: Any, index: int,
              fresh: bool) -> None:
         """A torch call that ran on GPU `index`; `fresh`: it made new memory."""
@@ -307,6 +316,31 @@ class NoCharges:
 
 
 NO_CHARGES = NoCharges()
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def inside(fn: _F) -> _F:
+    """A stand-in that waits for the simulated GPUs or reads their clock (a sync, an event, a
+    collective): while it runs the host is inside the simulation, so the wall time it takes
+    (the CPU finishing queued work, another rank's) is not the host's (Note [The host's
+    modeled time] in clock/clock.py)."""
+
+    @functools.wraps(fn)
+    def bracketed(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+        sess = session
+        if sess is None:
+            return fn(*args, **kwargs)
+        charges = sess.charges
+        charges.enter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            charges.leave()
+
+    return bracketed  # type: ignore[return-value]
 
 
 class Session:

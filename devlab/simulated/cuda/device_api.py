@@ -23,6 +23,7 @@ from ..core import fork as _fork
 from ..core import session as _session
 from ..core import workers as _workers
 from ..core.errors import entry
+from ..core.session import inside
 from .memory import total_memory
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -141,6 +142,7 @@ def _capability() -> tuple[int, int]:
 
 @entry
 @initializes
+@inside
 def synchronize(device: Any = None) -> None:
     """Wait for the device's queued work; with no device, for every simulated GPU's.
 

@@ -18,6 +18,7 @@ from ..core import session as _session
 from ..core import workers as _workers
 from ..core.errors import entry
 from ..core.patcher import Patcher
+from ..core.session import inside
 from .device_api import initializes
 
 # CUDA's stream ids, as c10/cuda/CUDAStream.cpp numbers them (Note [StreamId assignment]): the
@@ -99,6 +100,7 @@ class Stream(torch._C.Stream):
 
     @entry
     @initializes
+    @inside
     def synchronize(self) -> None:
         """The host waits for this stream's work (on a modeled GPU, this stream's only)."""
         _workers.wait(self.device_index)
@@ -106,6 +108,7 @@ class Stream(torch._C.Stream):
         if sess is not None:
             sess.charges.sync_stream(self.device_index, self.stream_id)
 
+    @inside
     def query(self) -> bool:
         """Whether the stream's work is done: on a modeled GPU, whether the host's modeled
         time has passed the stream's (a False answer costs the host one call's time, so a
@@ -118,6 +121,7 @@ class Stream(torch._C.Stream):
 
     @entry
     @initializes
+    @inside
     def wait_stream(self, stream: Any) -> None:
         """Work queued on this stream from now on starts after what `stream` has queued."""
         if not _cuda_stream(stream):
@@ -130,6 +134,7 @@ class Stream(torch._C.Stream):
 
     @entry
     @initializes
+    @inside
     def wait_event(self, event: Any) -> None:
         """Work queued on this stream from now on starts after the work `event` recorded."""
         if not isinstance(event, Event):
@@ -219,6 +224,7 @@ class Event:
 
     @entry
     @initializes
+    @inside
     def record(self, stream: Any = None) -> None:
         if stream is None:  # the current stream of the current device, as CUDA's
             i = _devices.cuda_index(None)
@@ -239,6 +245,7 @@ class Event:
     def _stamp(self) -> None:
         self.time = time.perf_counter()
 
+    @inside
     def query(self) -> bool:
         """Whether the work the event recorded is done: True for an event never recorded, as
         CUDA's; on a modeled GPU, whether the host's modeled time has passed the event's (a
@@ -252,6 +259,7 @@ class Event:
         return self.time is not None
 
     @entry
+    @inside
     def synchronize(self) -> None:
         """The host waits for the work the event recorded (on a modeled GPU, to its time)."""
         if self.device_index is None:
