@@ -111,6 +111,7 @@ def all_reduce_times() -> dict:
     return out
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_collectives_take_the_models_time_and_wait_for_the_slowest_rank(no_simulation) -> None:
     simulated.start(2, model="T4")
     results = devlab.launch(all_reduce_times, nprocs=2, timeout=300)
@@ -166,6 +167,7 @@ def ddp_step() -> dict:
     return {"step": t1 - t0, "backward": b1 - b0 - simulated.model().sync_latency_us * 1e-6}
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_ddp_adds_the_communication_its_backward_pass_does_not_hide(no_simulation) -> None:
     simulated.start(2, model="T4")
     (one,) = devlab.launch(ddp_step, nprocs=1, timeout=300)
@@ -245,6 +247,7 @@ def late_send() -> dict:
     return out
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_a_receive_starts_no_earlier_than_its_send(no_simulation) -> None:
     simulated.start(2, model="T4")
     sender, receiver = devlab.launch(late_send, nprocs=2, timeout=120)
@@ -320,6 +323,7 @@ def spanning_step() -> dict:
     return out
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_ddp_over_a_model_spanning_two_modeled_gpus_per_rank(no_simulation) -> None:
     simulated.start(4, model="T4")
     ranks = devlab.launch(spanning_step, nprocs=2, timeout=120)
@@ -367,6 +371,7 @@ def other_collectives() -> dict:
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.usefixtures("modeled_host")
 def test_gather_scatter_and_functional_collectives_take_the_models_time(no_simulation) -> None:
     simulated.start(2, model="T4")
     root, other = devlab.launch(other_collectives, nprocs=2, timeout=300)

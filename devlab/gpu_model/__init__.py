@@ -29,11 +29,19 @@ from .collectives import (  # noqa: E402  (collectives: issue 28)
     coalesced_time,
     collective_time,
 )
-from .links import TOPOLOGIES, Topology, default_topology, topologies, topology  # noqa: E402
+from .links import (  # noqa: E402
+    PAGEABLE_FRACTION,
+    TOPOLOGIES,
+    Topology,
+    default_topology,
+    host_copy_gbs,
+    topologies,
+    topology,
+)
 
 __all__ += ["OPS", "TOPOLOGIES", "CollectiveTime", "Topology", "algbw_to_busbw", "bus_factor",
             "busbw_to_algbw", "coalesced_time", "collective_time", "default_topology",
-            "topologies", "topology"]
+            "topologies", "topology", "PAGEABLE_FRACTION", "host_copy_gbs"]
 from .data_parallel import (  # noqa: E402
     StepTime,
     bucket_sizes,

@@ -351,7 +351,9 @@ def topology() -> str | None:
 
 def modeled_time() -> float:
     """The host's modeled time in seconds since the simulation started: it advances with each
-    launch, copy and host sync on the modeled GPUs, not with this machine's clock."""
+    launch, copy and host sync on the modeled GPUs, and at the wall clock's pace while the
+    program is outside the simulation (its Python, sleeps, waits), never with the time this
+    machine's CPU takes to compute the GPUs' values."""
     sess = _session.session
     clock = sess.charges.clock if sess is not None else None
     if clock is None:

@@ -43,7 +43,7 @@ import torch
 from devlab import ops_catalog
 from devlab.gpu_model.collectives import CollectiveTime, coalesced_time, collective_time
 from devlab.gpu_model.kernels import COPY, QUEUED, kernel_seconds
-from devlab.gpu_model.links import Topology, default_topology, nccl_topology
+from devlab.gpu_model.links import Topology, default_topology, host_copy_gbs, nccl_topology
 from devlab.sizes import format_bytes
 
 from ..core import session as _session
@@ -63,12 +63,35 @@ from .roofline import (
 
 Tensor = torch.Tensor
 TIMING = QUEUED  # what the clock's times are: ops queued back to back
+# DEVLAB_HOST_CLOCK: what the host's modeled time follows outside the simulation (Note [The
+# host's modeled time]): "wall" (the default), or "modeled": the host moves by the modeled costs
+# alone, as if the program's own Python took no time. Then modeled times do not depend on this
+# machine's speed: what a test of the model's arithmetic, or a page that must print the same
+# figures on every run, needs.
+HOST_CLOCK = "DEVLAB_HOST_CLOCK"
+_HOST_CLOCKS = ("wall", "modeled")
+
+
+def _still() -> float:
+    return 0.0
+
+
+def host_wall_clock(env: dict[str, str] | None = None) -> Callable[[], float]:
+    """The wall clock DEVLAB_HOST_CLOCK gives the host's time (`time.perf_counter`, or one that
+    stands still for "modeled")."""
+    value = (os.environ if env is None else env).get(HOST_CLOCK, "wall").strip().lower() or "wall"
+    if value not in _HOST_CLOCKS:
+        raise ValueError(f"{HOST_CLOCK}={value!r}: expected 'wall' (the host's time follows "
+                         "the wall clock outside the simulation) or 'modeled' (only the modeled "
+                         "costs move it)")
+    return time.perf_counter if value == "wall" else _still
 
 # A span's stream, and what it is (`Span.kind`).
 COMPUTE, COMM = "compute", "comm"
 KERNEL, COPY_SPAN, COLLECTIVE = "kernel", "copy", "collective"
 WAIT_RANKS = "waits for the slowest rank"  # on the comm stream: another rank came later
 WAIT_COMM = "waits for a collective"  # on the compute stream: work.wait(), a blocking call
+WAIT_HOST = "waits for the host"  # on the compute stream: idle until the host launched the work
 
 
 class Span(NamedTuple):
@@ -77,7 +100,7 @@ class Span(NamedTuple):
 
     device: int  # the simulated GPU's index
     stream: str  # COMPUTE (its queue) or COMM (NCCL's stream)
-    kind: str  # KERNEL, COPY_SPAN, COLLECTIVE, WAIT_RANKS or WAIT_COMM
+    kind: str  # KERNEL, COPY_SPAN, COLLECTIVE, WAIT_RANKS, WAIT_COMM or WAIT_HOST
     name: str
     start: float
     end: float
@@ -94,6 +117,8 @@ class Clock:
     def __init__(self, spec: GpuSpec, count: int, queues: list[int] | None = None) -> None:
         self.spec = spec
         self.lock = threading.Lock()
+        # The wall clock (seconds) the host's time follows outside the simulation.
+        self.wall = host_wall_clock()
         self.reset(count, queues)
         # While `explain` or a timeline watches: every charge, in order, and when each
         # stream ran it.
@@ -121,7 +146,7 @@ class Clock:
 
     def enter(self) -> None:
         """The host enters the simulation: the wall time since it left passes on its clock."""
-        now = time.perf_counter()
+        now = self.wall()
         with self.lock:
             if not self._held:
                 gap = now - self._left
@@ -141,7 +166,7 @@ class Clock:
             if self._held:
                 self._held -= 1
             if not self._held:
-                self._left = time.perf_counter()
+                self._left = self.wall()
 
     # Note [Streams on the modeled clock]
     # `free[q]` is when GPU q's default stream is done; `side[(i, id)]` when simulated GPU i's
@@ -162,7 +187,7 @@ class Clock:
             raise ValueError(f"queues has {len(queue)} entries for {count} simulated GPUs")
         with self.lock:
             self.host = 0.0
-            self._left = time.perf_counter()  # the wall clock's time for host == 0
+            self._left = self.wall()  # the wall clock's time for host == 0
             self.queue = queue
             self.free = [0.0] * (max(queue) + 1)
             self.busy = [0.0] * (max(queue) + 1)
@@ -199,7 +224,8 @@ class Clock:
                 host += t.launch
                 sid = streams.get(t.device, 0) if streams is not None else stream
                 at = free[device] if not sid else side.get((t.device, sid), 0.0)
-                start = max(at, host, compute[device])
+                ready = max(at, compute[device])
+                start = host if host > ready else ready
                 end = compute[device] = start + work
                 if sid:
                     side[(t.device, sid)] = end
@@ -209,12 +235,15 @@ class Clock:
                 if recording is not None:
                     recording.append(t)
                 if spans is not None:
+                    if host > ready:  # the GPU idled until the host launched this kernel
+                        spans.append(Span(t.device, COMPUTE, WAIT_HOST, WAIT_HOST, ready, host))
                     spans.append(Span(t.device, COMPUTE, KERNEL, t.op, start, start + work))
             self.host = host
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
-             op: str = "copy") -> None:
-        """A copy between the host (None) and a GPU, or between two GPUs."""
+             op: str = "copy", pinned: bool = False) -> None:
+        """A copy between the host (None) and a GPU, or between two GPUs; `pinned`: the host's
+        side is pinned memory (the link's rate; pageable memory is staged: `host_copy_gbs`)."""
         spec = self.spec
         where = (f"GPU:{src}→GPU:{dst}" if src is not None and dst is not None else
                  f"host→GPU:{dst}" if src is None else f"GPU:{src}→host")
@@ -232,16 +261,17 @@ class Clock:
                 seconds = nbytes / (spec.peer_link_gbs * 1e9)
         else:
             ends = [src if src is not None else dst]
-            seconds = nbytes / (spec.host_link_gbs * 1e9)
+            seconds = nbytes / (host_copy_gbs(spec, pinned) * 1e9)
         # On each GPU end, the thread's current stream there (a copy between two GPUs runs
         # on the source's and waits for the destination's, as the copy kernels do).
         streams = _session.current_streams()
         sides = [(i, streams.get(i, 0)) for i in dict.fromkeys((src_i, dst_i)) if i is not None]
         with self.lock:
             self.host += self._launch
-            start = max(self.host, *(self._pos(i, s) for i, s in sides))
+            ready = max((self._pos(i, s) for i, s in sides), default=0.0)
             if within is not None:  # a copy kernel: the GPU's compute
-                start = max(start, self.compute[ends[0]])  # type: ignore[index]
+                ready = max(ready, self.compute[ends[0]])  # type: ignore[index]
+            start = max(self.host, ready)
             end = start + seconds
             if within is not None:
                 self.compute[ends[0]] = end  # type: ignore[index]
@@ -256,6 +286,10 @@ class Clock:
                 self.host = end + waited
             name = f"{op} ({where})"
             if self.spans is not None:
+                if start > ready:  # the GPU idled until the host launched this copy
+                    self.spans.extend(
+                        Span(g, COMPUTE, WAIT_HOST, WAIT_HOST, ready, start)
+                        for g in dict.fromkeys(i for i in (src_i, dst_i) if i is not None))
                 self.spans.extend(
                     Span(g, COMPUTE, COPY_SPAN, name, start, end)
                     for g in dict.fromkeys(i for i in (src_i, dst_i) if i is not None))
@@ -370,8 +404,13 @@ class Clock:
             return False
 
     def now(self) -> float:
+        """The host's modeled time now: the wall time since it last left the simulation
+        passes first."""
+        self.enter()
+        self.leave()
         with self.lock:
             return self.host
+
 
     def begin_capture(self) -> tuple:
         """A CUDA graph's capture starts: from now the kernels charged are recorded, not run
@@ -683,9 +722,10 @@ class Charges(NoCharges):
             clock.join(index, end)
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
-             op: str = "copy") -> None:
-        """A copy between the host (None) and a GPU, or between two GPUs."""
-        self.clock.copy(src, dst, nbytes, blocking, op)
+             op: str = "copy", pinned: bool = False) -> None:
+        """A copy between the host (None) and a GPU, or between two GPUs; `pinned`: the host's
+        side is pinned memory."""
+        self.clock.copy(src, dst, nbytes, blocking, op, pinned)
 
     def sync(self, index: int | None = None) -> None:
         """The host waits for GPU `index`'s queue (every GPU's if None)."""
@@ -772,6 +812,8 @@ def record(fn: Callable[[], Any]) -> Recording:
     if clock is None:
         raise RuntimeError("no modeled GPU: start the simulation with a model, e.g. "
                            "devlab.config.simulate_gpus(2, model='T4')")
+    clock.enter()  # the host's time now, the wall clock's since it last left the simulation
+    clock.leave()
     with clock.lock:
         outer, clock.recording = clock.recording, []
         outer_spans, clock.spans = clock.spans, []
@@ -781,6 +823,9 @@ def record(fn: Callable[[], Any]) -> Recording:
     finally:
         with clock.lock:
             clock.recording, clock.spans = outer, outer_spans
+            # A GPU idle since before the recording waited for the host from its start.
+            spans[:] = [sp._replace(start=start) if sp.kind == WAIT_HOST and sp.start < start
+                        else sp for sp in spans]
             if outer is not None:
                 outer.extend(recorded)
                 outer_spans.extend(spans)  # type: ignore[union-attr]

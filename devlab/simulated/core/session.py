@@ -267,8 +267,9 @@ class NoCharges:
         """GPU `index`'s queue waits for its collectives (`work.wait()`)."""
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
-             op: str = "copy") -> None:
-        """A copy between the host (None) and a GPU, or between two GPUs."""
+             op: str = "copy", pinned: bool = False) -> None:
+        """A copy between the host (None) and a GPU, or between two GPUs; `pinned`: the host's
+        side is pinned memory."""
 
     def sync(self, index: int | None = None) -> None:
         """The host waits for GPU `index`'s queue (every GPU's if None)."""

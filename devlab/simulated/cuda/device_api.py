@@ -9,12 +9,15 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import uuid as uuid_module
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
+from devlab.gpu_model import specs
+from devlab.gpu_model.specs import GpuSpec
 from devlab.host import cpu_cores
 
 from ..core import devices as _devices
@@ -53,7 +56,11 @@ def device_name(index: int) -> str:
 
 @dataclass(frozen=True)
 class SimulatedDeviceProperties:
-    """What torch.cuda.get_device_properties answers for a simulated GPU."""
+    """What torch.cuda.get_device_properties answers for a simulated GPU: the fields of torch's
+    `_CudaDeviceProperties`. On a modeled GPU, the board's (`board_properties`); without a
+    model, no board's: `multi_processor_count` is this machine's CPU cores (what computes a
+    simulated GPU's work: code sizing its launches by it sizes them for what runs them), the
+    repr says so, and the other figures a board would give are 0."""
 
     name: str
     total_memory: int
@@ -62,12 +69,59 @@ class SimulatedDeviceProperties:
     multi_processor_count: int = 0
     is_integrated: bool = True
     is_multi_gpu_board: bool = False
+    max_threads_per_multi_processor: int = 0
+    warp_size: int = 32
+    regs_per_multiprocessor: int = 0
+    L2_cache_size: int = 0  # noqa: N815 - torch's name
+    clock_rate: int = 0  # kHz, as CUDA's
+    memory_clock_rate: int = 0  # kHz
+    memory_bus_width: int = 0  # bits
+    shared_memory_per_block: int = 0
+    shared_memory_per_multiprocessor: int = 0
+    uuid: uuid_module.UUID | None = None
+    pci_bus_id: int = 0
+    pci_device_id: int = 0
+    pci_domain_id: int = 0
     simulated: bool = True
+    modeled: str | None = None  # the board the model follows (a GpuSpec's key)
+
+    @property
+    def gcnArchName(self) -> str:  # noqa: N802 - torch's name; a CUDA build answers the name
+        return self.name
 
     def __repr__(self) -> str:
+        sms = (f"{self.multi_processor_count}" if self.modeled else
+               f"{self.multi_processor_count} (this machine's CPU cores: no board modeled)")
         return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, "
                 f"minor={self.minor}, total_memory={self.total_memory // (1024 * 1024)}MB, "
-                f"multi_processor_count={self.multi_processor_count}, simulated=True)")
+                f"multi_processor_count={sms}, uuid={self.uuid}, pci_bus_id={self.pci_bus_id}, "
+                f"pci_device_id={self.pci_device_id}, pci_domain_id={self.pci_domain_id}, "
+                f"L2_cache_size={self.L2_cache_size // (1024 * 1024)}MB, simulated=True)")
+
+
+def board_uuid(index: int, spec: GpuSpec | None) -> uuid_module.UUID:
+    """Simulated GPU `index`'s UUID: the same on every call and in every process of one
+    machine's simulation (a name-based UUID, so nothing random is stored)."""
+    board = spec.name if spec is not None else "unmodeled"
+    return uuid_module.uuid5(uuid_module.NAMESPACE_URL, f"devlab-simulated-gpu:{board}:{index}")
+
+
+def board_properties(index: int, spec: GpuSpec, total: int) -> SimulatedDeviceProperties:
+    """What CUDA's device properties hold on the board `spec` models (pure): its SMs, L2, memory
+    bus and clocks from the datasheets (`devlab.gpu_model.specs`), the per-SM limits of its
+    compute capability; PCI bus `index + 1`, as a machine numbers its GPUs' slots."""
+    major, minor = (int(x) for x in spec.compute_capability.split("."))
+    arch = specs.ARCH[spec.compute_capability]
+    return SimulatedDeviceProperties(
+        name=device_name(index), total_memory=total, major=major, minor=minor,
+        multi_processor_count=spec.sms, is_integrated=False,
+        max_threads_per_multi_processor=arch["threads_per_sm"], regs_per_multiprocessor=65536,
+        L2_cache_size=int(spec.l2_cache_mb * 1024 * 1024),
+        clock_rate=specs.boost_clock_mhz(spec) * 1000,
+        memory_clock_rate=specs.memory_clock_mhz(spec) * 1000,
+        memory_bus_width=spec.memory_bus_bits, shared_memory_per_block=48 * 1024,
+        shared_memory_per_multiprocessor=arch["shared_kib_per_sm"] * 1024,
+        uuid=board_uuid(index, spec), pci_bus_id=index + 1, modeled=spec.name)
 
 
 @entry
@@ -115,10 +169,13 @@ def get_device_name(device: Any = None) -> str:
 @initializes
 def get_device_properties(device: Any = None) -> SimulatedDeviceProperties:
     i = _devices.cuda_index(device)
-    major, minor = _capability()
+    sess = _session.session
+    spec = sess.spec if sess is not None else None
+    if spec is not None:
+        return board_properties(i, spec, total_memory(i))
     return SimulatedDeviceProperties(name=device_name(i), total_memory=total_memory(i),
-                                     multi_processor_count=cpu_cores(), major=major,
-                                     minor=minor)
+                                     multi_processor_count=cpu_cores(),
+                                     uuid=board_uuid(i, None), pci_bus_id=i + 1)
 
 
 @entry

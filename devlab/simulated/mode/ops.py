@@ -8,7 +8,6 @@ scalar, are PyTorch's "Expected all tensors to be on the same device" error.
 from __future__ import annotations
 
 from collections.abc import Callable
-from time import perf_counter as _perf_counter
 from typing import Any
 
 import torch
@@ -218,13 +217,14 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
         # The host's own work (a data loader's collate, preprocessing): its time is the
         # host's, at the wall clock's pace (Note [The host's modeled time] in clock/clock.py).
         sess = _session.session
-        if sess is None or sess.charges.clock is None:
+        clock = sess.charges.clock if sess is not None else None
+        if clock is None:
             return call(None, func, args, kwargs)
-        began = _perf_counter()
+        began = clock.wall()
         try:
             return call(None, func, args, kwargs)
         finally:
-            sess.charges.clock.host_work(_perf_counter() - began)
+            clock.host_work(clock.wall() - began)
     _workers.wait(index)  # the op may read a queued op's output
     if (wrapped or _saved_tensor_hooks(False) is not None
             or (torch._C._len_torch_dispatch_stack() and _dispatched.unmarking_mode_on_stack())):
