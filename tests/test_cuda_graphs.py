@@ -483,6 +483,7 @@ def test_modeled_replay_costs_one_launch(no_simulation) -> None:
     assert x[0].item() == 80.0  # explain's eager work, its replay, then one of each again
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_capture_charges_the_gpu_nothing(no_simulation) -> None:
     devlab.simulated.start(1, model="T4")
     x = torch.zeros(1 << 20, device="cuda")

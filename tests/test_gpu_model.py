@@ -390,6 +390,7 @@ def test_timing_the_cpu_runs_without_the_simulations_modes(t4) -> None:
     assert (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()) == before
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_stop_removes_the_clock() -> None:
     devlab.config.simulate_gpus(2, model="T4")
     torch.ones(3, device="cuda:0")

@@ -40,6 +40,7 @@ def _charges(gpu: str = "T4") -> Charges:
     return Charges(Clock(gpu_model.gpu(gpu), 2))
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_a_collective_runs_on_its_own_stream_from_the_latest_ranks_start() -> None:
     c = _charges()
     clock = c.clock
@@ -61,6 +62,7 @@ def test_a_collective_runs_on_its_own_stream_from_the_latest_ranks_start() -> No
     assert clock.ready(1) == 0.0
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_the_topology_is_the_gpus_default_and_a_coalesced_call_is_one_group() -> None:
     c = _charges("A100")
     assert c.topology.key == gpu_model.default_topology("A100").key == "nvswitch-a100"

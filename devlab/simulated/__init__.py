@@ -359,7 +359,7 @@ def modeled_time() -> float:
     if clock is None:
         raise RuntimeError("no modeled GPU: start the simulation with a model, e.g. "
                            "devlab.config.simulate_gpus(2, model='T4')")
-    return clock.now()
+    return clock.catch_up()
 
 
 @contextlib.contextmanager

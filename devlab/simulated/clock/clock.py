@@ -404,12 +404,16 @@ class Clock:
             return False
 
     def now(self) -> float:
-        """The host's modeled time now: the wall time since it last left the simulation
-        passes first."""
-        self.enter()
-        self.leave()
+        """The host's modeled time as last charged (`catch_up` first for the time now)."""
         with self.lock:
             return self.host
+
+    def catch_up(self) -> float:
+        """The host's modeled time now: the wall time since it last left the simulation passes
+        first (what `simulated.modeled_time()` answers)."""
+        self.enter()
+        self.leave()
+        return self.now()
 
 
     def begin_capture(self) -> tuple:
@@ -812,8 +816,7 @@ def record(fn: Callable[[], Any]) -> Recording:
     if clock is None:
         raise RuntimeError("no modeled GPU: start the simulation with a model, e.g. "
                            "devlab.config.simulate_gpus(2, model='T4')")
-    clock.enter()  # the host's time now, the wall clock's since it last left the simulation
-    clock.leave()
+    clock.catch_up()  # the host's time now, the wall clock's since it last left the simulation
     with clock.lock:
         outer, clock.recording = clock.recording, []
         outer_spans, clock.spans = clock.spans, []
