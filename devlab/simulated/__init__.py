@@ -55,6 +55,7 @@ __all__ = [
     "gpu_spec",
     "hang_timeout",
     "model",
+    "modeled_host",
     "modeled_time",
     "topology",
     "models",
@@ -360,6 +361,25 @@ def modeled_time() -> float:
         raise RuntimeError("no modeled GPU: start the simulation with a model, e.g. "
                            "devlab.config.simulate_gpus(2, model='T4')")
     return clock.catch_up()
+
+
+@contextlib.contextmanager
+def modeled_host() -> Iterator[None]:
+    """Inside, the host's modeled time moves by the modeled costs alone, as with
+    DEVLAB_HOST_CLOCK=modeled: the wall time the block takes (this machine's Python between
+    launches) is not the host's. `devlab.timing` times modeled GPUs so, as its figures say:
+    the model's, ops queued back to back, the same on every run whatever this machine's speed.
+    Nothing to do without a modeled GPU."""
+    sess = _session.session
+    clock = sess.charges.clock if sess is not None else None
+    if clock is None:
+        yield
+        return
+    clock.hold()
+    try:
+        yield
+    finally:
+        clock.release()
 
 
 @contextlib.contextmanager

@@ -127,6 +127,7 @@ class Clock:
         self._launch = spec.launch_latency_us * 1e-6
         self._sync = spec.sync_latency_us * 1e-6
         self._held = 0  # calls inside the simulation now (`enter` minus `leave`), all threads
+        self._modeled_only = 0  # blocks in `hold`: the host's own work is not its time either
 
     # Note [The host's modeled time]
     # On a GPU machine the host's time passes whatever the host does; the simulation adds one
@@ -157,8 +158,20 @@ class Clock:
     def host_work(self, seconds: float) -> None:
         """The host computed for `seconds` inside a call (an op on host tensors): host time."""
         with self.lock:
-            if self._held:
+            if self._held and not self._modeled_only:
                 self.host += seconds
+
+    def hold(self) -> None:
+        """Until `release`, the host's time moves by the modeled costs alone (as with
+        DEVLAB_HOST_CLOCK=modeled): `simulated.modeled_host()`."""
+        self.enter()
+        with self.lock:
+            self._modeled_only += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self._modeled_only = max(0, self._modeled_only - 1)
+        self.leave()
 
     def leave(self) -> None:
         """The host leaves the simulation: its clock follows the wall clock from now."""
