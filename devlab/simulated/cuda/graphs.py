@@ -392,6 +392,7 @@ class CUDAGraph:
 
     @entry
     @_device_api.initializes
+    @_session.inside  # its CPU work is not the host's time
     def capture_begin(self, pool: tuple[int, int] | None = None,
                       capture_error_mode: str = "global",
                       check_input_liveness: bool = False) -> None:
@@ -440,6 +441,7 @@ class CUDAGraph:
         _session.capture = cap
 
     @entry
+    @_session.inside  # its CPU work is not the host's time
     def capture_end(self) -> None:
         """End the capture: the recorded ops are the graph; GPU memory the capture wrote but
         did not make is as it was before it."""
@@ -520,6 +522,7 @@ class CUDAGraph:
         cap.hold.clear()
 
     @entry
+    @_session.inside  # its CPU work is not the host's time
     def replay(self) -> None:
         """Run the recorded ops again into the same tensors; on a modeled GPU, one launch."""
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
