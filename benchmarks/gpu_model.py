@@ -447,12 +447,13 @@ def queued_ops(spec: GpuSpec, op: str, shapes: tuple, calls: int = 100,
 
 
 def host_copy_gbs(spec: GpuSpec, nbytes: int, to_gpu: bool) -> float:
+    """bandwidthTest's figure: pinned host memory (the published rows' `--memory=pinned`)."""
     clock = Clock(spec, 1)
     if to_gpu:
-        clock.copy(None, 0, nbytes, blocking=True)
+        clock.copy(None, 0, nbytes, blocking=True, pinned=True)
         seconds = clock.now()
     else:
-        clock.copy(0, None, nbytes, blocking=True)
+        clock.copy(0, None, nbytes, blocking=True, pinned=True)
         seconds = clock.now() - spec.sync_latency_us * 1e-6  # bandwidthTest times the copy
     return nbytes / seconds / 1e9
 

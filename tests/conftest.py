@@ -45,6 +45,15 @@ def no_simulation():
 
 
 @pytest.fixture
+def modeled_host(monkeypatch):
+    """The host's modeled time moves by the modeled costs alone (DEVLAB_HOST_CLOCK=modeled, set
+    before the simulation starts and inherited by ranks it launches): for tests of the model's
+    arithmetic, whose figures must not depend on how fast this machine runs the test's own
+    Python. Tests of the host's wall-clock time (tests/test_host_clock.py) leave it out."""
+    monkeypatch.setenv("DEVLAB_HOST_CLOCK", "modeled")
+
+
+@pytest.fixture
 def two(no_simulation):
     """Two simulated GPUs for the test."""
     devlab.simulated.start(2)

@@ -445,6 +445,7 @@ def test_stop_during_capture_leaves_torch_as_it_was(no_simulation) -> None:
     assert _session.capture is None
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_modeled_replay_costs_one_launch(no_simulation) -> None:
     devlab.simulated.start(1, model="T4")
     x = torch.zeros(1024, device="cuda")
@@ -482,6 +483,7 @@ def test_modeled_replay_costs_one_launch(no_simulation) -> None:
     assert x[0].item() == 80.0  # explain's eager work, its replay, then one of each again
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_capture_charges_the_gpu_nothing(no_simulation) -> None:
     devlab.simulated.start(1, model="T4")
     x = torch.zeros(1 << 20, device="cuda")

@@ -30,7 +30,7 @@ SYNC = T4.sync_latency_us * 1e-6
 
 
 @pytest.fixture
-def t4():
+def t4(modeled_host):
     devlab.config.simulate_gpus(2, model="T4")
     yield simulated
     devlab.config.stop_simulation()
@@ -42,6 +42,15 @@ def _product(n: int, gpu: str = "T4", dtype: str = "float32") -> gpu_model.Kerne
 
 
 # --- the model of one kernel (pure: no simulation, no op run) ----------------------------------
+
+def test_a_pageable_copy_is_staged_at_the_measured_fraction_of_the_pinned_rate() -> None:
+    # bandwidthTest on a DGX A100 (links.py): 10.0 GB/s pageable against 25.7 pinned.
+    assert gpu_model.host_copy_gbs(T4, pinned=True) == T4.host_link_gbs
+    a100 = SPECS["A100-80GB"]
+    ratio = gpu_model.host_copy_gbs(a100, pinned=False) / gpu_model.host_copy_gbs(a100, True)
+    assert ratio == pytest.approx(10.0 / 25.7, abs=0.02)
+    assert gpu_model.host_copy_gbs(T4, pinned=False) < T4.host_link_gbs / 2
+
 
 def test_a_product_runs_in_whole_waves_of_tiles_at_the_achieved_rate() -> None:
     tm, tn, per_sm = CALIBRATION["T4"].mm.tile
@@ -192,15 +201,21 @@ def test_two_gpus_have_two_queues(t4) -> None:
 def test_copies_cross_the_host_link_and_copies_to_the_host_wait(t4) -> None:
     host = torch.randn(4096, 4096)
     nbytes = host.numel() * 4
+    pageable = gpu_model.host_copy_gbs(T4, pinned=False) * 1e9
     torch.cuda.synchronize()
     t0 = simulated.modeled_time()
-    dev = host.to("cuda:1")  # pageable host memory: the host waits for the copy
-    assert simulated.modeled_time() - t0 == pytest.approx(LAUNCH + nbytes / (T4.host_link_gbs * 1e9))
+    dev = host.to("cuda:1")  # pageable host memory, staged: the host waits for the copy
+    assert simulated.modeled_time() - t0 == pytest.approx(LAUNCH + nbytes / pageable)
     t0 = simulated.modeled_time()
-    back = dev.cpu()
+    back = dev.cpu()  # into pageable memory, staged too
+    assert simulated.modeled_time() - t0 == pytest.approx(LAUNCH + nbytes / pageable + SYNC)
+    assert torch.equal(back, host)
+    pinned = host.pin_memory()
+    t0 = simulated.modeled_time()
+    pinned.to("cuda:1", non_blocking=True)  # pinned: at the link's rate, the host goes on
+    torch.cuda.synchronize()
     assert simulated.modeled_time() - t0 == pytest.approx(
         LAUNCH + nbytes / (T4.host_link_gbs * 1e9) + SYNC)
-    assert torch.equal(back, host)
     t0 = simulated.modeled_time()
     dev.to("cuda:0")
     torch.cuda.synchronize()
@@ -282,12 +297,11 @@ def test_attribute_reads_and_writes_launch_no_kernel(t4) -> None:
     assert p.device == torch.device("cuda:1")
 
 
-def test_host_work_is_not_charged_and_real_time_is_untouched(t4) -> None:
+def test_host_work_charges_no_kernel_and_real_time_is_untouched(t4) -> None:
+    # (At the wall clock's pace it is the host's time: tests/test_host_clock.py.)
     perf_counter = time.perf_counter
     cpu = torch.randn(512, 512)
-    t0 = simulated.modeled_time()
-    cpu @ cpu
-    assert simulated.modeled_time() == t0 and simulated.explain(lambda: cpu @ cpu).ops == []
+    assert simulated.explain(lambda: cpu @ cpu).ops == []
     assert time.perf_counter is perf_counter
 
 
@@ -379,6 +393,7 @@ def test_timing_the_cpu_runs_without_the_simulations_modes(t4) -> None:
     assert (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()) == before
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_stop_removes_the_clock() -> None:
     devlab.config.simulate_gpus(2, model="T4")
     torch.ones(3, device="cuda:0")

@@ -378,9 +378,10 @@ def claims_03(nb: nbformat.NotebookNode, env: Env) -> None:
     polls, (queued, polled, finished) = int(got[2]), map(float, got.group(4, 5, 6))
     assert (got[1], got[3]) == ("False", "True") and polls >= 1, asked
     assert queued < finished <= polled, asked
-    # the first question and each False one in the loop cost one launch; the True one nothing
+    # the first question and each False one in the loop cost one launch, the True one nothing;
+    # the loop's own Python is host time too, at the wall clock's pace (tests/test_host_clock.py)
     launch_ms = gpu_spec("T4").launch_latency_us / 1000
-    assert abs((polled - queued) - (polls + 1) * launch_ms) < 0.002, asked
+    assert polled - queued >= (polls + 1) * launch_ms - 1e-6, asked
 
 
 def claims_04(nb: nbformat.NotebookNode, env: Env) -> None:

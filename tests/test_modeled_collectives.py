@@ -40,6 +40,7 @@ def _charges(gpu: str = "T4") -> Charges:
     return Charges(Clock(gpu_model.gpu(gpu), 2))
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_a_collective_runs_on_its_own_stream_from_the_latest_ranks_start() -> None:
     c = _charges()
     clock = c.clock
@@ -61,6 +62,7 @@ def test_a_collective_runs_on_its_own_stream_from_the_latest_ranks_start() -> No
     assert clock.ready(1) == 0.0
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_the_topology_is_the_gpus_default_and_a_coalesced_call_is_one_group() -> None:
     c = _charges("A100")
     assert c.topology.key == gpu_model.default_topology("A100").key == "nvswitch-a100"
@@ -111,6 +113,7 @@ def all_reduce_times() -> dict:
     return out
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_collectives_take_the_models_time_and_wait_for_the_slowest_rank(no_simulation) -> None:
     simulated.start(2, model="T4")
     results = devlab.launch(all_reduce_times, nprocs=2, timeout=300)
@@ -166,6 +169,7 @@ def ddp_step() -> dict:
     return {"step": t1 - t0, "backward": b1 - b0 - simulated.model().sync_latency_us * 1e-6}
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_ddp_adds_the_communication_its_backward_pass_does_not_hide(no_simulation) -> None:
     simulated.start(2, model="T4")
     (one,) = devlab.launch(ddp_step, nprocs=1, timeout=300)
@@ -245,6 +249,7 @@ def late_send() -> dict:
     return out
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_a_receive_starts_no_earlier_than_its_send(no_simulation) -> None:
     simulated.start(2, model="T4")
     sender, receiver = devlab.launch(late_send, nprocs=2, timeout=120)
@@ -320,6 +325,7 @@ def spanning_step() -> dict:
     return out
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_ddp_over_a_model_spanning_two_modeled_gpus_per_rank(no_simulation) -> None:
     simulated.start(4, model="T4")
     ranks = devlab.launch(spanning_step, nprocs=2, timeout=120)
@@ -367,6 +373,7 @@ def other_collectives() -> dict:
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.usefixtures("modeled_host")
 def test_gather_scatter_and_functional_collectives_take_the_models_time(no_simulation) -> None:
     simulated.start(2, model="T4")
     root, other = devlab.launch(other_collectives, nprocs=2, timeout=300)

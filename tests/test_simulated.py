@@ -719,7 +719,7 @@ def test_a_gpu_without_memory_growth_reserves_its_free_memory_at_first_use(two) 
     with pytest.raises(torch.OutOfMemoryError) as info:
         torch.empty(61 * MIB, dtype=torch.uint8, device="cuda:0")
     assert ("Tried to allocate 62.00 MiB. GPU 0 has a total capacity of 64.00 MiB of which "
-            "6.00 MiB is free. Process ") in str(info.value)
+            "6.00 MiB is free. Including non-PyTorch memory, this process has ") in str(info.value)
     assert ("Of the allocated memory 4.00 MiB is allocated by PyTorch, and 54.00 MiB is "
             "reserved by PyTorch but unallocated.") in str(info.value)
     del x, y, z

@@ -137,7 +137,7 @@ def test_queued_work_is_finished_before_any_fork() -> None:
     # finished values, never the zeros of an output allocated at launch.
     done = _python(
         "import os, threading, torch, devlab\n"
-        "from devlab.engine.simulated.base import workers as _workers\n"
+        "from devlab.engine.simulated.base import gpu_workers as _workers\n"
         "devlab.config.simulate_gpus(1)\n"
         "w = torch.randn(1024, 1024, device='cuda')\n"
         "gate = threading.Event(); _workers.submit(0, lambda: gate.wait(30))\n"

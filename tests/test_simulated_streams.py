@@ -132,6 +132,7 @@ def _ms(work, side: torch.cuda.Stream) -> float:
     return start.elapsed_time(end)
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_a_copy_on_a_side_stream_overlaps_a_product_on_the_default_stream() -> None:
     devlab.config.simulate_gpus(1, model="T4")
     a = torch.randn(1024, 1024, device="cuda")
@@ -188,6 +189,7 @@ def test_work_on_a_stream_starts_after_what_it_waits_for() -> None:
     assert product_done.elapsed_time(after) > product_ms
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_synchronize_waits_for_every_stream_and_a_stream_for_its_own() -> None:
     devlab.config.simulate_gpus(1, model="T4")
     host = torch.empty(64 * MIB, dtype=torch.uint8, pin_memory=True)
@@ -226,6 +228,7 @@ def test_allocations_on_a_side_stream_come_from_its_own_pool() -> None:
     del z
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_record_stream_delays_reuse_until_the_streams_modeled_work_is_done() -> None:
     devlab.config.simulate_gpus(1, model="T4")
     host = torch.empty(64 * MIB, dtype=torch.uint8, pin_memory=True)
@@ -361,6 +364,7 @@ def test_an_external_stream_is_the_simulated_stream_its_pointer_names() -> None:
     assert torch.cuda.ExternalStream is _REAL_EXTERNAL_STREAM  # restored at stop
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_queries_answer_from_the_modeled_clock() -> None:
     devlab.config.simulate_gpus(1, model="T4")
     a = torch.randn(2048, 2048, device="cuda")

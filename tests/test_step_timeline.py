@@ -122,6 +122,7 @@ def ddp_timelines() -> dict:
             "sync": simulated.model().sync_latency_us * 1e-6}
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_a_ddp_steps_timeline_agrees_with_the_clock_and_the_model(no_simulation) -> None:
     simulated.start(2, model="T4")
     (one,) = devlab.launch(ddp_timelines, nprocs=1, timeout=300)

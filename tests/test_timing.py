@@ -397,6 +397,7 @@ def test_a_modeled_result_shows_no_spread(monkeypatch):
     assert "none (modeled: every block the same)" in c._repr_html_()
 
 
+@pytest.mark.usefixtures("modeled_host")
 def test_a_modeled_clock_stops_at_two_equal_blocks():
     import devlab
 

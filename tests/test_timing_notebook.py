@@ -63,10 +63,11 @@ def test_work_timed_on_the_wrong_gpu_is_refused_and_leaves_nothing_queued(cells)
     shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err.traceback))
     assert 'devlab.time_on_device(lambda: x @ x, "/GPU:0")' in shown
     assert "timing.py" not in shown  # the traceback ends at the teacher's line
-    # Nothing was left queued on GPU 1: waiting for it costs no modeled time (before, the
-    # next synchronize(1) took 1.4 s). The modeled clock, not this machine's, so load
-    # cannot move it.
-    assert text(cells["no_backlog"]).strip() == "GPU 1 had 0 µs of work left (modeled)"
+    # Nothing was left queued on GPU 1: waiting for it costs no modeled work (before, the
+    # next synchronize(1) took 1.4 s). The host's modeled time still passes at the wall
+    # clock's pace between the cell's lines (tests/test_host_clock.py), microseconds here.
+    left = re.fullmatch(r"GPU 1 had (\d+) µs of work left \(modeled\)\n", text(cells["no_backlog"]))
+    assert left and int(left[1]) < 50_000, text(cells["no_backlog"])
     assert text(cells["right_device"]).startswith("GPU:1 (modeled T4): ")
 
 

@@ -471,61 +471,64 @@ def time_on_device(
     waited: list[torch.device] = [] if dev.type == "cpu" else [dev]  # devices to synchronize
     set_up, seen = _DevicesSeen(), _DevicesSeen()
     times: list[float] = []
-    try:
-        if setup is not None:
-            with _on_device(device, dev), set_up:
-                setup()
-            _add(waited, set_up.devices)
-        # Host work is timed as plain PyTorch runs it, without the simulation's modes.
-        with (simulated.host_only() if dev.type == "cpu" else contextlib.nullcontext()), \
-                (_on_device(device, dev) if as_default else contextlib.nullcontext()):
-            with seen:  # the first warm-up call: where does the work run?
-                fn()
-            ran = seen.devices
-            _add(waited, ran)
-            sync = _sync_all(waited)
-            sync()
-            _check_where(short, dev, ran)
-            for _ in range(warmup - 1):
-                fn()
-            sync()
-            if number is None:
-                # One more warm-up call sizes the blocks; a quick one is tried thrice, so one
-                # call that waited for the machine does not shrink every block to one call.
-                one = math.inf
-                for _ in range(3):
-                    t0 = clock()
+    # A modeled GPU's figures are the model's: this machine's Python between launches is
+    # not the host's time there (simulated.modeled_host), so they are the same every run.
+    with simulated.modeled_host() if spec is not None else contextlib.nullcontext():
+        try:
+            if setup is not None:
+                with _on_device(device, dev), set_up:
+                    setup()
+                _add(waited, set_up.devices)
+            # Host work is timed as plain PyTorch runs it, without the simulation's modes.
+            with (simulated.host_only() if dev.type == "cpu" else contextlib.nullcontext()), \
+                    (_on_device(device, dev) if as_default else contextlib.nullcontext()):
+                with seen:  # the first warm-up call: where does the work run?
                     fn()
+                ran = seen.devices
+                _add(waited, ran)
+                sync = _sync_all(waited)
+                sync()
+                _check_where(short, dev, ran)
+                for _ in range(warmup - 1):
+                    fn()
+                sync()
+                if number is None:
+                    # One more warm-up call sizes the blocks; a quick one is tried thrice, so one
+                    # call that waited for the machine does not shrink every block to one call.
+                    one = math.inf
+                    for _ in range(3):
+                        t0 = clock()
+                        fn()
+                        sync()
+                        one = min(one, clock() - t0)
+                        if one >= _BLOCK_TIME:
+                            break
+                    number = max(1, min(int(_BLOCK_TIME / max(one, 1e-9)), 1_000_000))
+                measured = 0.0
+                last_report = clock()
+                while len(times) < max_repeats and (len(times) < repeats or measured < min_time):
                     sync()
-                    one = min(one, clock() - t0)
-                    if one >= _BLOCK_TIME:
-                        break
-                number = max(1, min(int(_BLOCK_TIME / max(one, 1e-9)), 1_000_000))
-            measured = 0.0
-            last_report = clock()
-            while len(times) < max_repeats and (len(times) < repeats or measured < min_time):
-                sync()
-                t0 = clock()
-                for _ in range(number):
-                    fn()
-                sync()
-                elapsed = clock() - t0
-                times.append(elapsed / number)
-                measured += elapsed
-                if spec is not None and len(times) >= 2 and math.isclose(
-                        times[-1], times[-2], rel_tol=1e-9, abs_tol=1e-15):
-                    break  # a modeled clock: every further block would take the same time
-                if progress is not None and clock() - last_report > 0.1:
-                    last_report = clock()
-                    progress(min(1.0, max(len(times) / repeats, measured / max(min_time, 1e-9))))
-    except BaseException as e:
-        # Whatever stopped the timing (an error in fn, a refusal, an interrupt), the work it
-        # queued is finished now, not in whatever runs next. The error itself is what shows.
-        _add(waited, set_up.devices | seen.devices)  # as far as they were seen
-        with contextlib.suppress(Exception):
-            _sync_all(waited)()
-        _drop_own_frames(e)
-        raise
+                    t0 = clock()
+                    for _ in range(number):
+                        fn()
+                    sync()
+                    elapsed = clock() - t0
+                    times.append(elapsed / number)
+                    measured += elapsed
+                    if spec is not None and len(times) >= 2 and math.isclose(
+                            times[-1], times[-2], rel_tol=1e-9, abs_tol=1e-15):
+                        break  # a modeled clock: every further block would take the same time
+                    if progress is not None and clock() - last_report > 0.1:
+                        last_report = clock()
+                        progress(min(1.0, max(len(times) / repeats, measured / max(min_time, 1e-9))))
+        except BaseException as e:
+            # Whatever stopped the timing (an error in fn, a refusal, an interrupt), the work it
+            # queued is finished now, not in whatever runs next. The error itself is what shows.
+            _add(waited, set_up.devices | seen.devices)  # as far as they were seen
+            with contextlib.suppress(Exception):
+                _sync_all(waited)()
+            _drop_own_frames(e)
+            raise
     if progress is not None:
         progress(1.0)
     others = [d for d in waited if not _same(d, dev)]

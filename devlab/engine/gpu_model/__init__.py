@@ -31,16 +31,18 @@ from devlab.engine.gpu_model.collectives import (  # noqa: E402  (collectives: i
     collective_time,
 )
 from devlab.engine.gpu_model.links import (  # noqa: E402
+    PAGEABLE_FRACTION,
     TOPOLOGIES,
     Topology,
     default_topology,
+    host_copy_gbs,
     topologies,
     topology,
 )
 
 __all__ += ["OPS", "TOPOLOGIES", "CollectiveTime", "Topology", "algbw_to_busbw", "bus_factor",
             "busbw_to_algbw", "coalesced_time", "collective_time", "default_topology",
-            "topologies", "topology"]
+            "topologies", "topology", "PAGEABLE_FRACTION", "host_copy_gbs"]
 from devlab.engine.gpu_model.data_parallel import (  # noqa: E402
     StepTime,
     bucket_sizes,

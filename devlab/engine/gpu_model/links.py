@@ -244,3 +244,22 @@ def nccl_topology(topo: Topology, gpu_name: str | GpuSpec, env: dict[str, str]) 
 
 
 assert set(GPU_TOPOLOGIES) >= set(SPECS), "every GPU needs its topologies"
+
+
+# Copies between host memory and a GPU. A pinned (page-locked) buffer is read or written by the
+# GPU's copy engine directly, at the host link's rate (`GpuSpec.host_link_gbs`). A pageable one
+# cannot be: CUDA stages it through a pinned buffer of its own, a CPU copy before (or after) the
+# DMA, page by page ("How to Optimize Data Transfers in CUDA C/C++", NVIDIA's developer blog),
+# so it moves at a fraction of the pinned rate that depends on the host's memory and CPU.
+# bandwidthTest, 32 MB, on a DGX A100 (A100-SXM4-80GB; gengwg/gpu, nvda_gpu_benchmark.md,
+# "Host-to-Device Transfer Speeds Test"): host to device 25.7 GB/s pinned, 10.0 pageable
+# (0.39); device to host 25.8 and 10.8 (0.42). On a Dell server's A100 80GB PCIe, the same
+# file: 17.3 and 3.3 (0.19), 24.6 and 8.5 (0.35). The model takes the DGX's, the better host
+# of the two and the one closest to "about half": 0.4 of the pinned rate, both directions.
+PAGEABLE_FRACTION = 0.4
+
+
+def host_copy_gbs(spec: GpuSpec, pinned: bool) -> float:
+    """GB/s of a copy between host memory and a GPU of `spec`, per direction: the host link's
+    rate from (or to) pinned memory, `PAGEABLE_FRACTION` of it from (or to) pageable memory."""
+    return spec.host_link_gbs * (1.0 if pinned else PAGEABLE_FRACTION)

@@ -43,6 +43,7 @@ class GpuSpec:
     tensor_dtypes: tuple[str, ...] = ()  # the dtypes its tensor cores multiply
     pcie_gen: int = 0  # PCIe generation of its host link
     pcie_lanes: int = 16  # PCIe lanes of its host link
+    memory_bus_bits: int = 0  # the memory interface's width
 
 
 # Host-side costs, spent on the host and driver rather than the GPU chip, so one value is used
@@ -57,36 +58,84 @@ _GEN3 = {"host_link": "PCIe Gen3 x16", "host_link_gbs": 16.0,
 _GEN4 = {"host_link": "PCIe Gen4 x16", "host_link_gbs": 32.0,
          "peer_link": "PCIe Gen4 x16 (no NVLink)", "peer_link_gbs": 32.0}
 _A100 = {"fp32_tflops": 19.5, "tf32_tflops": 156.0, "fp16_tflops": 312.0, "bf16_tflops": 312.0,
-         "sms": 108, "compute_capability": "8.0"}
+         "sms": 108, "compute_capability": "8.0", "l2_cache_mb": 40.0, "memory_bus_bits": 5120}
 # The A100 PCIe cards can be paired by an NVLink bridge; a server's cards usually are not, so
 # two of them talk over PCIe Gen4 ([A100-DS], "NVLink Bridge for 2 GPUs").
 _A100_PCIE = {**_GEN4, "peer_link": "PCIe Gen4 x16 (an NVLink bridge can join two cards)"}
 _A100_SXM = {"host_link": "PCIe Gen4 x16", "host_link_gbs": 32.0,
              "peer_link": "NVLink 3 (12 links)", "peer_link_gbs": 300.0}
 
+# The L2 caches and memory buses (`l2_cache_mb`, `memory_bus_bits`), from NVIDIA's architecture
+# whitepapers, chip by chip (docs/gpu-models.md, "What a board says about itself"): TU104 (T4)
+# 4 MB, 256-bit GDDR6; TU102 (TITAN RTX) 6 MB, 384-bit; GP104 (P4) 2 MB, 256-bit GDDR5; GP100
+# (P100) 4 MB and GV100 (V100) 6 MB, both 4,096-bit HBM2; AD104 (L4) 48 MB, 192-bit; GA100
+# (A100) 40 MB and GH100 (H100 SXM5 and PCIe) 50 MB, both 5,120-bit HBM.
+
+# What CUDA's device properties hold by compute capability (the CUDA C++ Programming Guide's
+# "Technical Specifications per Compute Capability"): CUDA cores per SM (the datasheets' cores /
+# SMs), resident threads per SM, shared memory per SM in KiB (what an SM can give its blocks).
+# Every capability here has 64 Ki 32-bit registers per SM, 48 KiB of shared memory per block
+# without opting in, and warps of 32.
+ARCH: dict[str, dict[str, int]] = {
+    "6.0": {"cores_per_sm": 64, "threads_per_sm": 2048, "shared_kib_per_sm": 64},
+    "6.1": {"cores_per_sm": 128, "threads_per_sm": 2048, "shared_kib_per_sm": 96},
+    "7.0": {"cores_per_sm": 64, "threads_per_sm": 2048, "shared_kib_per_sm": 96},
+    "7.5": {"cores_per_sm": 64, "threads_per_sm": 1024, "shared_kib_per_sm": 64},
+    "8.0": {"cores_per_sm": 64, "threads_per_sm": 2048, "shared_kib_per_sm": 164},
+    "8.9": {"cores_per_sm": 128, "threads_per_sm": 1536, "shared_kib_per_sm": 100},
+    "9.0": {"cores_per_sm": 128, "threads_per_sm": 2048, "shared_kib_per_sm": 228},
+    # The boards of issue 40: 8.6 as the guide's table gives it; 10.0 and 12.0 taken as 9.0
+    # and 8.9 (data-centre and consumer Blackwell), not checked against the guide's table.
+    "8.6": {"cores_per_sm": 128, "threads_per_sm": 1536, "shared_kib_per_sm": 100},
+    "10.0": {"cores_per_sm": 128, "threads_per_sm": 2048, "shared_kib_per_sm": 228},
+    "12.0": {"cores_per_sm": 128, "threads_per_sm": 1536, "shared_kib_per_sm": 100},
+}
+
+
+def boost_clock_mhz(spec: GpuSpec) -> int:
+    """The SM clock the FP32 peak is quoted at: peak = 2 FLOPs x CUDA cores x clock, so the
+    clock is the peak over both (the T4's 8.1 TFLOPS on 2,560 cores: 1,582 MHz, its datasheet's
+    1,590 boost clock within the peak's rounding)."""
+    cores = spec.sms * ARCH[spec.compute_capability]["cores_per_sm"]
+    return round(spec.fp32_tflops * 1e12 / (2 * cores) / 1e6)
+
+
+def memory_clock_mhz(spec: GpuSpec) -> int:
+    """The memory clock CUDA reports (`memoryClockRate`): peak bandwidth = 2 (double data
+    rate) x clock x bus width, so the clock is the datasheet's bandwidth over both (an A100
+    40 GB: 1,555 GB/s on 5,120 bits, 1,215 MHz)."""
+    if not spec.memory_bus_bits:
+        return 0  # a board whose bus width is not in the tables: CUDA's field stays 0
+    return round(spec.memory_bandwidth_gbs * 1e9 / (2 * spec.memory_bus_bits / 8) / 1e6)
+
+
 SPECS: dict[str, GpuSpec] = {
     # NVIDIA T4 datasheet: 8.1 FP32, 65 FP16/FP32 mixed precision, 16 GB GDDR6 at 300 GB/s,
     # x16 PCIe Gen3, 70 W, 2,560 CUDA cores (Turing: 64 per SM). No TF32, no BF16, no NVLink.
     "T4": GpuSpec("T4", "NVIDIA T4 (16 GB, PCIe)", 8.1, None, 65.0, None, 16.0, 300.0, **_GEN3,
-                  **_HOST, sms=40, board_power_w=70.0, compute_capability="7.5"),
+                  **_HOST, sms=40, board_power_w=70.0, compute_capability="7.5",
+                  l2_cache_mb=4.0, memory_bus_bits=256),
     # NVIDIA Tesla P4 datasheet: 5.5 FP32, 8 GB GDDR5 at 192 GB/s, PCIe Gen3, 75 W, 2,560 CUDA
     # cores (GP104: 128 per SM). No FP16 figure, no tensor cores. In the model for fitting.
     "P4": GpuSpec("P4", "NVIDIA Tesla P4 (8 GB, PCIe)", 5.5, None, None, None, 8.0, 192.0,
-                  **_GEN3, **_HOST, sms=20, board_power_w=75.0, compute_capability="6.1"),
+                  **_GEN3, **_HOST, sms=20, board_power_w=75.0, compute_capability="6.1",
+                  l2_cache_mb=2.0, memory_bus_bits=256),
     # NVIDIA Tesla P100 datasheet, PCIe 16 GB: 9.3 FP32, 18.7 FP16, 16 GB HBM2 at 732 GB/s,
     # PCIe Gen3, 250 W, 3,584 CUDA cores (GP100: 64 per SM). Kaggle's P100.
     "P100": GpuSpec("P100", "NVIDIA Tesla P100 (16 GB, PCIe)", 9.3, None, 18.7, None, 16.0,
                     732.0, **_GEN3, **_HOST, sms=56, board_power_w=250.0,
-                    compute_capability="6.0"),
+                    compute_capability="6.0", l2_cache_mb=4.0, memory_bus_bits=4096),
     # NVIDIA V100 datasheet, "V100 PCIe" column: 14 FP32, 112 tensor (FP16), 32 GB HBM2 at
     # 900 GB/s, PCIe Gen3, 250 W, 5,120 CUDA cores (64 per SM). No TF32, no BF16.
     "V100": GpuSpec("V100", "NVIDIA V100 (32 GB, PCIe)", 14.0, None, 112.0, None, 32.0, 900.0,
-                    **_GEN3, **_HOST, sms=80, board_power_w=250.0, compute_capability="7.0"),
+                    **_GEN3, **_HOST, sms=80, board_power_w=250.0, compute_capability="7.0",
+                    l2_cache_mb=6.0, memory_bus_bits=4096),
     # NVIDIA L4 datasheet / product page: 30.3 FP32; TF32 120*, FP16 242*, BF16 242* ("* Shown
     # with sparsity. Specifications are one-half lower without sparsity"), so the dense values
     # are halves; 24 GB at 300 GB/s; PCIe Gen4 x16; 72 W; 7,424 CUDA cores (Ada: 128 per SM).
     "L4": GpuSpec("L4", "NVIDIA L4 (24 GB, PCIe)", 30.3, 60.0, 121.0, 121.0, 24.0, 300.0,
-                  **_GEN4, **_HOST, sms=58, board_power_w=72.0, compute_capability="8.9"),
+                  **_GEN4, **_HOST, sms=58, board_power_w=72.0, compute_capability="8.9",
+                  l2_cache_mb=48.0, memory_bus_bits=192),
     # NVIDIA A100 datasheet: 19.5 FP32; TF32 156, BF16 312, FP16 312 (dense); 6,912 CUDA cores
     # (108 SMs [A100-WP]). The SXM4 boards (400 W, NVLink 600 GB/s both ways): 40 GB at
     # 1,555 GB/s (Google Cloud's A2 machines, behind Colab's A100) and 80 GB at 2,039 GB/s
@@ -107,7 +156,8 @@ SPECS: dict[str, GpuSpec] = {
     "H100": GpuSpec("H100", "NVIDIA H100 SXM5 80 GB", 67.0, 494.5, 989.5, 989.5, 80.0, 3350.0,
                     host_link="PCIe Gen5 x16", host_link_gbs=64.0,
                     peer_link="NVLink 4 (18 links)", peer_link_gbs=450.0, **_HOST, sms=132,
-                    board_power_w=700.0, compute_capability="9.0"),
+                    board_power_w=700.0, compute_capability="9.0", l2_cache_mb=50.0,
+                    memory_bus_bits=5120),
     # NVIDIA H100 PCIe (the first H100 datasheet's "H100 PCIe" column; the Hopper whitepaper's
     # comparison table): 51 FP32; TF32 756*, BF16 1,513*, FP16 1,513* ("* With sparsity"), so
     # the dense values are halves; 80 GB HBM2e at 2 TB/s; PCIe Gen5 128 GB/s two-way; NVLink
@@ -117,7 +167,7 @@ SPECS: dict[str, GpuSpec] = {
                          2000.0, host_link="PCIe Gen5 x16", host_link_gbs=64.0,
                          peer_link="PCIe Gen5 x16 (NVLink bridges can join two cards)",
                          peer_link_gbs=64.0, **_HOST, sms=114, board_power_w=350.0,
-                         compute_capability="9.0"),
+                         compute_capability="9.0", l2_cache_mb=50.0, memory_bus_bits=5120),
     # NVIDIA TITAN RTX (the full TU102 chip): 16.3 FP32 TFLOPS at the 1,770 MHz boost clock,
     # "130 Tensor TFLOPS" (FP16 inputs; the TITAN, unlike GeForce cards, accumulates in FP32
     # at full rate), 24 GB GDDR6 at 672 GB/s (14 Gbps on 384 bits), PCIe Gen3 x16, 280 W,
@@ -129,7 +179,7 @@ SPECS: dict[str, GpuSpec] = {
                          None, 24.0, 672.0, host_link="PCIe Gen3 x16", host_link_gbs=16.0,
                          peer_link="NVLink 2 bridge (2 links) or PCIe Gen3 x16",
                          peer_link_gbs=50.0, **_HOST, sms=72, board_power_w=280.0,
-                         compute_capability="7.5"),
+                         compute_capability="7.5", l2_cache_mb=6.0, memory_bus_bits=384),
     # --- the boards learners own and the newer clusters' (issue 40): no measured kernels,
     # their constants are the datasheet rule's (calibration.py). Each figure is cited in
     # docs/gpu-models.md ("The boards added without measured kernels"). GeForce cards run
@@ -221,6 +271,14 @@ for _key, ((_base, _boost, _nm, _l2, _lanes, _gen, _width), _dtypes) in DATASHEE
                           fp32_lanes_per_scheduler=_lanes, tensor_dtypes=_dtypes,
                           pcie_gen=_gen, pcie_lanes=_width)
 assert set(DATASHEET) == set(SPECS), "every board needs its datasheet figures"
+
+# The memory buses of the boards of issue 40, from the same datasheets ([TPU] in
+# docs/gpu-models.md): GDDR boards by their bus, HBM boards by their stacks (1,024 bits each).
+_BUS_BITS = {"RTX-3060": 192, "RTX-3090": 384, "RTX-4060": 128, "RTX-4070": 192, "RTX-4090": 384,
+             "RTX-5090": 512, "A10G": 384, "L40S": 384, "V100-SXM2-16GB": 4096, "H200": 6144,
+             "B200": 8192}
+for _key, _bits in _BUS_BITS.items():
+    SPECS[_key] = replace(SPECS[_key], memory_bus_bits=_bits)
 
 # Other names a user may type. "A100" is the SXM4 80 GB board, as it was before the variants
 # were told apart (the board of 8-GPU servers, joined by NVLink). A GeForce card is also its

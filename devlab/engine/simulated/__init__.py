@@ -3,7 +3,7 @@
 A simulated GPU's tensor is a CPU tensor whose storage is marked with the GPU's index
 (`base.storage_marks`); while the simulation runs, `Tensor.device`/`is_cuda`/`get_device` report the
 mark (`mode.tensor_properties`), `torch.cuda` and `torch.accelerator` answer for the simulated GPUs
-(`cuda.api`), and a TorchFunctionMode on every routed thread (`mode.routing`, `mode.thread_starts`)
+(`cuda.namespaces`), and a TorchFunctionMode on every routed thread (`mode.routing`, `mode.thread_starts`)
 places each op where its tensors are (`mode.device_rule`), moves tensors (`mode.transfers`), runs backward
 passes routed (`mode.autograd`) and launches heavy products asynchronously on one worker per GPU
 (`mode.async_launch`, `base.gpu_workers`). Where torch asks C++ about devices, the simulation answers
@@ -58,6 +58,7 @@ __all__ = [
     "gpu_spec",
     "hang_timeout",
     "model",
+    "modeled_host",
     "modeled_time",
     "topology",
     "models",
@@ -173,10 +174,10 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         # Only now: these modules reach into torch internals the check has vouched for.
         from devlab.engine.simulated.base.patcher import Patcher
         from devlab.engine.simulated.cuda import amp as _amp
-        from devlab.engine.simulated.cuda import api as _cuda
         from devlab.engine.simulated.cuda import cuda_build as _build
         from devlab.engine.simulated.cuda import cufft_plans as _cufft
         from devlab.engine.simulated.cuda import graphs as _graphs
+        from devlab.engine.simulated.cuda import namespaces as _namespaces
         from devlab.engine.simulated.instruments import profiler_kineto as _profiler_kineto
         from devlab.engine.simulated.mode import autograd as _autograd
         from devlab.engine.simulated.mode import compile_stance as _compile
@@ -203,9 +204,9 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                 _routing.remove_mode(old)
         patcher = Patcher()
         try:
-            for module in (_tensor, _wrappers, _cuda, _graphs, _build, _cufft, _queries, _factories,
-                           _amp, _threads, _parallel, _serialization, _c10d, _stores, _forks,
-                           _dtensor, _compile, _profiler_kineto):
+            for module in (_tensor, _wrappers, _namespaces, _graphs, _build, _cufft, _queries,
+                           _factories, _amp, _threads, _parallel, _serialization, _c10d, _stores,
+                           _forks, _dtensor, _compile, _profiler_kineto):
                 module.install(patcher)
             charges = _session.NO_CHARGES
             if spec is not None:
@@ -216,9 +217,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
 
                 charges = Charges(Clock(spec, count), machine)
             _session.session = _session.Session(limits, spec=spec, charges=charges)
-            from devlab.engine.simulated import (
-                instruments as _instruments,  # NVML, nvidia-smi: the top layer
-            )
+            from devlab.engine.simulated import instruments as _instruments
 
             _instruments.install(patcher, count, spec.name if spec is not None else None)
             _session.forget_thread_state()
@@ -362,13 +361,34 @@ def topology() -> str | None:
 
 def modeled_time() -> float:
     """The host's modeled time in seconds since the simulation started: it advances with each
-    launch, copy and host sync on the modeled GPUs, not with this machine's clock."""
+    launch, copy and host sync on the modeled GPUs, and at the wall clock's pace while the
+    program is outside the simulation (its Python, sleeps, waits), never with the time this
+    machine's CPU takes to compute the GPUs' values."""
     sess = _session.session
     clock = sess.charges.clock if sess is not None else None
     if clock is None:
         raise RuntimeError("no modeled GPU: start the simulation with a model, e.g. "
                            "devlab.config.simulate_gpus(2, model='T4')")
-    return clock.now()
+    return clock.catch_up()
+
+
+@contextlib.contextmanager
+def modeled_host() -> Iterator[None]:
+    """Inside, the host's modeled time moves by the modeled costs alone, as with
+    DEVLAB_HOST_CLOCK=modeled: the wall time the block takes (this machine's Python between
+    launches) is not the host's. `devlab.timing` times modeled GPUs so, as its figures say:
+    the model's, ops queued back to back, the same on every run whatever this machine's speed.
+    Nothing to do without a modeled GPU."""
+    sess = _session.session
+    clock = sess.charges.clock if sess is not None else None
+    if clock is None:
+        yield
+        return
+    clock.hold()
+    try:
+        yield
+    finally:
+        clock.release()
 
 
 @contextlib.contextmanager

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -231,6 +233,13 @@ class NoCharges:
     __slots__ = ()
     clock = None  # the modeled clock (`clock.modeled_clock.Clock`): none
 
+    def enter(self) -> None:
+        """The host enters the simulation (a call on a simulated GPU, a wait for one): until
+        the matching `leave`, the host's modeled time is the model's, not the wall clock's."""
+
+    def leave(self) -> None:
+        """The host leaves the simulation: its time runs at the wall clock's pace again."""
+
     def call(self, func: Any, args: tuple, kwargs: dict, out: Any, index: int,
              fresh: bool) -> None:
         """A torch call that ran on GPU `index`; `fresh`: it made new memory."""
@@ -258,8 +267,9 @@ class NoCharges:
         """GPU `index`'s queue waits for its collectives (`work.wait()`)."""
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
-             op: str = "copy") -> None:
-        """A copy between the host (None) and a GPU, or between two GPUs."""
+             op: str = "copy", pinned: bool = False) -> None:
+        """A copy between the host (None) and a GPU, or between two GPUs; `pinned`: the host's
+        side is pinned memory."""
 
     def sync(self, index: int | None = None) -> None:
         """The host waits for GPU `index`'s queue (every GPU's if None)."""
@@ -307,6 +317,31 @@ class NoCharges:
 
 
 NO_CHARGES = NoCharges()
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def inside(fn: _F) -> _F:
+    """A stand-in that waits for the simulated GPUs or reads their clock (a sync, an event, a
+    collective): while it runs the host is inside the simulation, so the wall time it takes
+    (the CPU finishing queued work, another rank's) is not the host's (Note [The host's
+    modeled time] in clock/modeled_clock.py)."""
+
+    @functools.wraps(fn)
+    def bracketed(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+        sess = session
+        if sess is None:
+            return fn(*args, **kwargs)
+        charges = sess.charges
+        charges.enter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            charges.leave()
+
+    return bracketed  # type: ignore[return-value]
 
 
 class Session:

@@ -42,10 +42,15 @@ def _release(m: Mark) -> None:
     """The storage died (weakref callback): its block goes back to the GPU's allocator."""
     sess = m.session
     if sess is _session.session and m.block is not None:
-        with _session.lock:
-            if m.block is not None:
-                sess.devices[m.index].allocator.free(m.block)
-                m.block = None
+        charges = sess.charges  # the allocator's work is not the host's (Note [The host's
+        charges.enter()  # modeled time] in clock/modeled_clock.py)
+        try:
+            with _session.lock:
+                if m.block is not None:
+                    sess.devices[m.index].allocator.free(m.block)
+                    m.block = None
+        finally:
+            charges.leave()
 
 
 class Mark(weakref.ref):

@@ -7,7 +7,9 @@ link or between GPUs (`devlab.gpu_model`). The breakdown says which limits each 
 the queued time the clock charges it shows what the same op would show timed alone with CUDA
 events on an idle GPU: the two ways of timing. Each kernel also gets its band
 (`devlab.engine.gpu_model.band`): how far the model was from measured kernels of its kind and size,
-and whether its board, dtype or size lies outside what the model was fitted on.
+and whether its board, dtype or size lies outside what the model was fitted on. Where a GPU stood idle until the host launched
+its next work (an input stall, a sleep, the host's Python between launches), the wait is
+listed before that op when it is a stall (`STALL` or longer) and summed for all.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from devlab._helpers.sizes import format_bytes
 from devlab.engine.gpu_model import ALONE, CALIBRATION, QUEUED
 from devlab.engine.gpu_model.band import Band, band
 from devlab.engine.gpu_model.links import Topology, nccl_topology, topologies
-from devlab.engine.simulated.clock.modeled_clock import record
+from devlab.engine.simulated.clock.modeled_clock import (
+    COPY_SPAN,
+    KERNEL,
+    WAIT_HOST,
+    Recording,
+    record,
+)
 from devlab.engine.simulated.clock.roofline import COMPUTE, LAUNCH, MEMORY, OpTime
 
 
@@ -65,6 +73,12 @@ def _band(op: OpTime, spec: Any) -> Band | None:
     return band(op.kernel, spec, _fp32(op, spec))
 
 
+# A wait for the host this long gets its own row: far longer than any launch (4 µs) or the
+# gap a host-bound loop of small ops leaves between kernels, so it is the program's own
+# stall (a data loader, a sleep, host work between steps), not the launches'.
+STALL = 100e-6
+
+
 @dataclasses.dataclass
 class Explanation:
     """The modeled kernels and copies of some work on modeled GPUs, with their breakdown."""
@@ -75,6 +89,13 @@ class Explanation:
     timing: str = QUEUED  # what the times are: ops queued back to back
     machine: str = ""  # the topology the GPUs' collectives are timed on, in one line
     spec: Any = None  # the GpuSpec modeled: each kernel's band (devlab.engine.gpu_model.band)
+    # (op position, GPU, seconds): the GPU idle until the host launched ops[position]
+    waits: list[tuple[int, int, float]] = dataclasses.field(default_factory=list)
+
+    @property
+    def waited_for_host(self) -> float:
+        """Seconds the GPUs stood idle waiting for the host's launches (summed over GPUs)."""
+        return sum(w for _, _, w in self.waits)
 
     @property
     def total(self) -> float:
@@ -132,12 +153,31 @@ class Explanation:
                 f"kind and size){why}.")
 
     def rows(self) -> list[list[str]]:
-        return [[op.op, f"GPU:{op.device}", _us(op.launch + op.sync), _us(op.gpu),
-                 _us(op.compute), _us(op.memory), op.bound, _achieved(op), _waves(op),
-                 _us(op.alone) if op.alone is not None else "", f"{op.flops:,}",
-                 format_bytes(op.nbytes),
-                 f"{b.lo:.2f}–{b.hi:.2f}x{'*' if b.outside else ''}" if b is not None else ""]
-                for op, b in zip(self.ops, self.bands(), strict=True)]
+        stalls: dict[int, list[tuple[int, float]]] = {}
+        for k, device, seconds in self.waits:
+            if seconds >= STALL:
+                stalls.setdefault(k, []).append((device, seconds))
+        rows = []
+        for k, (op, b) in enumerate(zip(self.ops, self.bands(), strict=True)):
+            rows += [[WAIT_HOST + " (GPU idle)", f"GPU:{device}", "", _us(seconds), "", "",
+                      "the host", "", "", "", "", "", ""] for device, seconds in stalls.get(k, ())]
+            rows.append([op.op, f"GPU:{op.device}", _us(op.launch + op.sync), _us(op.gpu),
+                         _us(op.compute), _us(op.memory), op.bound, _achieved(op), _waves(op),
+                         _us(op.alone) if op.alone is not None else "", f"{op.flops:,}",
+                         format_bytes(op.nbytes),
+                         f"{b.lo:.2f}–{b.hi:.2f}x{'*' if b.outside else ''}"
+                         if b is not None else ""])
+        return rows
+
+    @property
+    def idle_line(self) -> str:
+        """One sentence on the GPUs' waits for the host, if they waited."""
+        if not self.waits:
+            return ""
+        stalls = sum(w >= STALL for _, _, w in self.waits)
+        return (f"The GPU stood idle {_us(self.waited_for_host)} waiting for the host "
+                f"({stalls} stall(s) of {_us(STALL)} or more listed above, "
+                f"{len(self.waits) - stalls} shorter gap(s) between launches).")
 
     HEADERS = ("op", "device", "launch (+ host wait)", "GPU (floor + work)", "compute",
                "memory or link", "limited by", "achieved", "waves", "alone (CUDA events)",
@@ -149,6 +189,8 @@ class Explanation:
                      f"timed alone): {self.bound}. {self.note}")
         if self.band:
             lines.append(self.band)
+        if self.waits:
+            lines.append(self.idle_line)
         if self.machine:
             lines.append(self.machine)
         return "\n".join(lines)
@@ -165,6 +207,7 @@ class Explanation:
                 f"({escape(_us(self.alone))} if each op were timed alone: {escape(ALONE)}), "
                 f"{escape(self.bound)}. <i>{escape(self.note)}</i></p>"
                 + (f"<p>{escape(self.band)}</p>" if self.band else "")
+                + (f"<p>{escape(self.idle_line)}</p>" if self.waits else "")
                 + (f"<p>{escape(self.machine)}</p>" if self.machine else ""))
 
 
@@ -172,7 +215,31 @@ def explain(fn: Callable[[], Any]) -> Explanation:
     """Run `fn()` on the modeled GPUs and break its modeled time down, op by op."""
     rec = record(fn)
     return Explanation(rec.spec.full_name, rec.ops, rec.result,
-                       machine=machine(rec.spec, rec.topology), spec=rec.spec)
+                       machine=machine(rec.spec, rec.topology), spec=rec.spec,
+                       waits=host_waits(rec))
+
+
+def host_waits(rec: Recording) -> list[tuple[int, int, float]]:
+    """(op position, GPU, seconds) for each wait for the host in `rec`: the clock records a
+    wait span just before the span of the kernel or copy the host then launched, and those
+    spans come in the order of the ops they belong to (a copy between two GPUs: one each)."""
+    waits: list[tuple[int, int, float]] = []
+    spans = rec.spans
+    at = 0  # the next span to read
+    for k, op in enumerate(rec.ops):
+        if op.op.startswith("nccl:"):
+            continue  # a collective's spans are on the communication stream
+        j = at
+        while j < len(spans) and not (spans[j].kind in (KERNEL, COPY_SPAN)
+                                      and spans[j].name == op.op and spans[j].device == op.device
+                                      or spans[j].kind == COPY_SPAN and spans[j].name == op.op):
+            j += 1
+        if j == len(spans):
+            continue  # not on the timeline (a capture's replay records differently)
+        waits += [(k, s.device, s.end - s.start) for s in spans[at:j]
+                  if s.kind == WAIT_HOST and s.end > s.start]
+        at = j + 1
+    return waits
 
 
 def machine(spec: Any, topology: Topology) -> str:

@@ -12,6 +12,11 @@ makes the host wait for it. A host sync (`.item()`, printing, `.cpu()`, `synchro
 the host wait until the GPU's queue is done, and pays the round trip of waking up (nothing if
 the GPU was already idle). Events read the time at which a stream reaches them.
 
+The host's time (See Note [The host's modeled time]) runs at the wall clock's pace while the
+program is outside the simulation (its Python, sleeps, data loading, waits for another
+process) and by the modeled costs inside it (`Clock.enter`/`leave` bracket each call on a
+simulated GPU and each wait for one), never at the CPU's time to compute the values.
+
 Streams (See Note [Streams on the modeled clock]): each stream of a GPU keeps its own position;
 work queued on a stream starts after the stream's earlier work and what it was made to wait
 for (`wait_for`: `wait_stream`, `wait_event`). Kernels of one GPU use its compute one at a time,
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -38,7 +44,7 @@ from devlab._helpers.sizes import format_bytes
 from devlab.engine.gpu_model import ops_catalog
 from devlab.engine.gpu_model.collectives import CollectiveTime, coalesced_time, collective_time
 from devlab.engine.gpu_model.kernels import COPY, QUEUED, kernel_seconds
-from devlab.engine.gpu_model.links import Topology, default_topology, nccl_topology
+from devlab.engine.gpu_model.links import Topology, default_topology, host_copy_gbs, nccl_topology
 from devlab.engine.gpu_model.specs import GpuSpec
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base.session import NoCharges
@@ -56,12 +62,35 @@ from devlab.engine.simulated.clock.roofline import (
 
 Tensor = torch.Tensor
 TIMING = QUEUED  # what the clock's times are: ops queued back to back
+# DEVLAB_HOST_CLOCK: what the host's modeled time follows outside the simulation (Note [The
+# host's modeled time]): "wall" (the default), or "modeled": the host moves by the modeled costs
+# alone, as if the program's own Python took no time. Then modeled times do not depend on this
+# machine's speed: what a test of the model's arithmetic, or a page that must print the same
+# figures on every run, needs.
+HOST_CLOCK = "DEVLAB_HOST_CLOCK"
+_HOST_CLOCKS = ("wall", "modeled")
+
+
+def _still() -> float:
+    return 0.0
+
+
+def host_wall_clock(env: dict[str, str] | None = None) -> Callable[[], float]:
+    """The wall clock DEVLAB_HOST_CLOCK gives the host's time (`time.perf_counter`, or one that
+    stands still for "modeled")."""
+    value = (os.environ if env is None else env).get(HOST_CLOCK, "wall").strip().lower() or "wall"
+    if value not in _HOST_CLOCKS:
+        raise ValueError(f"{HOST_CLOCK}={value!r}: expected 'wall' (the host's time follows "
+                         "the wall clock outside the simulation) or 'modeled' (only the modeled "
+                         "costs move it)")
+    return time.perf_counter if value == "wall" else _still
 
 # A span's stream, and what it is (`Span.kind`).
 COMPUTE, COMM = "compute", "comm"
 KERNEL, COPY_SPAN, COLLECTIVE = "kernel", "copy", "collective"
 WAIT_RANKS = "waits for the slowest rank"  # on the comm stream: another rank came later
 WAIT_COMM = "waits for a collective"  # on the compute stream: work.wait(), a blocking call
+WAIT_HOST = "waits for the host"  # on the compute stream: idle until the host launched the work
 
 
 class Span(NamedTuple):
@@ -70,7 +99,7 @@ class Span(NamedTuple):
 
     device: int  # the simulated GPU's index
     stream: str  # COMPUTE (its queue) or COMM (NCCL's stream)
-    kind: str  # KERNEL, COPY_SPAN, COLLECTIVE, WAIT_RANKS or WAIT_COMM
+    kind: str  # KERNEL, COPY_SPAN, COLLECTIVE, WAIT_RANKS, WAIT_COMM or WAIT_HOST
     name: str
     start: float
     end: float
@@ -87,6 +116,8 @@ class Clock:
     def __init__(self, spec: GpuSpec, count: int, queues: list[int] | None = None) -> None:
         self.spec = spec
         self.lock = threading.Lock()
+        # The wall clock (seconds) the host's time follows outside the simulation.
+        self.wall = host_wall_clock()
         self.reset(count, queues)
         # While `explain` or a timeline watches: every charge, in order, and when each
         # stream ran it.
@@ -94,6 +125,60 @@ class Clock:
         self.spans: list[Span] | None = None
         self._launch = spec.launch_latency_us * 1e-6
         self._sync = spec.sync_latency_us * 1e-6
+        self._held = 0  # calls inside the simulation now (`enter` minus `leave`), all threads
+        self._modeled_only = 0  # blocks in `hold`: the host's own work is not its time either
+
+    # Note [The host's modeled time]
+    # On a GPU machine the host's time passes whatever the host does; the simulation adds one
+    # thing a GPU machine does not have: the CPU computing the GPU's values. So the host's
+    # modeled time `host` is the wall clock with the simulation's own time cut out: `enter`
+    # (a call on a simulated GPU begins: an op, a copy, a backward pass, a sync, an event)
+    # adds the wall time since the last `leave` (the program's own: its Python, a sleep, a
+    # data loader's wait, another process), and inside the call only the modeled costs move it
+    # (each launch, each wait for the GPU). A kernel then starts at the later of its launch on
+    # the host's time and its stream's previous end, so a GPU waits for a slow host (an input
+    # stall is an idle gap) and a loop of small ops is launch-bound, as on a GPU. Calls nest
+    # (a backward pass's hooks, a handler's inner ops), so `_held` counts them and only the
+    # outermost pair reads the wall clock: one perf_counter read on the way in and one out.
+    # With threads placing work at once, the time while any of them is inside is cut out.
+    # What still counts as host time: the mode's entry (torch's override dispatch, about a
+    # microsecond a call) and attribute reads (`.shape`), which bypass the bracket.
+
+    def enter(self) -> None:
+        """The host enters the simulation: the wall time since it left passes on its clock."""
+        now = self.wall()
+        with self.lock:
+            if not self._held:
+                gap = now - self._left
+                if gap > 0.0:
+                    self.host += gap
+            self._held += 1
+
+    def host_work(self, seconds: float) -> None:
+        """The host computed for `seconds` inside a call (an op on host tensors): host time."""
+        with self.lock:
+            if self._held and not self._modeled_only:
+                self.host += seconds
+
+    def hold(self) -> None:
+        """Until `release`, the host's time moves by the modeled costs alone (as with
+        DEVLAB_HOST_CLOCK=modeled): `simulated.modeled_host()`."""
+        self.enter()
+        with self.lock:
+            self._modeled_only += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self._modeled_only = max(0, self._modeled_only - 1)
+        self.leave()
+
+    def leave(self) -> None:
+        """The host leaves the simulation: its clock follows the wall clock from now."""
+        with self.lock:
+            if self._held:
+                self._held -= 1
+            if not self._held:
+                self._left = self.wall()
 
     # Note [Streams on the modeled clock]
     # `free[q]` is when GPU q's default stream is done; `side[(i, id)]` when simulated GPU i's
@@ -114,6 +199,7 @@ class Clock:
             raise ValueError(f"queues has {len(queue)} entries for {count} simulated GPUs")
         with self.lock:
             self.host = 0.0
+            self._left = self.wall()  # the wall clock's time for host == 0
             self.queue = queue
             self.free = [0.0] * (max(queue) + 1)
             self.busy = [0.0] * (max(queue) + 1)
@@ -150,7 +236,8 @@ class Clock:
                 host += t.launch
                 sid = streams.get(t.device, 0) if streams is not None else stream
                 at = free[device] if not sid else side.get((t.device, sid), 0.0)
-                start = max(at, host, compute[device])
+                ready = max(at, compute[device])
+                start = host if host > ready else ready
                 end = compute[device] = start + work
                 if sid:
                     side[(t.device, sid)] = end
@@ -160,12 +247,15 @@ class Clock:
                 if recording is not None:
                     recording.append(t)
                 if spans is not None:
+                    if host > ready:  # the GPU idled until the host launched this kernel
+                        spans.append(Span(t.device, COMPUTE, WAIT_HOST, WAIT_HOST, ready, host))
                     spans.append(Span(t.device, COMPUTE, KERNEL, t.op, start, start + work))
             self.host = host
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
-             op: str = "copy") -> None:
-        """A copy between the host (None) and a GPU, or between two GPUs."""
+             op: str = "copy", pinned: bool = False) -> None:
+        """A copy between the host (None) and a GPU, or between two GPUs; `pinned`: the host's
+        side is pinned memory (the link's rate; pageable memory is staged: `host_copy_gbs`)."""
         spec = self.spec
         where = (f"GPU:{src}→GPU:{dst}" if src is not None and dst is not None else
                  f"host→GPU:{dst}" if src is None else f"GPU:{src}→host")
@@ -183,16 +273,17 @@ class Clock:
                 seconds = nbytes / (spec.peer_link_gbs * 1e9)
         else:
             ends = [src if src is not None else dst]
-            seconds = nbytes / (spec.host_link_gbs * 1e9)
+            seconds = nbytes / (host_copy_gbs(spec, pinned) * 1e9)
         # On each GPU end, the thread's current stream there (a copy between two GPUs runs
         # on the source's and waits for the destination's, as the copy kernels do).
         streams = _session.current_streams()
         sides = [(i, streams.get(i, 0)) for i in dict.fromkeys((src_i, dst_i)) if i is not None]
         with self.lock:
             self.host += self._launch
-            start = max(self.host, *(self._pos(i, s) for i, s in sides))
+            ready = max((self._pos(i, s) for i, s in sides), default=0.0)
             if within is not None:  # a copy kernel: the GPU's compute
-                start = max(start, self.compute[ends[0]])  # type: ignore[index]
+                ready = max(ready, self.compute[ends[0]])  # type: ignore[index]
+            start = max(self.host, ready)
             end = start + seconds
             if within is not None:
                 self.compute[ends[0]] = end  # type: ignore[index]
@@ -207,6 +298,10 @@ class Clock:
                 self.host = end + waited
             name = f"{op} ({where})"
             if self.spans is not None:
+                if start > ready:  # the GPU idled until the host launched this copy
+                    self.spans.extend(
+                        Span(g, COMPUTE, WAIT_HOST, WAIT_HOST, ready, start)
+                        for g in dict.fromkeys(i for i in (src_i, dst_i) if i is not None))
                 self.spans.extend(
                     Span(g, COMPUTE, COPY_SPAN, name, start, end)
                     for g in dict.fromkeys(i for i in (src_i, dst_i) if i is not None))
@@ -321,8 +416,17 @@ class Clock:
             return False
 
     def now(self) -> float:
+        """The host's modeled time as last charged (`catch_up` first for the time now)."""
         with self.lock:
             return self.host
+
+    def catch_up(self) -> float:
+        """The host's modeled time now: the wall time since it last left the simulation passes
+        first (what `simulated.modeled_time()` answers)."""
+        self.enter()
+        self.leave()
+        return self.now()
+
 
     def begin_capture(self) -> tuple:
         """A CUDA graph's capture starts: from now the kernels charged are recorded, not run
@@ -381,11 +485,15 @@ class Charges(NoCharges):
     routing mode runs on modeled GPUs, and the host's syncs; the one way to the clock (without a
     model, the session's `NoCharges` charges nothing)."""
 
-    __slots__ = ("_backward", "_costed", "_pending", "_tf32", "_timed", "clock", "spec",
-                 "topology")
+    __slots__ = ("_backward", "_costed", "_pending", "_tf32", "_timed", "clock", "enter",
+                 "leave", "spec", "topology")
 
     def __init__(self, clock: Clock, topology: Topology | None = None) -> None:
         self.clock = clock
+        # The host enters and leaves the simulation (Note [The host's modeled time]): bound
+        # once, as the mode calls them for every call.
+        self.enter = clock.enter  # type: ignore[misc]
+        self.leave = clock.leave  # type: ignore[misc]
         self.spec = clock.spec
         self._tf32 = bool(clock.spec.tf32_tflops)  # torch's TF32 switch changes its products
         self._costed: dict[tuple, tuple[OpTime, tuple[OpTime, ...]]] = {}
@@ -630,9 +738,10 @@ class Charges(NoCharges):
             clock.join(index, end)
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
-             op: str = "copy") -> None:
-        """A copy between the host (None) and a GPU, or between two GPUs."""
-        self.clock.copy(src, dst, nbytes, blocking, op)
+             op: str = "copy", pinned: bool = False) -> None:
+        """A copy between the host (None) and a GPU, or between two GPUs; `pinned`: the host's
+        side is pinned memory."""
+        self.clock.copy(src, dst, nbytes, blocking, op, pinned)
 
     def sync(self, index: int | None = None) -> None:
         """The host waits for GPU `index`'s queue (every GPU's if None)."""
@@ -719,6 +828,7 @@ def record(fn: Callable[[], Any]) -> Recording:
     if clock is None:
         raise RuntimeError("no modeled GPU: start the simulation with a model, e.g. "
                            "devlab.config.simulate_gpus(2, model='T4')")
+    clock.catch_up()  # the host's time now, the wall clock's since it last left the simulation
     with clock.lock:
         outer, clock.recording = clock.recording, []
         outer_spans, clock.spans = clock.spans, []
@@ -728,6 +838,9 @@ def record(fn: Callable[[], Any]) -> Recording:
     finally:
         with clock.lock:
             clock.recording, clock.spans = outer, outer_spans
+            # A GPU idle since before the recording waited for the host from its start.
+            spans[:] = [sp._replace(start=start) if sp.kind == WAIT_HOST and sp.start < start
+                        else sp for sp in spans]
             if outer is not None:
                 outer.extend(recorded)
                 outer_spans.extend(spans)  # type: ignore[union-attr]

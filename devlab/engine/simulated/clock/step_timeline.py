@@ -3,12 +3,14 @@ and what waited.
 
 Each modeled GPU has two streams on the clock (`clock.Clock`): its queue, where kernels and
 copies run, and NCCL's communication stream, where collectives run. While `fn` runs, the clock
-records when each stream ran what (`clock.Span`), and two kinds of waiting:
+records when each stream ran what (`clock.Span`), and three kinds of waiting:
 
 - *waits for the slowest rank*: a collective starts on every rank when the last one reaches it
   (NCCL's kernels wait for each other), so a rank that came early waits on its comm stream;
 - *waits for a collective*: the queue waits for a collective's result (a blocking call,
-  `work.wait()`, DDP's reducer at the end of the backward pass).
+  `work.wait()`, DDP's reducer at the end of the backward pass);
+- *waits for the host*: the queue is idle until the host launches its next work (an input
+  stall, a host-bound loop: the host's time follows the wall clock outside the simulation).
 
 Per GPU the numbers add up by construction: the communication is the part hidden behind compute
 (`overlap`) plus the part that is not (`exposed`), and the step is compute + exposed
@@ -34,6 +36,7 @@ from devlab.engine.simulated.clock.modeled_clock import (
     COPY_SPAN,
     KERNEL,
     WAIT_COMM,
+    WAIT_HOST,
     WAIT_RANKS,
     Span,
     record,
@@ -90,6 +93,7 @@ class GpuStep(NamedTuple):
     waited_for_comm: float  # its queue waiting for a collective's result
     kernels: int
     collectives: int
+    waited_for_host: float = 0.0  # its queue idle until the host launched the next work
 
 
 @dataclasses.dataclass
@@ -155,7 +159,8 @@ class Timeline:
                        sum(s.end - s.start for s in mine if s.kind == WAIT_RANKS),
                        sum(s.end - s.start for s in mine if s.kind == WAIT_COMM),
                        sum(s.kind == KERNEL for s in mine),
-                       sum(s.kind == COLLECTIVE for s in mine))
+                       sum(s.kind == COLLECTIVE for s in mine),
+                       sum(s.end - s.start for s in mine if s.kind == WAIT_HOST))
 
     def gpus(self) -> list[GpuStep]:
         """Every GPU's share of the step, by index."""
@@ -174,7 +179,8 @@ class Timeline:
                 f"communication {_ms(g.exposed)} + idle {_ms(g.idle)}; communication "
                 f"{_ms(g.communication)} in {g.collectives} collectives, {_ms(g.overlap)}"
                 f"{hidden} hidden behind compute; waited {_ms(g.waited_for_ranks)} for the "
-                f"slowest rank; compute waited {_ms(g.waited_for_comm)} for collectives")
+                f"slowest rank; compute waited {_ms(g.waited_for_comm)} for collectives "
+                f"and {_ms(g.waited_for_host)} for the host")
         return lines
 
     def __str__(self) -> str:
@@ -280,9 +286,9 @@ class Timeline:
 
 # Kinds drawn hatched: a stream waiting (for the slowest rank, for a collective). A kind the
 # clock adds later is drawn solid, in its color here or grey.
-_WAITS = {WAIT_RANKS, WAIT_COMM}
+_WAITS = {WAIT_RANKS, WAIT_COMM, WAIT_HOST}
 _COLORS = {KERNEL: "#4e79a7", COPY_SPAN: "#76b7b2", COLLECTIVE: "#f28e2b",
-           WAIT_RANKS: "#bbbbbb", WAIT_COMM: "#bbbbbb"}
+           WAIT_RANKS: "#bbbbbb", WAIT_COMM: "#bbbbbb", WAIT_HOST: "#bbbbbb"}
 _OTHER = "#bbbbbb"
 
 

@@ -63,7 +63,8 @@ from devlab.engine.simulated.base.cuda_errors import entry
 from devlab.engine.simulated.base.patcher import Patcher
 from devlab.engine.simulated.base.session import _BARE_REFS, _use_count
 from devlab.engine.simulated.base.storage_marks import is_pinned, live_mark, storage_of, tensors_of
-from devlab.engine.simulated.cuda import api as _api
+from devlab.engine.simulated.cuda import device_api as _device_api
+from devlab.engine.simulated.cuda import streams as _streams
 from devlab.engine.simulated.cuda.memory import new_pool_id, pool_id_of
 from devlab.engine.simulated.mode.dispatch_devices import run as _run_dispatched
 
@@ -389,7 +390,8 @@ class CUDAGraph:
         self._held_by: tuple[Any, int, tuple[int, int] | None] | None = None
 
     @entry
-    @_api.initializes
+    @_device_api.initializes
+    @_session.inside  # its CPU work is not the host's time
     def capture_begin(self, pool: tuple[int, int] | None = None,
                       capture_error_mode: str = "global",
                       check_input_liveness: bool = False) -> None:
@@ -438,6 +440,7 @@ class CUDAGraph:
         _session.capture = cap
 
     @entry
+    @_session.inside  # its CPU work is not the host's time
     def capture_end(self) -> None:
         """End the capture: the recorded ops are the graph; GPU memory the capture wrote but
         did not make is as it was before it."""
@@ -518,6 +521,7 @@ class CUDAGraph:
         cap.hold.clear()
 
     @entry
+    @_session.inside  # its CPU work is not the host's time
     def replay(self) -> None:
         """Run the recorded ops again into the same tensors; on a modeled GPU, one launch."""
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
@@ -651,7 +655,7 @@ def install(p: Patcher) -> None:
     for mod in (torch.cuda, torch_graphs):
         for name, fn in _FUNCS.items():
             p.set(mod, name, fn)
-    p.set(_api.Stream, "is_capturing", _stream_is_capturing)
+    p.set(_streams.Stream, "is_capturing", _stream_is_capturing)
     # torch.cuda.graph makes its default capture stream once per process, on the current GPU
     # of the first capture: a simulated stream must not outlive the simulation in torch.
     p.set(torch_graphs.graph, "default_capture_stream", None)

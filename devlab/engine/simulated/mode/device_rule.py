@@ -213,7 +213,17 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     index, host, wrapped = placement(func, args, kwargs)
     if index is None:
-        return call(None, func, args, kwargs)
+        # The host's own work (a data loader's collate, preprocessing): its time is the
+        # host's, at the wall clock's pace (Note [The host's modeled time] in clock/modeled_clock.py).
+        sess = _session.session
+        clock = sess.charges.clock if sess is not None else None
+        if clock is None:
+            return call(None, func, args, kwargs)
+        began = clock.wall()
+        try:
+            return call(None, func, args, kwargs)
+        finally:
+            clock.host_work(clock.wall() - began)
     _workers.wait(index)  # the op may read a queued op's output
     if (wrapped or _saved_tensor_hooks(False) is not None
             or (torch._C._len_torch_dispatch_stack() and _dispatched.unmarking_mode_on_stack())):

@@ -123,22 +123,30 @@ class SimulationMode(TorchFunctionMode):
                     if owner is not None:
                         _marks.mark_outputs(out, owner.index)
                 return out
-            h = HANDLERS.get(func)
-            if h is not None:
-                return h(func, args, kwargs)
-            if kwargs:
-                if kwargs.get("pin_memory"):
-                    return _factories.pinned_factory(func, args, kwargs)
-                d = kwargs.get("device")
-                if d is not None:
-                    return _factories.place(func, args, kwargs, d)
-            if func in _factories.CONSTRUCTORS:
-                d = _factories.default_device()
-                if d is not None:
-                    return _factories.place(func, args, kwargs, d)
-            if isinstance(func, _HigherOrder):
-                return _higher_order(func, args, kwargs)
-            return _ops.run(func, args, kwargs)
+            # The host's time stops at the wall clock's pace while the call is inside the
+            # simulation (Note [The host's modeled time] in clock/modeled_clock.py); an op that runs
+            # on the host gives its time back (`_ops.run`).
+            charges = self.session.charges
+            charges.enter()
+            try:
+                h = HANDLERS.get(func)
+                if h is not None:
+                    return h(func, args, kwargs)
+                if kwargs:
+                    if kwargs.get("pin_memory"):
+                        return _factories.pinned_factory(func, args, kwargs)
+                    d = kwargs.get("device")
+                    if d is not None:
+                        return _factories.place(func, args, kwargs, d)
+                if func in _factories.CONSTRUCTORS:
+                    d = _factories.default_device()
+                    if d is not None:
+                        return _factories.place(func, args, kwargs, d)
+                if isinstance(func, _HigherOrder):
+                    return _higher_order(func, args, kwargs)
+                return _ops.run(func, args, kwargs)
+            finally:
+                charges.leave()
         except Exception as e:
             # The user's call entered the simulation here: an error raised in torch's name
             # leaves without the simulation's frames.

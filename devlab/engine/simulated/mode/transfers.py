@@ -50,7 +50,10 @@ def copy_to(t: Tensor, target: int | None, dtype: Any = None, non_blocking: bool
         # From pageable host memory the host waits even for a non-blocking copy (CUDA stages
         # it through a pinned buffer); from pinned memory, or to it, it does not.
         blocking = not non_blocking or (src is None and not is_pinned(t))
-        sess.charges.copy(src, target, t.nbytes, blocking, "aten::_to_copy")
+        # The host's side: the source if it is the host's, else the copy made (pinned when
+        # the copy to the host was non-blocking, as above); pageable memory is staged.
+        pinned = is_pinned(t) if src is None else target is None and non_blocking
+        sess.charges.copy(src, target, t.nbytes, blocking, "aten::_to_copy", pinned)
     if out.grad_fn is not None and src != target:
         route_copy_backward(out, src, target)
     return out
@@ -170,8 +173,10 @@ def copy_(func: Callable, args: tuple, kwargs: dict) -> Any:
     sess = _session.session
     if sess is not None and (i_dst is not None or i_src is not None):
         non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking"))
+        host = src if i_src is None else dst if i_dst is None else None
+        pinned = isinstance(host, Tensor) and is_pinned(host)
         sess.charges.copy(i_src, i_dst, src.nbytes if isinstance(src, Tensor) else 0,
-                          not non_blocking, "aten::copy_")
+                          not non_blocking, "aten::copy_", pinned)
     return out
 
 

@@ -220,15 +220,18 @@ class TimedWork(dist.Work):
     def _join(self) -> None:
         self._charges.join(self._index, self._end)
 
+    @_session.inside
     def wait(self, timeout: Any = None) -> bool:
         done = self._work.wait() if timeout is None else self._work.wait(timeout)
         self._join()
         return done
 
+    @_session.inside
     def block_current_stream(self) -> None:
         self._work.wait()
         self._join()
 
+    @_session.inside
     def synchronize(self) -> None:
         self._work.wait()
         self._join()
@@ -259,6 +262,7 @@ def _timed(method: Callable[..., Any]) -> Callable[..., Any]:
     """A collective method whose asynchronous work, on modeled GPUs, is a `TimedWork`."""
 
     @functools.wraps(method)
+    @_session.inside
     def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
         outer, _charged.placing = getattr(_charged, "placing", None), None  # a coalesced
@@ -318,7 +322,7 @@ def _gloo(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupG
 
 def _bootstrap_store(store: Any) -> Any:
     """The store a new group's transport meets its peers through: under torch elastic, a prefix
-    of this attempt's own (Note [A fresh bootstrap per attempt])."""
+    of this attempt's own (See Note [A fresh bootstrap per attempt])."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if attempt is None:
         return store
@@ -573,6 +577,7 @@ class ProcessGroupNCCL(dist.ProcessGroup):
         self._charge("broadcast", _total(tensors), tensors[0], opts)
         return self._inner.broadcast(tensors, opts)
 
+    @_session.inside
     def barrier(self, opts: Any = None) -> Any:
         """NCCL's barrier blocks until every rank has entered it; it needs no tensor on a
         device here (gloo's barrier would allocate one on the bound device)."""

@@ -1,19 +1,16 @@
-"""`torch.cuda` and `torch.accelerator` for simulated GPUs: the functions and classes a
-program asks about its GPUs, their memory, streams, events and random state."""
+"""`torch.cuda.streams` for simulated GPUs, as torch keeps them in torch/cuda/streams.py and
+torch/cuda/__init__.py: `Stream` (with CUDA's stream ids), `ExternalStream`, `Event`, the
+current stream (`current_stream`, `stream`, `StreamContext`, `set_stream`), and
+`torch.Event`/`torch.Stream`, the device-generic ones, while simulating."""
 
 from __future__ import annotations
 
-import functools
-import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from devlab._helpers.host import cpu_cores
 from devlab.engine.simulated.base import cuda_errors as _errors
 from devlab.engine.simulated.base import device_args as _devices
 from devlab.engine.simulated.base import fork_rule as _fork
@@ -21,253 +18,8 @@ from devlab.engine.simulated.base import gpu_workers as _workers
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base.cuda_errors import entry
 from devlab.engine.simulated.base.patcher import Patcher
-from devlab.engine.simulated.base.session import DeviceState
-from devlab.engine.simulated.cuda import memory as _memory
-from devlab.engine.simulated.cuda.memory import total_memory
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def initializes(fn: _F) -> _F:
-    """A stand-in for a torch.cuda function that initializes CUDA (its original calls
-    `torch.cuda._lazy_init()`, or C++ does): it initializes the simulated runtime, which a
-    child forked after its parent did may not (`_fork`)."""
-
-    @functools.wraps(fn)
-    def initialized(*args: Any, **kwargs: Any) -> Any:
-        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-        _fork.initialize()
-        return fn(*args, **kwargs)
-
-    return initialized  # type: ignore[return-value]
-
-
-def _gpu(device: Any = None) -> DeviceState:
-    """The simulated GPU a torch.cuda device argument names (torch.cuda's errors)."""
-    index = _devices.cuda_index(device)
-    return _session.session.devices[index]  # type: ignore[union-attr]  # cuda_index checked
-
-
-def device_name(index: int) -> str:
-    sess = _session.session
-    spec = sess.spec if sess is not None else None
-    modeled = "" if spec is None else f"modeled {spec.name}, "
-    return f"Simulated GPU {index} ({modeled}CPU-backed)"
-
-
-@dataclass(frozen=True)
-class SimulatedDeviceProperties:
-    """What torch.cuda.get_device_properties answers for a simulated GPU."""
-
-    name: str
-    total_memory: int
-    major: int = 0
-    minor: int = 0
-    multi_processor_count: int = 0
-    is_integrated: bool = True
-    is_multi_gpu_board: bool = False
-    simulated: bool = True
-
-    def __repr__(self) -> str:
-        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, "
-                f"minor={self.minor}, total_memory={self.total_memory // (1024 * 1024)}MB, "
-                f"multi_processor_count={self.multi_processor_count}, simulated=True)")
-
-
-@entry
-def is_available() -> bool:
-    return _session.session is not None
-
-
-@entry
-def device_count() -> int:
-    sess = _session.session
-    return sess.count if sess is not None else 0
-
-
-@entry
-@initializes
-def current_device() -> int:
-    return _session.current_device()
-
-
-def _ordinal(device: Any) -> int:
-    """The index torch.cuda.set_device/torch.cuda.device take (-1: none, keep the current)."""
-    if device is None:
-        return -1
-    kind, index = _devices.parse(device)
-    if kind != "cuda":
-        raise _errors.not_a_cuda_device(device)
-    return _session.current_device() if index is None else index
-
-
-@entry
-@initializes
-def set_device(device: Any) -> None:
-    i = _ordinal(device)
-    if i >= 0:  # torch: a negative index is a no-op
-        _session.tls.device = _devices.checked_ordinal(i)
-
-
-@entry
-@initializes
-def get_device_name(device: Any = None) -> str:
-    return device_name(_devices.cuda_index(device))
-
-
-@entry
-@initializes
-def get_device_properties(device: Any = None) -> SimulatedDeviceProperties:
-    i = _devices.cuda_index(device)
-    major, minor = _capability()
-    return SimulatedDeviceProperties(name=device_name(i), total_memory=total_memory(i),
-                                     multi_processor_count=cpu_cores(), major=major,
-                                     minor=minor)
-
-
-@entry
-@initializes
-def get_device_capability(device: Any = None) -> tuple[int, int]:
-    _devices.cuda_index(device)
-    return _capability()
-
-
-def _capability() -> tuple[int, int]:
-    """A modeled GPU's compute capability (a T4's 7.5, an H100's 9.0: code sizing buffers or
-    choosing dtypes by it chooses as on that GPU); (0, 0) for a GPU with no model, so code
-    gated on one takes its plain path."""
-    sess = _session.session
-    spec = sess.spec if sess is not None else None
-    if spec is None:
-        return (0, 0)
-    major, minor = spec.compute_capability.split(".")
-    return (int(major), int(minor))
-
-
-@entry
-@initializes
-def synchronize(device: Any = None) -> None:
-    """Wait for the device's queued work; with no device, for every simulated GPU's.
-
-    CUDA's synchronize() waits for the current device only, but d2l and most timing code
-    call it meaning "wait for the GPUs", and waiting for all keeps such timings honest here.
-    """
-    index = _devices.cuda_index(device)
-    _workers.host_sync(None if device is None else index)
-
-
-@entry
-def is_initialized() -> bool:
-    """As torch.cuda's: initialized here, and not in a child forked after its parent was."""
-    sess = _session.session
-    return bool(sess is not None and sess.initialized and not _session.bad_fork)
-
-
-@entry
-@initializes
-def init() -> None:
-    """Nothing to initialize for simulated GPUs."""
-
-
-# Simulated GPUs compute on the CPU, so they draw from the CPU generator: seeding "the GPUs"
-# seeds it, and the same seed gives the same values as the same code on the CPU.
-@entry
-def manual_seed(seed: int) -> None:
-    torch.default_generator.manual_seed(int(seed))
-
-
-@entry
-def seed() -> None:
-    torch.default_generator.seed()
-
-
-@entry
-@initializes
-def initial_seed() -> int:
-    return torch.default_generator.initial_seed()
-
-
-@entry
-@initializes
-def get_rng_state(device: Any = "cuda") -> torch.Tensor:
-    return torch.get_rng_state()
-
-
-@entry
-def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
-    torch.set_rng_state(new_state)
-
-
-@entry
-@initializes
-def get_rng_state_all() -> list[torch.Tensor]:
-    return [torch.get_rng_state() for _ in range(device_count())]
-
-
-@entry
-def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
-    if new_states:
-        torch.set_rng_state(new_states[0])
-
-
-class device:  # noqa: N801 - stands in for torch.cuda.device
-    """`with torch.cuda.device(i):` for simulated GPUs: the thread's current device."""
-
-    @entry
-    def __init__(self, device: Any) -> None:
-        self.idx = _ordinal(device)
-        self.prev_idx = -1
-
-    @entry
-    def __enter__(self) -> None:
-        self.prev_idx = _session.current_device()
-        if self.idx >= 0:
-            _fork.initialize()
-            _session.tls.device = _devices.checked_ordinal(self.idx)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.idx >= 0:
-            _session.tls.device = self.prev_idx
-
-
-class device_of(device):  # noqa: N801
-    """`with torch.cuda.device_of(tensor):` the tensor's device, if it is a simulated GPU."""
-
-    def __init__(self, obj: torch.Tensor) -> None:
-        super().__init__(obj.get_device() if obj.is_cuda else -1)
-
-
-@entry
-@initializes
-def can_device_access_peer(device: Any, peer_device: Any) -> bool:
-    """Simulated GPUs share the host's memory, so each reaches every other."""
-    _devices.cuda_index(device)
-    _devices.cuda_index(peer_device)
-    return True
-
-
-def _lazy_init() -> None:
-    """torch.cuda._lazy_init: torch asks for the CUDA runtime, which no simulated GPU has.
-
-    Torch calls it before it would create a tensor on a CUDA device itself, which happens only
-    where the simulation does not route the call: in a thread that is not routed, or in a call
-    the simulation does not cover. Either way, say so in one line, naming the caller.
-    """
-    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    _fork.check()  # in a bad fork, CUDA's own error comes first, as in torch's
-    if not _session.is_routed():
-        name = threading.current_thread().name
-        raise _errors.user_error(RuntimeError(
-            f"devlab: thread {name!r} places work on a simulated GPU, but it was started "
-            "before the simulation, so its work is not routed to the simulated GPUs. Start "
-            "the thread after devlab.config.simulate_gpus(), or run its work inside "
-            "`with devlab.simulated.thread_routing():`."))
-    caller = sys._getframe(1)
-    raise _errors.user_error(RuntimeError(
-        f"devlab: {caller.f_code.co_name} (at {caller.f_code.co_filename}:{caller.f_lineno}) "
-        "needs the CUDA runtime, which simulated GPUs do not have (they are the CPU). Run it "
-        "on the CPU, or on a machine with a real GPU."))
-
+from devlab.engine.simulated.base.session import inside
+from devlab.engine.simulated.cuda.device_api import initializes
 
 # CUDA's stream ids, as c10/cuda/CUDAStream.cpp numbers them (Note [StreamId assignment]): the
 # default stream is 0; a stream from a pool is (index << 5) | (type << 1) | 1, where type is
@@ -348,6 +100,7 @@ class Stream(torch._C.Stream):
 
     @entry
     @initializes
+    @inside
     def synchronize(self) -> None:
         """The host waits for this stream's work (on a modeled GPU, this stream's only)."""
         _workers.wait(self.device_index)
@@ -355,6 +108,7 @@ class Stream(torch._C.Stream):
         if sess is not None:
             sess.charges.sync_stream(self.device_index, self.stream_id)
 
+    @inside
     def query(self) -> bool:
         """Whether the stream's work is done: on a modeled GPU, whether the host's modeled
         time has passed the stream's (a False answer costs the host one call's time, so a
@@ -367,6 +121,7 @@ class Stream(torch._C.Stream):
 
     @entry
     @initializes
+    @inside
     def wait_stream(self, stream: Any) -> None:
         """Work queued on this stream from now on starts after what `stream` has queued."""
         if not _cuda_stream(stream):
@@ -379,6 +134,7 @@ class Stream(torch._C.Stream):
 
     @entry
     @initializes
+    @inside
     def wait_event(self, event: Any) -> None:
         """Work queued on this stream from now on starts after the work `event` recorded."""
         if not isinstance(event, Event):
@@ -468,6 +224,7 @@ class Event:
 
     @entry
     @initializes
+    @inside
     def record(self, stream: Any = None) -> None:
         if stream is None:  # the current stream of the current device, as CUDA's
             i = _devices.cuda_index(None)
@@ -488,6 +245,7 @@ class Event:
     def _stamp(self) -> None:
         self.time = time.perf_counter()
 
+    @inside
     def query(self) -> bool:
         """Whether the work the event recorded is done: True for an event never recorded, as
         CUDA's; on a modeled GPU, whether the host's modeled time has passed the event's (a
@@ -501,6 +259,7 @@ class Event:
         return self.time is not None
 
     @entry
+    @inside
     def synchronize(self) -> None:
         """The host waits for the work the event recorded (on a modeled GPU, to its time)."""
         if self.device_index is None:
@@ -652,28 +411,7 @@ def set_stream(stream: Any) -> None:
     _session.tls.device = index
 
 
-_CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
-    **_memory.CUDA_FUNCS,
-    "is_available": is_available,
-    "device_count": device_count,
-    "current_device": current_device,
-    "set_device": set_device,
-    "get_device_name": get_device_name,
-    "get_device_properties": get_device_properties,
-    "get_device_capability": get_device_capability,
-    "synchronize": synchronize,
-    "is_initialized": is_initialized,
-    "init": init,
-    "manual_seed": manual_seed,
-    "manual_seed_all": manual_seed,
-    "seed": seed,
-    "seed_all": seed,
-    "initial_seed": initial_seed,
-    "get_rng_state": get_rng_state,
-    "set_rng_state": set_rng_state,
-    "get_rng_state_all": get_rng_state_all,
-    "set_rng_state_all": set_rng_state_all,
-    "device": device,
+CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "Stream": Stream,
     "ExternalStream": ExternalStream,
     "Event": Event,
@@ -682,101 +420,13 @@ _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
     "stream": stream,
     "StreamContext": StreamContext,
     "set_stream": set_stream,
-    "device_of": device_of,
-    "can_device_access_peer": can_device_access_peer,
-    "_lazy_init": _lazy_init,
-    "_is_in_bad_fork": _fork.is_in_bad_fork,
-}
-
-
-# torch.accelerator: the device-generic API newer tutorials use
-# (`torch.accelerator.current_accelerator().type if torch.accelerator.is_available()`).
-class device_index(device):  # noqa: N801
-    """`with torch.accelerator.device_index(i):`."""
-
-
-@entry
-def current_accelerator(check_available: bool = False) -> torch.device:
-    return torch.device("cuda")
-
-
-@entry
-def get_memory_info(device_index: Any = None) -> tuple[int, int]:
-    return _memory.mem_get_info(device_index)
-
-
-# The dense dtypes a CPU tensor holds and converts between (quantized, bit and sub-byte
-# shell dtypes left out); names missing from an older torch are skipped.
-_SUPPORTED_DTYPES = frozenset(
-    d for d in (getattr(torch, n, None) for n in (
-        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-        "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
-        "float8_e4m3fn", "float8_e5m2"))
-    if isinstance(d, torch.dtype))
-
-
-@entry
-def accelerator_capability(device: Any = None) -> dict[str, Any]:
-    """torch.accelerator.get_device_capability: a simulated GPU holds what the CPU holds."""
-    _devices.cuda_index(device)
-    return {"supported_dtypes": set(_SUPPORTED_DTYPES)}
-
-
-@entry
-def empty_host_cache() -> None:
-    """No pinned-memory cache: pinning for a simulated GPU is a plain copy."""
-
-
-_ACCEL_FUNCS: dict[str, Callable[..., Any] | type] = {
-    "is_available": is_available,
-    "device_count": device_count,
-    "current_accelerator": current_accelerator,
-    "current_device_index": current_device,
-    "current_device_idx": current_device,
-    "set_device_index": set_device,
-    "set_device_idx": set_device,
-    "device_index": device_index,
-    "synchronize": synchronize,
-    "memory_allocated": _memory.memory_allocated,
-    "max_memory_allocated": _memory.max_memory_allocated,
-    "memory_reserved": _memory.memory_reserved,
-    "max_memory_reserved": _memory.max_memory_reserved,
-    "reset_peak_memory_stats": _memory.reset_peak_memory_stats,
-    "memory_stats": _memory.memory_stats,
-    "get_memory_info": get_memory_info,
-    "empty_cache": _memory.empty_cache,
-    "empty_host_cache": empty_host_cache,
-    "reset_accumulated_memory_stats": _memory.reset_accumulated_memory_stats,
-    "get_device_capability": accelerator_capability,
-    "current_stream": current_stream,
-    "set_stream": set_stream,
 }
 
 
 def install(p: Patcher) -> None:
-    _memory.install(p)
-    _pool_counters.clear()  # a new simulation's GPUs hand out their pools from the start
+    """torch.Event/torch.Stream while simulating; a new simulation's GPUs hand out their
+    pools from the start."""
+    _pool_counters.clear()
     if _orig_event is not None and _orig_stream is not None:
         p.set(torch, "Event", AcceleratorEvent)
         p.set(torch, "Stream", AcceleratorStream)
-    # torch.cuda re-exports functions defined in submodules (torch.cuda.memory,
-    # torch.cuda.random); code may call either name, so both are patched.
-    modules = [torch.cuda] + [sys.modules[n] for n in ("torch.cuda.memory", "torch.cuda.random")
-                              if n in sys.modules]
-    for mod in modules:
-        for name, fn in _CUDA_FUNCS.items():
-            if mod is torch.cuda or _defined_in(mod, name):
-                p.set(mod, name, fn)
-    accel = [m for m in (getattr(torch, "accelerator", None),
-                         sys.modules.get("torch.accelerator.memory")) if m is not None]
-    for mod in accel:
-        for name, fn in _ACCEL_FUNCS.items():
-            if _defined_in(mod, name) or (mod is torch.accelerator and name in vars(mod)):
-                p.set(mod, name, fn)
-
-
-def _defined_in(mod: Any, name: str) -> bool:
-    obj = vars(mod).get(name)
-    return obj is not None and getattr(obj, "__module__", None) == mod.__name__
-
-
