@@ -1,7 +1,7 @@
 """What the caching-allocator model costs per allocation (issue 27's target: at most 2 us).
 
 Replays a mix of requests (small tensors, 1-10 MiB activations, large weights) through
-`devlab.gpu_model.allocator.CachingAllocator`, holding a window of live blocks as a training
+`devlab.gpu_model.caching_allocator.CachingAllocator`, holding a window of live blocks as a training
 step does, and prints the time per allocation (one malloc and its free) and per event, the best
 of several trials; with `--history`, recording each allocation's stack as
 `torch.cuda.memory._record_memory_history` does.
@@ -29,7 +29,7 @@ import argparse
 import sys
 import time
 
-from devlab.gpu_model.allocator import CachingAllocator
+from devlab.gpu_model.caching_allocator import CachingAllocator
 
 SIZES = (4096, 400_000, 3 << 20, 64 << 20, 1000, 12345, 768 * 1024, 12 << 20)
 WINDOW = 50  # blocks alive at once

@@ -1,4 +1,4 @@
-"""CUDA's caching allocator model (devlab.gpu_model.allocator) against the rules of torch's
+"""CUDA's caching allocator model (devlab.gpu_model.caching_allocator) against the rules of torch's
 c10/cuda/CUDACachingAllocator.cpp: sequences of requests, frees and empty_cache() and the
 statistics torch.cuda.memory_stats() would report for them. Nothing runs on a GPU."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from devlab.gpu_model.allocator import (
+from devlab.gpu_model.caching_allocator import (
     LARGE_BUFFER,
     SMALL_BUFFER,
     AllocatorConfig,

@@ -8,7 +8,7 @@ import torch
 
 from devlab import simulated
 from devlab.gpu_model import cufft as model
-from devlab.gpu_model.allocator import AllocatorConfig, round_size
+from devlab.gpu_model.caching_allocator import AllocatorConfig, round_size
 
 
 @pytest.fixture(autouse=True)

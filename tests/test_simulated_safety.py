@@ -18,7 +18,7 @@ import torch
 
 import devlab
 from devlab import simulated
-from devlab.gpu_model.allocator import AllocatorConfig, round_size
+from devlab.gpu_model.caching_allocator import AllocatorConfig, round_size
 from devlab.simulated.core import session as _session
 from devlab.simulated.core import workers as _workers
 from devlab.simulated.mode import launch as _launch

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from devlab.gpu_model.allocator import OutOfMemory
+from devlab.gpu_model.caching_allocator import OutOfMemory
 
 from ..._tracebacks import drop_frames
 from .session import DeviceState

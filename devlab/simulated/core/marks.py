@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from devlab.gpu_model.allocator import Block, OutOfMemory
+from devlab.gpu_model.caching_allocator import Block, OutOfMemory
 
 from . import errors as _errors
 from . import fork as _fork

@@ -11,13 +11,13 @@ from typing import Any
 import torch
 
 from devlab.gpu_model import capacity
-from devlab.gpu_model.allocator import AllocatorConfig, Block, CachingAllocator, OutOfMemory
+from devlab.gpu_model.caching_allocator import AllocatorConfig, Block, CachingAllocator, OutOfMemory
 from devlab.gpu_model.specs import GpuSpec
 
 
 class DeviceState:
-    """The memory of one simulated GPU: CUDA's caching allocator (`devlab.gpu_model.allocator`)
-    over the GPU's capacity. Bytes throughout.
+    """The memory of one simulated GPU: CUDA's caching allocator
+    (`devlab.gpu_model.caching_allocator`) over the GPU's capacity. Bytes throughout.
 
     `limit` is the user's memory limit (TensorFlow's `memory_limit`; None: none). A GPU modeled
     on a real one (`spec`) has that GPU's capacity as torch reports it and a CUDA context, held

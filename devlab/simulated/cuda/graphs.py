@@ -23,8 +23,8 @@ What a GPU does during capture, the simulation does too:
   their modeled times (`clock.Clock.replay`): the lesson CUDA graphs teach.
 
 Memory is the graph's private pool, as CUDA's caching allocator keeps it (Note [Interaction
-with CUDA graph capture] in CUDACachingAllocator.cpp; `devlab.gpu_model.allocator.PrivatePool`):
-what the capture allocates comes from that pool's own segments (`beginAllocateToPool`, for the
+with CUDA graph capture] in CUDACachingAllocator.cpp;
+`devlab.gpu_model.caching_allocator.PrivatePool`): what the capture allocates comes from that pool's own segments (`beginAllocateToPool`, for the
 capturing stream and, in devlab, the capturing thread's other streams); `pool=` (another
 graph's `pool()`, `graph_pool_handle()` or a MemPool's `id`) shares one pool. The graph keeps
 each tensor its capture made alive for its replays, through tensors of its own on the same
@@ -55,7 +55,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from devlab.aten_ops import COPY_OPS, SYNC_OPS
-from devlab.gpu_model.allocator import PoolError
+from devlab.gpu_model.caching_allocator import PoolError
 
 from ..core import errors as _errors
 from ..core import session as _session

@@ -1,6 +1,6 @@
 """CUDA's memory API as a program sees it, over each simulated GPU's caching allocator
-(`devlab.gpu_model.allocator`): torch.cuda's memory functions, and the `torch._C` entry points
-torch's own Python code calls (`memory_summary`'s table, `memory_snapshot`,
+(`devlab.gpu_model.caching_allocator`): torch.cuda's memory functions, and the `torch._C` entry
+points torch's own Python code calls (`memory_summary`'s table, `memory_snapshot`,
 `torch.cuda.memory._record_memory_history`, `_snapshot` and `_dump_snapshot`), so those run
 unchanged and read what a GPU's allocator would report; and memory pools: `torch.cuda.MemPool`
 (a private pool of the allocator's, `PrivatePool`) and the entry points torch's own
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from devlab.gpu_model.allocator import OutOfMemory, PoolError
+from devlab.gpu_model.caching_allocator import OutOfMemory, PoolError
 
 from ..core import devices as _devices
 from ..core import errors as _errors
