@@ -393,7 +393,7 @@ class CachingAllocator:
 
     def synchronize(self) -> None:
         """Every stream is done: blocks held back for other streams are free."""
-        self._synchronize_and_free_deferred()
+        self._synchronize_and_free_events()
 
     def release_cached_blocks(self, pool_id: PoolId = DEFAULT_POOL) -> bool:
         """`release_cached_blocks` (`empty_cache`): release every cached block that is a whole
@@ -401,7 +401,7 @@ class CachingAllocator:
         pools no graph or MemPool uses any more (`pool_id`: of that one only, and not the
         device's own). A freeable pool left with no segment is forgotten."""
         if pool_id == DEFAULT_POOL and not self.captures:
-            self._synchronize_and_free_deferred()
+            self._synchronize_and_free_events()
             self.stats.counters["num_sync_all_streams"] += 1
             for pool in (self.large, self.small):
                 self._release_blocks(pool)
@@ -409,8 +409,8 @@ class CachingAllocator:
             if pool_id not in (DEFAULT_POOL, pid):
                 continue
             if pool_id != DEFAULT_POOL:
-                # synchronize_and_free_deferred(context, pool): that pool's held-back blocks
-                self._synchronize_and_free_deferred(owner=pp)
+                # synchronize_and_free_events(context, pool): that pool's held-back blocks
+                self._synchronize_and_free_events(owner=pp)
             self._release_blocks(pp.small)
             self._release_blocks(pp.large)
             if pp.segments == 0:
@@ -445,7 +445,7 @@ class CachingAllocator:
             pp = self.graph_pools[pool_id] = PrivatePool(pool_id)
             # its blocks count in the device's statistics, by pool size (get_stat_types_for_pool)
             for p in (pp.small, pp.large):
-                p.stats = self._stats_of(p.small)
+                p.stats = self.stats.of_pool(p.small)
                 p.counts = p.stats[0]
         elif pp.use_count == 0:
             # CUDA asserts here (TORCH_INTERNAL_ASSERT(use_count > 0)): the pool was released
@@ -624,7 +624,7 @@ class CachingAllocator:
         done the work queued before their free (all of them where no clock tells)."""
         events = self.events
         if events is None:
-            self._synchronize_and_free_deferred()
+            self._synchronize_and_free_events()
             return
         done = [b for b in self.deferred if all(events.done(t) for t in b.events)]
         if not done:
@@ -632,7 +632,7 @@ class CachingAllocator:
         self.deferred = [b for b in self.deferred if b not in done]
         self._free_deferred(done)
 
-    def _synchronize_and_free_deferred(self, owner: PrivatePool | None = None) -> None:
+    def _synchronize_and_free_events(self, owner: PrivatePool | None = None) -> None:
         """`synchronize_and_free_events`: every stream is done, so the blocks held back for
         other streams are free (`owner`: those of that private pool)."""
         if owner is not None:
