@@ -23,7 +23,7 @@ from devlab.distributed.wire import (
     _rank_file,
     _read_result,
 )
-from devlab.simulated.distributed.forks import HANG_ENV, HANG_EXIT
+from devlab.simulated.distributed.fork_safety.hang_report import HANG_ENV, HANG_EXIT
 
 
 class RankError(RuntimeError):

@@ -43,7 +43,11 @@ from .core import session as _session
 from .core import workers as _workers
 from .core.marks import index_of
 from .core.session import current_index
-from .distributed.forks import hang_timeout, reset_hang_timeout, set_hang_timeout
+from .distributed.fork_safety.hang_report import (
+    hang_timeout,
+    reset_hang_timeout,
+    set_hang_timeout,
+)
 from .mode import launch as _launch
 from .mode.dispatched import run as run_dispatched
 
@@ -177,7 +181,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         from .cuda import graphs as _graphs
         from .distributed import c10d as _c10d
         from .distributed import dtensor as _dtensor
-        from .distributed import forks as _forks
+        from .distributed import fork_safety as _fork_safety
         from .distributed import parallel as _parallel
         from .distributed import stores as _stores
         from .mode import autograd as _autograd
@@ -201,7 +205,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         patcher = Patcher()
         try:
             for module in (_tensor, _wrappers, _cuda, _graphs, _build, _cufft, _queries, _factories,
-                           _amp, _threads, _parallel, _serialization, _c10d, _stores, _forks,
+                           _amp, _threads, _parallel, _serialization, _c10d, _stores, _fork_safety,
                            _dtensor, _compile):
                 module.install(patcher)
             charges = _session.NO_CHARGES
