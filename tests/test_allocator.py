@@ -307,3 +307,18 @@ def test_every_modeled_gpu_has_a_published_capacity_below_its_datasheet() -> Non
         # The datasheet's "16 GB" of memory is 16 GiB of chips; the driver keeps some of it.
         assert 0.9 * spec.memory_gb * 2**30 < total < spec.memory_gb * 2**30, spec.name
         assert 200 * MiB < context_bytes(spec) < 500 * MiB
+
+
+def test_the_old_import_path_names_the_same_model() -> None:
+    # devlab.gpu_model.allocator was the model's module before issue 36 split it; notebooks and
+    # users' code that import it get the same classes, whose errors still pickle by reference.
+    import pickle
+
+    from devlab.gpu_model import allocator as old
+
+    assert old.CachingAllocator is CachingAllocator
+    assert old.OutOfMemory is OutOfMemory and old.round_size is round_size
+    a = CachingAllocator(0, total=64 * MiB)
+    got = a.allocate(128 * MiB)
+    assert isinstance(got, OutOfMemory)
+    assert pickle.loads(pickle.dumps(type(got))) is OutOfMemory

@@ -74,8 +74,8 @@ class BlockPool:
     Per stream, two parallel lists kept sorted: `keys`, each block's size and address as one
     int (`KEY_SHIFT`), and the blocks themselves. One int compares in a few machine instructions
     where a tuple compares item by item, and bisecting is most of a request's search (See Note
-    [The allocator's hot path]). `stats` holds the statistics a block of this pool changes
-    (`DeviceStats.of_pool`), `counts` the first of them.
+    [The allocator's hot path] in state_machine.py). `stats` holds the statistics a block of
+    this pool changes (`DeviceStats.of_pool`), `counts` the first of them.
     """
 
     __slots__ = ("counts", "free_calls", "owner", "small", "stats", "streams")
