@@ -1,7 +1,7 @@
 """What the caching-allocator model costs per allocation (issue 27's target: at most 2 us).
 
 Replays a mix of requests (small tensors, 1-10 MiB activations, large weights) through
-`devlab.gpu_model.caching_allocator.CachingAllocator`, holding a window of live blocks as a training
+`devlab.engine.gpu_model.caching_allocator.CachingAllocator`, holding a window of live blocks as a training
 step does, and prints the time per allocation (one malloc and its free) and per event, the best
 of several trials; with `--history`, recording each allocation's stack as
 `torch.cuda.memory._record_memory_history` does.
@@ -15,7 +15,7 @@ benchmarks/allocator.py --events N --trials 1` ("Collected" is the count). Measu
 (torch 2.13's CPython 3.11, N = 20,000 and 60,000, the loop calling `allocate` as the
 simulation does): the plain port (tests/_allocator_reference.py) took about 30k instructions per
 event; the model before issue 27's second pass 20.4k; now (Note [The allocator's hot path] in
-devlab/gpu_model/allocator.py) 12.9k. At 12.9k, 2 us per event needs about 6.5 instructions per
+devlab/engine/gpu_model/caching_allocator/) 12.9k. At 12.9k, 2 us per event needs about 6.5 instructions per
 nanosecond, which a loaded 2-core machine still gave (about 1.1 us per event, best of 5).
 
 `--path` measures what a user pays per tensor: `torch.empty(1000, device="cuda:0")` made and
@@ -29,7 +29,7 @@ import argparse
 import sys
 import time
 
-from devlab.gpu_model.caching_allocator import CachingAllocator
+from devlab.engine.gpu_model.caching_allocator import CachingAllocator
 
 SIZES = (4096, 400_000, 3 << 20, 64 << 20, 1000, 12345, 768 * 1024, 12 << 20)
 WINDOW = 50  # blocks alive at once
@@ -54,9 +54,8 @@ def trial(events: int, history: bool) -> float:
 
 def per_tensor(events: int, trials: int) -> tuple[float, float]:
     """Seconds per tensor made and dropped, on the CPU and on a simulated GPU."""
-    import torch
-
     import devlab.simulated as sim
+    import torch
 
     def best(device: str) -> float:
         times = []

@@ -21,14 +21,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devlab.gpu_model import (  # noqa: E402
+from devlab.engine.gpu_model import (  # noqa: E402
     SPECS,
     collective_time,
     data_parallel_step,
     topologies,
     topology,
 )
-from devlab.gpu_model.collectives import CollectiveTime  # noqa: E402
+from devlab.engine.gpu_model.collectives import CollectiveTime  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "collectives" / "measurements.csv"
 TARGET = 0.20  # bus bandwidth within 20 % for 1 MB and more

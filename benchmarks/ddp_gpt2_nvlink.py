@@ -50,7 +50,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import devlab  # noqa: E402
-from devlab import simulated  # noqa: E402
+from devlab.engine import simulated  # noqa: E402
 
 # GPT-2 small (openai-community/gpt2's config.json): 12 layers, 12 heads, 768 wide, 1024
 # positions, a vocabulary of 50257, dropout 0.1 (embeddings, attention, residuals).
@@ -182,7 +182,7 @@ def run(ranks: int, p2p: bool) -> float:
 def pure_steps() -> dict[str, object]:
     """The pure model's step on 1 GPU and on 2 joined by each machine (StepTime)."""
     from benchmarks.gpu_model import Op, gpt2_block, queued_seconds
-    from devlab.gpu_model import data_parallel_step, predict
+    from devlab.engine.gpu_model import data_parallel_step, predict
 
     gpu, t = "TITAN-RTX", BATCH * SEQUENCE
     head = [Op("ln_f", "layer_norm", ((t, WIDTH),)),

@@ -48,8 +48,8 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 import devlab  # noqa: E402
-from devlab import gpu_model, simulated  # noqa: E402
-from devlab.simulated.distributed import nccl  # noqa: E402
+from devlab.engine import gpu_model, simulated  # noqa: E402
+from devlab.engine.simulated.torch_distributed import nccl  # noqa: E402
 
 WIDTH, LAYERS, BATCH = 1024, 8, 128  # 8 x (1024 x 1024 + 1024) parameters: 33.6 MB of gradients
 

@@ -26,7 +26,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 import devlab  # noqa: E402
-from devlab.host import cpu_cores  # noqa: E402
+from devlab._helpers.host import cpu_cores  # noqa: E402
 
 WIDTH, LAYERS, BATCH = 1024, 4, 512
 

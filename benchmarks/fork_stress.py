@@ -48,7 +48,7 @@ def _lesson06(port: str, out: Path) -> None:
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    from devlab import placement_log
+    from devlab.core import placement_log
 
     def make_model() -> nn.Module:
         torch.manual_seed(0)
@@ -168,7 +168,7 @@ def _without_barrier() -> None:
     """Release each child as soon as it is forked, as torch's start_processes does without
     devlab (the children still get the watchdog). Registered after devlab's own hook, this one
     runs after it in the parent."""
-    from devlab.simulated.distributed.fork_safety import barrier
+    from devlab.engine.simulated.torch_distributed.fork_safety import barrier
 
     def release_now() -> None:
         window = barrier._window

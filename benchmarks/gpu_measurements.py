@@ -3,7 +3,7 @@
 The measurements are single ops on real GPUs (FP32, torch 2.1, CUDA 12.1), each timed alone
 with CUDA events (the mean of the fastest 5 of 25), so the model's `Kernel.alone` is what they
 are compared with. The model reads none of this: `fit()` derives the constants that
-`devlab/gpu_model/calibration.py` stores, and `table()` scores the stored ones.
+`devlab/engine/gpu_model/calibration.py` stores, and `table()` scores the stored ones.
 
 Rows give only what a running program knows (op, shapes, dtype, GPU) to the model; the
 kernel-name, grid and block columns are never read.
@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from devlab.gpu_model import SPECS, Calibration, Kernel, gemm, memory_bound
-from devlab.gpu_model.calibration import CALIBRATION, GemmFit
-from devlab.gpu_model.kernels import ELEMENTWISE, LAYER_NORM, SOFTMAX
+from devlab.engine.gpu_model import SPECS, Calibration, Kernel, gemm, memory_bound
+from devlab.engine.gpu_model.calibration import CALIBRATION, GemmFit
+from devlab.engine.gpu_model.kernels import ELEMENTWISE, LAYER_NORM, SOFTMAX
 
 # The device names in the tables, and the model's key for each board.
 DEVICES = {

@@ -16,7 +16,7 @@ Prints, with nothing run on a GPU (every model figure is modeled, not measured):
 
 `--markdown` prints the tables docs/gpu-models.md shows (between its markers), `--docs` writes
 them there; `--fit` fits
-the calibration again from the measurements and prints `devlab/gpu_model/calibration.py`'s
+the calibration again from the measurements and prints `devlab/engine/gpu_model/calibration.py`'s
 fitted part (about two minutes).
 """
 
@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpu_measurements as gm  # noqa: E402
 
-from devlab.gpu_model import SPECS, GpuSpec, Kernel, predict  # noqa: E402
-from devlab.gpu_model.calibration import CALIBRATION, Calibration  # noqa: E402
-from devlab.simulated.clock.clock import Clock  # noqa: E402
-from devlab.simulated.clock.roofline import OpTime  # noqa: E402
+from devlab.engine.gpu_model import SPECS, GpuSpec, Kernel, predict  # noqa: E402
+from devlab.engine.gpu_model.calibration import CALIBRATION, Calibration  # noqa: E402
+from devlab.engine.simulated.clock.modeled_clock import Clock  # noqa: E402
+from devlab.engine.simulated.clock.roofline import OpTime  # noqa: E402
 
 aten = torch.ops.aten
 

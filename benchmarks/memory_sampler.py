@@ -26,8 +26,8 @@ import time
 import torch
 
 import devlab
-from devlab.memory import MemoryChart, Sampler
-from devlab.widgets import MemoryMonitor
+from devlab.core.memory_watch import MemoryChart, Sampler
+from devlab.fronts.lab.widgets import MemoryMonitor
 
 
 def achieved_rate(devices, seconds: float = 3.0) -> float:

@@ -12,7 +12,7 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from devlab import placement_log
+from devlab.core import placement_log
 
 
 class EmptyMode(TorchDispatchMode):

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from devlab.memory import run_fresh
+from devlab.core.memory_watch import run_fresh
 
 
 def four_blocks() -> None:
@@ -26,7 +26,7 @@ def four_blocks() -> None:
 def main(repeats: int = 3) -> None:
     for _ in range(repeats):
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import devlab.config, devlab.memory.fresh"],
+        subprocess.run([sys.executable, "-c", "import devlab.config, devlab.core.memory_watch.fresh_process"],
                        check=True)
         bare = time.perf_counter() - t
         timings = []

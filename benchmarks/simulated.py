@@ -36,8 +36,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from devlab import simulated  # noqa: E402
-from devlab.host import cpu_cores  # noqa: E402
+from devlab._helpers.host import cpu_cores  # noqa: E402
+from devlab.engine import simulated  # noqa: E402
 
 
 def _best_us(fn: Callable[[], object], number: int, repeats: int) -> float:

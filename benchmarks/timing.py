@@ -24,7 +24,7 @@ import torch
 from torch.utils.benchmark import Timer
 
 import devlab
-from devlab.timing import format_seconds, time_on_device
+from devlab.core.timing import format_seconds, time_on_device
 
 
 def cuda_timer() -> float:
@@ -64,7 +64,7 @@ def crossover() -> None:
     """Exercise 1 on a modeled T4 against this machine's CPU, as notebook 03 runs it."""
     import time
 
-    from devlab import exercises
+    from devlab.fronts.lab import exercises
 
     devlab.config.simulate_gpus(1, model="T4")
     t0 = time.perf_counter()

@@ -9,27 +9,22 @@
 
 from __future__ import annotations
 
-from devlab import (
-    config,
-    debugging,
-    distributed,
-    exercises,
-    gpu_model,
-    lesson,
-    memory,
-    placement_log,
-    runtime,
-    simulated,
-    timing,
-)
-from devlab.d2l import cpu, gpu, num_gpus, try_all_gpus, try_gpu
-from devlab.distributed import launch
-from devlab.inventory import device_table
-from devlab.magics import load_ipython_extension, unload_ipython_extension
-from devlab.names import DeviceSpec, full_name
-from devlab.placement_log import PlacementLog
-from devlab.scope import Placement, device, resolve
-from devlab.timing import compare, time_on_device
+from devlab._helpers import former_names
+from devlab.core import config, debugging, placement_log, timing
+from devlab.core import memory_watch as memory
+from devlab.core import ranks as distributed
+from devlab.core.d2l import cpu, gpu, num_gpus, try_all_gpus, try_gpu
+from devlab.core.inventory import device_table
+from devlab.core.names import DeviceSpec, full_name
+from devlab.core.placement_log import PlacementLog
+from devlab.core.placement_scope import Placement, device, resolve
+from devlab.core.ranks import launch
+from devlab.core.timing import compare, time_on_device
+from devlab.engine import gpu_model, runtime, simulated
+from devlab.fronts.lab import exercises, lesson
+from devlab.fronts.lab.magics import load_ipython_extension, unload_ipython_extension
+
+former_names.install()
 
 __version__ = "0.1.0"
 

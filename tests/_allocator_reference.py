@@ -1,4 +1,4 @@
-"""A frozen copy of devlab.gpu_model.allocator as it stood on main at commit c5048f1, with
+"""A frozen copy of devlab.engine.gpu_model.allocator as it stood on main at commit c5048f1, with
 streams' events (`StreamEvents`, `Block.events`, `_process_deferred(only_done=True)`), before its
 hot path was tuned: the plain port of CUDACachingAllocator.cpp that
 tests/test_allocator_equivalence.py replays random request sequences through beside the tuned

@@ -28,7 +28,7 @@ def clean_devlab():
     before = _torch_state()
     yield
     devlab.debugging.reset()
-    devlab.scope.reset_default()
+    devlab.core.placement_scope.reset_default()
     devlab.config.reset()
     assert _torch_state() == before, "a test left torch changed"
 

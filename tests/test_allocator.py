@@ -1,4 +1,4 @@
-"""CUDA's caching allocator model (devlab.gpu_model.caching_allocator) against the rules of torch's
+"""CUDA's caching allocator model (devlab.engine.gpu_model.caching_allocator) against the rules of torch's
 c10/cuda/CUDACachingAllocator.cpp: sequences of requests, frees and empty_cache() and the
 statistics torch.cuda.memory_stats() would report for them. Nothing runs on a GPU."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from devlab.gpu_model.caching_allocator import (
+from devlab.engine.gpu_model.caching_allocator import (
     LARGE_BUFFER,
     SMALL_BUFFER,
     AllocatorConfig,
@@ -299,8 +299,8 @@ def test_accepted_configs() -> None:
 
 
 def test_every_modeled_gpu_has_a_published_capacity_below_its_datasheet() -> None:
-    from devlab.gpu_model import SPECS
-    from devlab.gpu_model.capacity import context_bytes, total_memory
+    from devlab.engine.gpu_model import SPECS
+    from devlab.engine.gpu_model.capacity import context_bytes, total_memory
 
     for spec in SPECS.values():
         total = total_memory(spec)
@@ -309,16 +309,15 @@ def test_every_modeled_gpu_has_a_published_capacity_below_its_datasheet() -> Non
         assert 200 * MiB < context_bytes(spec) < 500 * MiB
 
 
-def test_the_old_import_path_names_the_same_model() -> None:
-    # devlab.gpu_model.allocator was the model's module before issue 36 split it; notebooks and
-    # users' code that import it get the same classes, whose errors still pickle by reference.
-    import pickle
+def test_the_former_names_are_the_split_model() -> None:
+    # devlab.gpu_model.allocator (and, after the layout, devlab.engine.gpu_model.allocator) was
+    # the model's one module before issue 36 split it as torch splits it: both names import the
+    # package, so notebooks and users' code that name them get the same classes.
+    import importlib
 
-    from devlab.gpu_model import allocator as old
+    from devlab.engine.gpu_model import caching_allocator
 
-    assert old.CachingAllocator is CachingAllocator
-    assert old.OutOfMemory is OutOfMemory and old.round_size is round_size
-    a = CachingAllocator(0, total=64 * MiB)
-    got = a.allocate(128 * MiB)
-    assert isinstance(got, OutOfMemory)
-    assert pickle.loads(pickle.dumps(type(got))) is OutOfMemory
+    for former in ("devlab.gpu_model.allocator", "devlab.engine.gpu_model.allocator"):
+        old = importlib.import_module(former)
+        assert old is caching_allocator
+        assert old.CachingAllocator is CachingAllocator and old.OutOfMemory is OutOfMemory

@@ -1,4 +1,4 @@
-"""The collective model (devlab.gpu_model.collectives, .links): its rules, and the published
+"""The collective model (devlab.engine.gpu_model.collectives, .links): its rules, and the published
 NCCL measurements of benchmarks/data/collectives/ (docs/gpu-models.md, "Collectives").
 
 Pure: nothing runs on a GPU, nothing of the simulation is imported.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from devlab import gpu_model
-from devlab.gpu_model import (
+from devlab.engine import gpu_model
+from devlab.engine.gpu_model import (
     OPS,
     SPECS,
     TOPOLOGIES,
@@ -31,7 +31,7 @@ from devlab.gpu_model import (
     topologies,
     topology,
 )
-from devlab.gpu_model import collectives as coll
+from devlab.engine.gpu_model import collectives as coll
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB, GiB = 1 << 20, 1 << 30

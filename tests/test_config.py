@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import devlab
-from devlab import config, runtime
-from devlab.config import LogicalDeviceConfiguration, PhysicalDevice
+from devlab.core import config
+from devlab.core.config import LogicalDeviceConfiguration, PhysicalDevice
+from devlab.engine import runtime
 
 CPU = PhysicalDevice("/physical_device:CPU:0", "CPU")
 
@@ -149,7 +150,7 @@ def test_memory_growth_off_on_a_simulated_gpu_reserves_its_free_memory_at_first_
     # As devlab does on a real GPU (and TensorFlow by default): at its first use, a GPU without
     # memory growth reserves nine tenths of its free memory as one cached segment of CUDA's
     # caching allocator, rounded up to 2 MiB; tensors are then split from it.
-    from devlab import simulated
+    from devlab.engine import simulated
 
     mib = 1024 * 1024
     config.simulate_gpus(2, memory_limit=64)
@@ -174,7 +175,7 @@ def test_memory_growth_off_on_a_simulated_gpu_reserves_its_free_memory_at_first_
 
 
 def test_memory_growth_off_on_a_simulated_gpu_without_a_limit_reserves_what_it_allocates() -> None:
-    from devlab import simulated
+    from devlab.engine import simulated
 
     config.simulate_gpus(1)
     (gpu,) = config.list_physical_devices("GPU")

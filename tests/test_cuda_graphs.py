@@ -1,4 +1,4 @@
-"""CUDA graphs on simulated GPUs (devlab/simulated/cuda/graphs.py): a capture records the ops,
+"""CUDA graphs on simulated GPUs (devlab/engine/simulated/cuda/graphs.py): a capture records the ops,
 a replay reruns them into the same tensors, host syncs during capture are CUDA's error, and on
 a modeled GPU a replay costs one launch.
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import devlab
-from devlab.simulated.core import session as _session
+from devlab.engine.simulated.base import session as _session
 
 N, D_IN, H, D_OUT = 64, 256, 128, 32
 

@@ -18,8 +18,10 @@ import torch.distributed as dist
 from torch import nn
 
 import devlab
-from devlab import distributed, placement_log
-from devlab.distributed import options, reports
+from devlab.core import placement_log
+from devlab.core import ranks as distributed
+from devlab.core.ranks import launch_options as options
+from devlab.core.ranks import rank_reports as reports
 
 pytestmark = pytest.mark.usefixtures("no_simulation")
 
@@ -123,7 +125,7 @@ def test_every_hung_rank_says_where_it_was(state_kept) -> None:
 
 def test_a_hang_outside_the_users_code_says_where_in_the_launcher() -> None:
     # (Freeing what the function left, as it returns: the rank's frames are all the launcher's.)
-    frames = [(distributed.rank.__file__, 1, "_call")]
+    frames = [(distributed.rank_process.__file__, 1, "_call")]
     assert reports._where(frames).startswith("devlab's launcher (_call, line 1")
 
 
@@ -255,7 +257,7 @@ def test_nccl_runs_on_gloo_and_says_so_once(two, capfd, state_kept) -> None:
 
     assert devlab.launch(init_twice) == ["cuda:nccl,cpu:gloo nccl"] * 2
     err = [line for line in capfd.readouterr().err.splitlines() if "NCCL" in line]
-    assert sorted(err) == [f"[rank{r}] {devlab.simulated.distributed.nccl.NOTICE}" for r in (0, 1)]
+    assert sorted(err) == [f"[rank{r}] {devlab.engine.simulated.torch_distributed.nccl.NOTICE}" for r in (0, 1)]
 
 
 # --- any function, any sequence (issue 16) -----------------------------------------------------

@@ -21,8 +21,8 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import devlab
-from devlab import distributed
-from devlab.magics.distributed import DistributedMagics
+from devlab.core import ranks as distributed
+from devlab.fronts.lab.magics.rank_magics import DistributedMagics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "distributed"))
 import hygiene  # noqa: E402

@@ -20,8 +20,8 @@ import pytest
 import torch.distributed as dist
 
 import devlab
-from devlab import distributed
-from devlab.distributed import launcher
+from devlab.core import ranks as distributed
+from devlab.core.ranks import launcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "distributed"))
 import hygiene  # noqa: E402

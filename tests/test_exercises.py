@@ -10,9 +10,9 @@ import torch
 from matplotlib.figure import Figure
 
 import devlab
-from devlab import exercises
-from devlab.exercises import scaling
-from devlab.exercises._common import Progress
+from devlab.fronts.lab import exercises
+from devlab.fronts.lab.exercises import scaling
+from devlab.fronts.lab.exercises._common import Progress
 
 FAST = {"min_time": 0.0, "repeats": 1, "warmup": 1}
 
@@ -64,7 +64,7 @@ CPU, GPU = "cpu", "gpu"
 )
 def test_which_device_is_faster_is_called_only_where_steady_times_make_it_certain(
         cpu, cpu_steady, gpu, expected) -> None:
-    from devlab.exercises import matmul
+    from devlab.fronts.lab.exercises import matmul
 
     cpu = [t * US for t in cpu]
     gpu = [t * US for t in gpu]
@@ -85,14 +85,14 @@ def test_which_device_is_faster_is_called_only_where_steady_times_make_it_certai
     ],
 )
 def test_a_crossover_is_called_only_when_every_size_deciding_it_was_called(winners, expected):
-    from devlab.exercises import matmul
+    from devlab.fronts.lab.exercises import matmul
 
     assert matmul.called_crossover([8, 16, 32, 64], winners) == expected
 
 
 def test_a_smaller_product_slower_than_a_larger_one_is_unsteady() -> None:
-    from devlab.exercises import matmul
-    from devlab.timing import TimingResult
+    from devlab.core.timing import TimingResult
+    from devlab.fronts.lab.exercises import matmul
 
     def result(times):
         return TimingResult("CPU:0", "cpu", [t * US for t in times], 1, 1, "none")
@@ -112,7 +112,7 @@ class FixedTimes:
         self.calls: dict[tuple[str, int], int] = {}
 
     def __call__(self, a: torch.Tensor, device: torch.device, timing: dict) -> object:
-        from devlab.timing import TimingResult
+        from devlab.core.timing import TimingResult
 
         key = (device.type, a.shape[0])
         k = self.calls[key] = self.calls.get(key, 0) + 1
@@ -124,7 +124,7 @@ STEADY_GPU = {("cuda", n): [[5, 5, 5]] for n in (16, 32, 64, 128)}
 
 
 def test_a_size_too_noisy_to_call_is_measured_again_then_named_not_claimed(monkeypatch) -> None:
-    from devlab.exercises import matmul
+    from devlab.fronts.lab.exercises import matmul
 
     devlab.config.simulate_gpus(1)
     # The busy machine: n=32 took 32 ms a product on the CPU, every time it was tried.
@@ -152,7 +152,7 @@ def test_a_size_too_noisy_to_call_is_measured_again_then_named_not_claimed(monke
 
 
 def test_a_noisy_size_that_settles_when_measured_again_keeps_the_claim(monkeypatch) -> None:
-    from devlab.exercises import matmul
+    from devlab.fronts.lab.exercises import matmul
 
     devlab.config.simulate_gpus(1)
     clock = FixedTimes({("cpu", 16): [[2, 2, 2]], ("cpu", 32): [[32000, 60000, 70000], [3, 3, 3]],
@@ -173,13 +173,13 @@ def test_a_noisy_size_that_settles_when_measured_again_keeps_the_claim(monkeypat
 
 
 def test_the_cpu_counts_at_its_faster_thread_count(monkeypatch) -> None:
-    from devlab.exercises import matmul
+    from devlab.fronts.lab.exercises import matmul
 
     devlab.config.simulate_gpus(1)
     seen = []
 
     def clock(a, device, timing):
-        from devlab.timing import TimingResult
+        from devlab.core.timing import TimingResult
 
         threads = torch.get_num_threads()
         seen.append((device.type, a.shape[0], threads))
@@ -329,9 +329,9 @@ def test_norm_logging_per_step_syncs_n_times_on_device_once(n: int) -> None:
 def test_norm_logging_compares_times_only_when_they_are_steady(monkeypatch) -> None:
     import importlib
 
-    from devlab.timing import TimingResult
+    from devlab.core.timing import TimingResult
 
-    module = importlib.import_module("devlab.exercises.norm_logging")  # not the function
+    module = importlib.import_module("devlab.fronts.lab.exercises.norm_logging")  # not the function
 
     devlab.config.simulate_gpus(1)
     timed = []
@@ -435,8 +435,8 @@ def test_every_result_plots_a_figure() -> None:
 
 
 def test_a_busy_machine_is_called_out() -> None:
-    from devlab.exercises._common import busy_note
-    from devlab.host import cpu_cores
+    from devlab._helpers.host import cpu_cores
+    from devlab.fronts.lab.exercises._common import busy_note
 
     assert busy_note(None) is None
     assert busy_note(cpu_cores() * 0.5) is None

@@ -18,7 +18,12 @@ import pytest
 import torch.multiprocessing as mp
 
 import devlab
-from devlab.simulated.distributed.fork_safety import barrier, fork_hazard, hang_report, quiet_window
+from devlab.engine.simulated.torch_distributed.fork_safety import (
+    barrier,
+    fork_hazard,
+    hang_report,
+    quiet_window,
+)
 
 # The test's own fork hooks (registered once; they act only while a test switches them on).
 _gate: dict[str, object] = {"on": False, "forks": 0, "held": None, "fork_times": [], "wait": 3}

@@ -15,10 +15,12 @@ import torch
 from torch import nn
 
 import devlab
-from devlab import exercises, gpu_model, simulated, timing
-from devlab.gpu_model import CALIBRATION, SPECS
-from devlab.gpu_model.kernels import COMPUTE, ELEMENTWISE, GEMM, LAYER_NORM, SOFTMAX
-from devlab.simulated.clock import roofline as _roofline
+from devlab.core import timing
+from devlab.engine import gpu_model, simulated
+from devlab.engine.gpu_model import CALIBRATION, SPECS
+from devlab.engine.gpu_model.kernels import COMPUTE, ELEMENTWISE, GEMM, LAYER_NORM, SOFTMAX
+from devlab.engine.simulated.clock import roofline as _roofline
+from devlab.fronts.lab import exercises
 
 pytestmark = pytest.mark.usefixtures("no_simulation")
 
@@ -101,7 +103,7 @@ def test_two_ways_of_timing_one_op() -> None:
 
 
 def test_a_products_backward_is_two_products_and_a_convolution_is_one() -> None:
-    grads = gpu_model.ops.backward("mm", ((512, 256), (256, 1024)), "float32", "T4")
+    grads = gpu_model.op_costs.backward("mm", ((512, 256), (256, 1024)), "float32", "T4")
     forward = gpu_model.predict("mm", ((512, 256), (256, 1024)), "float32", "T4")
     assert [g.family for g in grads] == [GEMM, GEMM]
     assert all(g.flops == forward.flops for g in grads)
@@ -110,7 +112,7 @@ def test_a_products_backward_is_two_products_and_a_convolution_is_one() -> None:
     assert conv.family == GEMM and conv.flops == 2 * (8 * 32 * 32) * 128 * (64 * 9)
     up = gpu_model.predict("conv_transpose2d", ((8, 64, 16, 16), (64, 32, 4, 4)), "float32", "T4")
     assert up.family == GEMM and up.flops == 2 * (8 * 16 * 16) * 64 * (32 * 16)
-    soft = gpu_model.ops.backward("softmax", ((64, 64),), "float32", "T4")
+    soft = gpu_model.op_costs.backward("softmax", ((64, 64),), "float32", "T4")
     assert soft[0].nbytes == 1.5 * gpu_model.predict("softmax", ((64, 64),), "float32",
                                                      "T4").nbytes
 
@@ -333,7 +335,7 @@ def test_every_modeled_figure_says_it_is_modeled(t4) -> None:
     assert "CPU:0 measured on this machine" in comparison.note
     assert torch.cuda.get_device_name(1) == "Simulated GPU 1 (modeled T4, CPU-backed)"
     assert "modeled from NVIDIA T4" in devlab.config.gpu_status()
-    table = devlab.inventory.device_table().text()
+    table = devlab.core.inventory.device_table().text()
     # A T4's memory as torch reports it (15,835,660,288 bytes), not its datasheet's 16 GB.
     assert "simulated, modeled T4" in table and "14.7 GiB" in table
 
@@ -400,7 +402,7 @@ def test_the_crossover_lies_between_64_and_2048(t4, monkeypatch) -> None:
     # on the machine cannot move the crossover; the T4's side is the model's own.
     import importlib
 
-    matmul = importlib.import_module("devlab.exercises.matmul")
+    matmul = importlib.import_module("devlab.fronts.lab.exercises.matmul")
     modeled = matmul._time_product
 
     def cpu_table(a, device, options):
@@ -425,7 +427,7 @@ def test_a_host_sync_per_step_costs_at_least_twice_the_on_device_log(t4) -> None
 
 
 def test_two_modeled_gpus_scale_whatever_the_cores(t4, monkeypatch) -> None:
-    from devlab.exercises import scaling
+    from devlab.fronts.lab.exercises import scaling
 
     monkeypatch.setattr(scaling, "cpu_cores", lambda: 1)  # as on a one-core Binder
     r = exercises.two_gpu_scaling(size=1024, repeats=3, progress=False)

@@ -28,7 +28,7 @@ from transformers import (  # noqa: E402
 )
 
 import devlab  # noqa: E402
-from devlab.simulated.mode import compile as _compile  # noqa: E402
+from devlab.engine.simulated.mode import compile_stance as _compile  # noqa: E402
 
 MAX_CACHE = 16
 NEW_TOKENS = 6

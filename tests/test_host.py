@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from devlab import host
+from devlab._helpers import host
 
 
 def test_a_cgroup_v2_quota_counts_whole_cpus(tmp_path: Path) -> None:

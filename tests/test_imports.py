@@ -1,6 +1,6 @@
 """The import graph of devlab/ and tools/, read from the source: no module imports, however
-indirectly, one that imports it back (module-level and function-level imports alike), and the
-simulation's sub-packages import only the layers below them (docs/architecture.md draws them)."""
+indirectly, one that imports it back (module-level and function-level imports alike), and every
+layer imports only the layers below it (docs/architecture.md draws them)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("devlab", "tools")
-
-# devlab.simulated's sub-packages, lowest first: a module in one may import modules of its own
-# sub-package and of those before it. The package's own __init__ (start and stop) is above all.
-SIMULATED = "devlab.simulated"
-SIMULATED_LAYERS = ("core", "clock", "mode", "cuda", "distributed")
-
 
 def modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     """Every module under `packages`, by dotted name (a package by its __init__.py)."""
@@ -121,11 +115,38 @@ def _loop(first: str, graph: dict[str, set[str]], group: set[str]) -> list[str]:
     raise AssertionError(f"{first} is in no cycle")
 
 
-def _layer(module: str) -> int | None:
-    """The index of a simulation module's layer; None for devlab.simulated itself."""
+# devlab's layers, lowest first: a module may import modules of its own layer and of those below
+# it, never one above (docs/architecture.md draws them). A module is in the layer of the longest
+# prefix listed; the package's own __init__ and __main__ are above all.
+LAYERS = (
+    ("devlab._helpers",),
+    ("devlab.engine.gpu_model",),
+    ("devlab.engine",),
+    ("devlab.core",),
+    ("devlab.fronts",),
+)
+# devlab.engine.simulated's sub-packages, lowest first: a module in one may import modules of
+# its own sub-package and of those before it. The package's own __init__ (start and stop) is
+# above all of them.
+SIMULATED = "devlab.engine.simulated"
+SIMULATED_LAYERS = ("base", "clock", "mode", "cuda", "torch_distributed", "instruments")
+
+
+def layer_of(module: str) -> int:
+    """The index of a module's layer in LAYERS; len(LAYERS) for the package itself."""
+    best, found = -1, len(LAYERS)
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, found = len(prefix), i
+    return found
+
+
+def _sub_layer(module: str) -> int | None:
+    """The index of a simulation module's sub-layer; None for the simulation's own package."""
     if module == SIMULATED:
         return None
-    return SIMULATED_LAYERS.index(module.split(".")[2])
+    return SIMULATED_LAYERS.index(module.split(".")[3])
 
 
 def test_no_import_cycles():
@@ -134,17 +155,39 @@ def test_no_import_cycles():
         " -> ".join(c) for c in found)
 
 
+def test_every_module_is_in_a_layer():
+    outside = [m for m in import_graph() if m.startswith("devlab.")
+               and m != "devlab.__main__" and layer_of(m) == len(LAYERS)]
+    assert not outside, f"modules in no layer of LAYERS (put each in a folder of one): {outside}"
+
+
+def test_layers_import_only_layers_below():
+    graph = import_graph()
+    upward = [f"{m} imports {t}" for m in sorted(graph) if m.startswith("devlab")
+              for t in sorted(graph[m]) if t.startswith("devlab") and layer_of(t) > layer_of(m)]
+    assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
+
+
 def test_simulation_sub_packages_import_only_layers_below():
     graph = import_graph()
     simulation = [m for m in graph if m == SIMULATED or m.startswith(SIMULATED + ".")]
     unplaced = [m for m in simulation
-                if m != SIMULATED and m.split(".")[2] not in SIMULATED_LAYERS]
+                if m != SIMULATED and m.split(".")[3] not in SIMULATED_LAYERS]
     assert not unplaced, f"modules in no declared layer (SIMULATED_LAYERS): {unplaced}"
-    upward = [f"{m} ({SIMULATED_LAYERS[_layer(m)]}) imports {t}"
+    upward = [f"{m} ({SIMULATED_LAYERS[_sub_layer(m)]}) imports {t}"
               for m in simulation if m != SIMULATED
               for t in sorted(graph[m]) if t in simulation
-              and (_layer(t) is None or _layer(t) > _layer(m))]
+              and (_sub_layer(t) is None or _sub_layer(t) > _sub_layer(m))]
     assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
+
+
+def test_no_two_rooms_share_a_name():
+    rooms: dict[str, list[str]] = {}
+    for name in modules(ROOT, ("devlab",)):
+        if name not in ("devlab", "devlab.__main__"):
+            rooms.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+    shared = {room: names for room, names in rooms.items() if len(names) > 1}
+    assert not shared, f"modules or packages of one name (name each for what it holds): {shared}"
 
 
 def test_the_graph_reads_every_kind_of_import(tmp_path):

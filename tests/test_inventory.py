@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import devlab
-from devlab import config
-from devlab.config import LogicalDeviceConfiguration
+from devlab.core import config
+from devlab.core.config import LogicalDeviceConfiguration
 
 
 def test_one_gpu_split_in_two_is_one_physical_gpu_and_two_logical_ones() -> None:
@@ -33,7 +33,7 @@ def test_a_hidden_gpu_is_counted_as_physical_but_not_logical() -> None:
 
 
 def test_one_logical_gpu_per_physical_one_needs_no_such_sentence() -> None:
-    assert devlab.inventory.physical_and_logical() is None  # no GPU at all
+    assert devlab.core.inventory.physical_and_logical() is None  # no GPU at all
     config.simulate_gpus(2)
-    assert devlab.inventory.physical_and_logical() is None
+    assert devlab.core.inventory.physical_and_logical() is None
     assert devlab.device_table().status == config.gpu_status()

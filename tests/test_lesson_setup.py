@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import devlab
-from devlab import config, lesson, runtime, simulated
+from devlab.core import config
+from devlab.engine import runtime, simulated
+from devlab.fronts.lab import lesson
 
 CUDA0, CUDA1 = torch.device("cuda", 0), torch.device("cuda", 1)
 

@@ -42,7 +42,7 @@ from lesson_envs import (
 )
 from nbutil import errors, html, run_cells, stream, text
 
-from devlab.simulated import gpu_spec
+from devlab.engine.simulated import gpu_spec
 from tools import i18n
 
 pytestmark = [
@@ -219,8 +219,8 @@ def claims_02(nb: nbformat.NotebookNode, env: Env) -> None:
     assert "cannot be modified after being initialized" in text(cell_with(nb, "set_memory_growth(gpus[0], False)"))
     # Growth on and off in a fresh process on a modeled T4: off reserves nine tenths of the
     # memory left after the CUDA context at the first tensor; on, only the tensors' 128 MiB.
-    from devlab import simulated
-    from devlab.gpu_model import capacity
+    from devlab.engine import simulated
+    from devlab.engine.gpu_model import capacity
 
     fresh = cell_with(nb, "devlab.memory.run_fresh(four_blocks")
     lines = re.findall(r"memory growth (on|off) ?: allocated (\d+) MiB, reserved (\d+) MiB "
@@ -431,7 +431,7 @@ def claims_05(nb: nbformat.NotebookNode, env: Env) -> None:
 def claims_ddp_scaling(nb: nbformat.NotebookNode) -> None:
     """Lessons 04 and 06: a DDP step on one and on two modeled T4s, as the communication model
     predicts it from the one-GPU times; the model's explanation and its what-ifs agree with it."""
-    from devlab import gpu_model
+    from devlab.engine import gpu_model
 
     timed = stream(cell_with(nb, "def ddp_step("))
     assert "GPU times: modeled on NVIDIA T4 (16 GB, PCIe)" in timed and "not measured" in timed
@@ -474,7 +474,7 @@ def claims_ddp_scaling(nb: nbformat.NotebookNode) -> None:
 def claims_step_timeline(nb: nbformat.NotebookNode) -> None:
     """Lesson 06: one DDP step's modeled timeline on two T4s: its parts add up, it is the step
     the cell before timed, and its all-reduces are DDP's buckets as gpu_model times them."""
-    from devlab import gpu_model
+    from devlab.engine import gpu_model
 
     timed = stream(cell_with(nb, "def ddp_step("))
     (t1, f, b, o), (t2, *_) = [[float(v) for v in m] for m in re.findall(
@@ -505,7 +505,7 @@ def claims_step_timeline(nb: nbformat.NotebookNode) -> None:
     assert "not measured" in shown
     page = html(cell)
     assert "<svg" in page and "<script" not in page and "GPU:1 NCCL" in page
-    from devlab.sizes import format_bytes
+    from devlab._helpers.sizes import format_bytes
 
     for bucket in step.buckets:  # each all-reduce, hover text naming its bucket's bytes
         assert re.search(r"nccl:all_reduce \(pcie3-host, 2 GPUs, [^)]*\): "

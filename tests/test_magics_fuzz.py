@@ -19,9 +19,11 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from devlab import config, debugging, scope, simulated
-from devlab.magics import _state, load_ipython_extension, unload_ipython_extension
-from devlab.placement_log import DEFAULT_LIMIT
+from devlab.core import config, debugging
+from devlab.core import placement_scope as scope
+from devlab.core.placement_log import DEFAULT_LIMIT
+from devlab.engine import simulated
+from devlab.fronts.lab.magics import _state, load_ipython_extension, unload_ipython_extension
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -115,7 +115,7 @@ def test_error_in_a_cell_fails_it_and_restores_everything(cells) -> None:
     (err,) = errors(cells["error_in_cell"])
     assert err.ename == "ZeroDivisionError"
     tb = "\n".join(err.traceback)
-    assert "devlab/magics" not in tb, "devlab's own frames are hidden from the traceback"
+    assert "devlab/fronts/lab/magics" not in tb, "devlab's own frames are hidden from the traceback"
     before = text(cells["before_error"])
     assert before == "(device(type='cpu'), 1, 0)", "one function mode: the simulation's"
     assert text(cells["after_error"]) == before

@@ -6,9 +6,9 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from devlab.magics.monitoring import MonitoringMagics
-from devlab.magics.placement import PlacementMagics
-from devlab.magics.usage import usage_errors
+from devlab.fronts.lab.magics.monitoring_magics import MonitoringMagics
+from devlab.fronts.lab.magics.placement_magics import PlacementMagics
+from devlab.fronts.lab.magics.usage import usage_errors
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from devlab import scope
-from devlab.memory import (
+from devlab.core import placement_scope as scope
+from devlab.core.memory_watch import (
     MemoryChart,
     MemoryReading,
     NvmlReader,
@@ -93,7 +93,7 @@ class FakeSimulation:
         self.stats = {i: {"allocated": 0, "peak": 0, "limit": None} for i in range(count)}
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from devlab import simulated
+        from devlab.engine import simulated
 
         monkeypatch.setattr(simulated, "is_active", lambda: True, raising=False)
         monkeypatch.setattr(simulated, "device_count", lambda: self.count, raising=False)
@@ -121,7 +121,7 @@ def test_simulated_reader_reads_the_accounting(monkeypatch):
 
 
 def test_nvml_reader_device_and_process(monkeypatch):
-    from devlab import nvml
+    from devlab.engine import nvml_reader as nvml
 
     monkeypatch.setattr(nvml, "available", lambda: True)
     monkeypatch.setattr(nvml, "memory_info", lambda i: (7 * MiB, 80 * MiB))
@@ -137,7 +137,7 @@ def test_nvml_reader_device_and_process(monkeypatch):
 
 
 def test_nvml_source_without_driver(monkeypatch):
-    from devlab import nvml
+    from devlab.engine import nvml_reader as nvml
 
     monkeypatch.setattr(nvml, "available", lambda: False)
     with pytest.raises(ValueError, match="NVML is not available"):
@@ -180,7 +180,7 @@ def test_a_real_gpus_chart_draws_nvmls_used_line_when_nvml_answers(monkeypatch):
     # A fake NVML and a fake allocator: what a real GPU's reader would see with a driver. The
     # device's used memory (nvidia-smi's) includes the CUDA context and libraries' buffers
     # that torch's allocator does not count, so it is its own line.
-    from devlab import nvml
+    from devlab.engine import nvml_reader as nvml
 
     used = {"bytes": 700 * MiB}
     monkeypatch.setattr(nvml, "available", lambda: True)
@@ -436,20 +436,32 @@ def test_sampler_reads_simulated_gpus():
 def test_the_package_exports_every_public_name_once():
     # `devlab.memory` is a package of small modules; its public names stay importable from it
     # and are the very objects the modules define (no second copy anywhere).
-    import devlab.figures
     import devlab.memory
-    from devlab.memory import chart, fresh, readers, sampler, summary
 
-    # devlab.memory.timeline is the function; its module is devlab.memory's "timeline" module.
-    timeline_module = importlib.import_module("devlab.memory.timeline")
-    homes = (readers, sampler, summary, chart, fresh, timeline_module, devlab.figures)
+    import devlab._helpers.figures
+    from devlab.core.memory_watch import (
+        fresh_process as fresh,
+    )
+    from devlab.core.memory_watch import (
+        memory_chart as chart,
+    )
+    from devlab.core.memory_watch import (
+        readers,
+        sampler,
+        summary,
+    )
+
+    # devlab.core.memory_watch.allocation_timeline is the function; its module is devlab.memory's "timeline" module.
+    timeline_module = importlib.import_module("devlab.core.memory_watch.allocation_timeline")
+    homes = (readers, sampler, summary, chart, fresh, timeline_module, devlab._helpers.figures)
     for name in devlab.memory.__all__:
         obj = getattr(devlab.memory, name)
         assert [m for m in homes if getattr(m, name, None) is obj and name in m.__all__], name
 
 
 def test_issue_16_peak_of_a_cell_after_an_earlier_higher_one():
-    from devlab import config, simulated
+    from devlab.core import config
+    from devlab.engine import simulated
 
     config.simulate_gpus(2)
     # As the issue wrote it: a cell that allocated 50 MiB after an earlier cell reached
@@ -466,11 +478,11 @@ def test_issue_16_peak_of_a_cell_after_an_earlier_higher_one():
     assert not d.peak_at_least and "peak 50.0 MiB" in str(s.summary())
     # The user's own reading of torch's peak was never changed: not inside, not after.
     assert seen_inside == torch.cuda.max_memory_allocated(0) == 100 * MiB
-    assert not simulated.core.session.session.devices[0].watches  # the watch ended with the sampler
+    assert not simulated.base.session.session.devices[0].watches  # the watch ended with the sampler
 
 
 def test_nested_watches_keep_their_own_peaks():
-    from devlab import config
+    from devlab.core import config
 
     config.simulate_gpus(2)
     with Sampler(["cuda:1"], interval=1.0) as outer:
@@ -500,12 +512,12 @@ def test_an_old_high_water_mark_above_every_sample_makes_the_peak_at_least():
 
 def test_public_objects_have_a_useful_repr():
     # As the issue wrote it: `devlab.memory.Sampler([...])` showed as
-    # `<devlab.memory.sampler.Sampler object at 0x…>`.
+    # `<devlab.core.memory_watch.sampler.Sampler object at 0x…>`.
     from IPython.core.interactiveshell import InteractiveShell
 
-    from devlab.magics.monitoring import MonitoringMagics
-    from devlab.magics.placement import PlacementMagics
-    from devlab.memory import NvmlReader, ProcessReader, SimulatedReader, TorchCudaReader
+    from devlab.core.memory_watch import NvmlReader, ProcessReader, SimulatedReader, TorchCudaReader
+    from devlab.fronts.lab.magics.monitoring_magics import MonitoringMagics
+    from devlab.fronts.lab.magics.placement_magics import PlacementMagics
 
     s = Sampler([ScriptedReader()], interval=0.02)
     assert repr(s) == "Sampler(fake; every 20 ms; not started)"

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import devlab
-from devlab import simulated
-from devlab.gpu_model import capacity
-from devlab.memory import FreshRun, run_fresh
+from devlab.core.memory_watch import FreshRun, run_fresh
+from devlab.engine import simulated
+from devlab.engine.gpu_model import capacity
 
 MiB = 1024**2
 

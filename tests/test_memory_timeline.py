@@ -1,4 +1,4 @@
-"""devlab.memory.timeline: the allocation timeline read from snapshots in torch's format (built
+"""devlab.core.memory_watch.allocation_timeline: the allocation timeline read from snapshots in torch's format (built
 here by hand, and by devlab's allocator model where the tree has it), its HTML, plot and
 export."""
 
@@ -16,8 +16,8 @@ import torch
 import torch.cuda._memory_viz as memory_viz
 
 import devlab
-from devlab.memory import AllocationTimeline, format_bytes, is_user_file, timeline
-from devlab.memory.timeline import MIN_BAND_FRACTION, NO_STACK, NOT_USER
+from devlab.core.memory_watch import AllocationTimeline, format_bytes, is_user_file, timeline
+from devlab.core.memory_watch.allocation_timeline import MIN_BAND_FRACTION, NO_STACK, NOT_USER
 
 MiB = 1 << 20
 CELL = "/tmp/ipykernel_4242/1234567.py"
@@ -382,7 +382,7 @@ def test_small_blocks_go_to_the_grey_area():
 def test_plot_is_a_figure():
     from matplotlib.figure import Figure
 
-    from devlab.figures import figure_png
+    from devlab._helpers.figures import figure_png
 
     fig = _sample().plot()
     assert isinstance(fig, Figure)
@@ -414,7 +414,7 @@ def test_save_snapshot_round_trips_and_torch_reads_it(tmp_path: Path):
 
 
 def test_a_snapshot_from_devlabs_allocator_model():
-    allocator = pytest.importorskip("devlab.gpu_model.caching_allocator")
+    allocator = pytest.importorskip("devlab.engine.gpu_model.caching_allocator")
     model = allocator.CachingAllocator(0, total=16 << 30)
     before = [model.malloc(8 * MiB), model.malloc(3 * MiB + 7)]
     where = {"line": 0}

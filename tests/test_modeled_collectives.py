@@ -1,5 +1,5 @@
 """Collectives on modeled GPUs (issue 28): each is charged NCCL's modeled time on the GPU's
-machine (`devlab.gpu_model.collectives`), starts when the slowest rank reaches it, runs on a
+machine (`devlab.engine.gpu_model.collectives`), starts when the slowest rank reaches it, runs on a
 communication stream of its own, and DDP's buckets overlap the backward pass as
 `gpu_model.data_parallel_step` predicts. Without a model nothing is charged or exchanged."""
 
@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch import nn
 
 import devlab
-from devlab import gpu_model, simulated
-from devlab.simulated.clock.clock import Charges, Clock
-from devlab.simulated.distributed import nccl
+from devlab.engine import gpu_model, simulated
+from devlab.engine.simulated.clock.modeled_clock import Charges, Clock
+from devlab.engine.simulated.torch_distributed import nccl
 
 pytestmark = pytest.mark.usefixtures("no_simulation")
 
@@ -429,7 +429,7 @@ def test_nccl_buffers_are_device_memory_outside_the_caching_allocator(no_simulat
 
 
 def test_nccl_buffer_sizes_follow_nccls_variables() -> None:
-    from devlab.gpu_model.capacity import nccl_buffer_bytes
+    from devlab.engine.gpu_model.capacity import nccl_buffer_bytes
     assert nccl_buffer_bytes(1, "PCI") == 0  # a communicator of one rank connects to no peer
     assert nccl_buffer_bytes(8, "NVLink") == 8 * nccl_buffer_bytes(8, "PCI")
     small = {"NCCL_BUFFSIZE": str(MiB), "NCCL_MAX_NCHANNELS": "1"}

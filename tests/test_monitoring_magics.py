@@ -12,8 +12,8 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from nbutil import errors, execute, html, text
 
-from devlab.magics.monitoring import MonitoringMagics
-from devlab.timing import Comparison
+from devlab.core.timing import Comparison
+from devlab.fronts.lab.magics.monitoring_magics import MonitoringMagics
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +148,7 @@ def test_the_widget_registry_does_not_grow_across_cells(ip, capsys):
 KERNEL_CELLS = {
     "setup": "import devlab, torch, threading\n"
              "devlab.config.simulate_gpus(1, memory_limit=256)\n"
-             "from devlab.magics.monitoring import MonitoringMagics\n"
+             "from devlab.fronts.lab.magics.monitoring_magics import MonitoringMagics\n"
              "get_ipython().register_magics(MonitoringMagics)",
     "watch": "%%memwatch --interval 20\n"
              "import time\n"

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from devlab import DeviceSpec, full_name
-from devlab.names import VALID_DEVICE_TYPES
+from devlab.core.names import VALID_DEVICE_TYPES
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
-"""devlab.ops_catalog: one catalogue of per-op facts, each op listed once, which every module asks.
+"""devlab.engine.gpu_model.ops_catalog: one catalogue of per-op facts, each op listed once, which every module asks.
 
 The expected sets below are the tables the catalogue replaced, copied from the modules that held
-them (devlab/aten_ops.py, placement_log.py, simulated/clock/clock.py and roofline.py,
-simulated/mode/factories.py and ops.py, gpu_model/ops.py) before they were deleted: the
+them (devlab/engine/aten_overloads.py, placement_log.py, simulated/clock/clock.py and roofline.py,
+simulated/mode/factories.py and ops.py, gpu_model/op_costs.py) before they were deleted: the
 catalogue must give every module the very facts it had.
 """
 
@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from devlab import aten_ops, ops_catalog
-from devlab import placement_log as _placement_log
-from devlab.gpu_model import kernels
-from devlab.gpu_model import ops as _gpu_ops
-from devlab.simulated.clock import clock as _clock
-from devlab.simulated.clock import roofline as _roofline
-from devlab.simulated.mode import factories as _factories
-from devlab.simulated.mode import ops as _mode_ops
+from devlab.core import placement_log as _placement_log
+from devlab.engine import aten_overloads as aten_ops
+from devlab.engine.gpu_model import kernels, ops_catalog
+from devlab.engine.gpu_model import op_costs as _gpu_ops
+from devlab.engine.simulated.clock import modeled_clock as _clock
+from devlab.engine.simulated.clock import roofline as _roofline
+from devlab.engine.simulated.mode import device_rule as _mode_ops
+from devlab.engine.simulated.mode import factories as _factories
 
 Tensor = torch.Tensor
 aten = torch.ops.aten
@@ -144,7 +144,7 @@ def test_each_callable_belongs_to_one_entry():
     assert all(ops_catalog._resolve(p) is not None for p in paths)
 
 
-# devlab/simulated/cuda/amp.py's lists (CUDA autocast's policy), before the catalogue had them.
+# devlab/engine/simulated/cuda/amp.py's lists (CUDA autocast's policy), before the catalogue had them.
 OLD_AUTOCAST = {
     "lower": (
         "_convolution", "convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",

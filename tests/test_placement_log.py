@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import devlab
-from devlab import debugging, placement_log
+from devlab.core import debugging, placement_log
 
 CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
 

@@ -1,7 +1,7 @@
 """A machine with real GPUs (Colab's GPU runtime has one), faked at the boundary.
 
 No GPU exists where these tests run, so torch.cuda's device queries and the NVML library
-(`pynvml`, what devlab.nvml calls) answer as a driver with `n` GPUs would. What is tested is
+(`pynvml`, what devlab.engine.nvml_reader calls) answer as a driver with `n` GPUs would. What is tested is
 devlab's own logic on top: simulated GPUs are refused beside real ones with words that say
 what to do, the environment switch is ignored with a warning, and a lesson that needs more
 GPUs than there are gets them by splitting one, and says plainly what will not run.
@@ -17,7 +17,10 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from devlab import config, lesson, nvml, runtime, simulated
+from devlab.core import config
+from devlab.engine import nvml_reader as nvml
+from devlab.engine import runtime, simulated
+from devlab.fronts.lab import lesson
 
 T4_MEMORY = 15 * 1024**3
 

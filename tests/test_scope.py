@@ -5,8 +5,9 @@ import torch
 from torch import nn
 
 import devlab
-from devlab import config, placement_log, runtime
-from devlab.config import LogicalDeviceConfiguration, PhysicalDevice
+from devlab.core import config, placement_log
+from devlab.core.config import LogicalDeviceConfiguration, PhysicalDevice
+from devlab.engine import runtime
 
 
 def test_tensors_and_modules_created_inside_land_on_the_device() -> None:
@@ -56,7 +57,7 @@ def test_once_work_was_placed_the_suggestion_is_to_restart_first() -> None:
 def test_no_simulation_is_suggested_beside_real_gpus(monkeypatch) -> None:
     monkeypatch.setattr(config, "list_physical_devices", lambda kind=None: [
         PhysicalDevice("/physical_device:GPU:0", "GPU")])
-    from devlab import scope
+    from devlab.core import placement_scope as scope
 
     assert scope._simulate_hint(devlab.DeviceSpec.from_string("/GPU:1")) == ""
     assert scope._simulate_hint(devlab.DeviceSpec.from_string("/CPU:1")) == ""
@@ -121,26 +122,26 @@ def test_loading_devlab_moves_nothing() -> None:
 
 
 def test_session_default_and_reset() -> None:
-    devlab.scope.set_default("/CPU:0")
+    devlab.core.placement_scope.set_default("/CPU:0")
     assert torch.get_default_device() == torch.device("cpu")
-    devlab.scope.reset_default()
+    devlab.core.placement_scope.reset_default()
     assert torch._C._len_torch_function_stack() == 0
 
 
 def test_resolve_device_gives_the_torch_device_a_name_runs_on() -> None:
-    assert devlab.scope.resolve_device("/CPU:0") == torch.device("cpu")
-    assert devlab.scope.resolve_device("/device:cpu:0") == torch.device("cpu")
+    assert devlab.core.placement_scope.resolve_device("/CPU:0") == torch.device("cpu")
+    assert devlab.core.placement_scope.resolve_device("/device:cpu:0") == torch.device("cpu")
     # A torch.device is taken as it is, existing or not: the caller chose it.
-    assert devlab.scope.resolve_device(torch.device("cuda", 3)) == torch.device("cuda", 3)
+    assert devlab.core.placement_scope.resolve_device(torch.device("cuda", 3)) == torch.device("cuda", 3)
     with pytest.raises(RuntimeError, match="unknown device"):
-        devlab.scope.resolve_device("/GPU:0")
+        devlab.core.placement_scope.resolve_device("/GPU:0")
 
 
 def test_device_label_names_simulated_gpus_as_such() -> None:
-    assert devlab.scope.device_label(torch.device("cpu")) == "CPU:0"
-    assert devlab.scope.device_label(torch.device("cuda", 1)) == "GPU:1"
+    assert devlab.core.placement_scope.device_label(torch.device("cpu")) == "CPU:0"
+    assert devlab.core.placement_scope.device_label(torch.device("cuda", 1)) == "GPU:1"
     config.simulate_gpus(1)
-    assert devlab.scope.device_label(torch.device("cuda")) == "GPU:0 (simulated)"
+    assert devlab.core.placement_scope.device_label(torch.device("cuda")) == "GPU:0 (simulated)"
 
 
 @pytest.mark.parametrize("index", ["128", "1" * 4000])

@@ -17,10 +17,10 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import devlab
-from devlab import runtime, simulated
-from devlab.gpu_model.capacity import cublas_workspace_bytes
-from devlab.simulated.core import workers as _workers
-from devlab.simulated.mode import launch as _launch
+from devlab.engine import runtime, simulated
+from devlab.engine.gpu_model.capacity import cublas_workspace_bytes
+from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.mode import async_launch as _launch
 
 MIB = 1024 * 1024
 
@@ -110,7 +110,7 @@ def test_benchmark_timer_measures_simulated_gpu_work(two) -> None:
     # (tens of microseconds) instead of the product (milliseconds).
     from torch.utils import benchmark
 
-    from devlab import timing
+    from devlab.core import timing
 
     x = torch.randn(512, 512, device="cuda:0")
     assert x.numel() * x.shape[1] >= _launch.MIN_MACS  # launched asynchronously
@@ -1095,7 +1095,7 @@ def test_stop_after_errors_and_a_failed_start(monkeypatch) -> None:
     def broken(p) -> None:
         raise RuntimeError("injected")
 
-    from devlab.simulated.mode import factories as _factories
+    from devlab.engine.simulated.mode import factories as _factories
 
     monkeypatch.setattr(_factories, "install", broken)
     with pytest.raises(RuntimeError, match="injected"):
@@ -1156,7 +1156,7 @@ def test_torch_compile_runs_uncompiled_with_right_values_and_says_so(two, capfd)
     """Compiled code is CUDA code, and dynamo traced through the simulation's mode to wrong
     values (x * 2 + 1 gave 2 for 1 with the eager and aot_eager backends): while simulating,
     torch.compile runs the code as written, once saying so."""
-    from devlab.simulated.mode import compile as _compile
+    from devlab.engine.simulated.mode import compile_stance as _compile
 
     _compile._notice.told.clear()
     for backend in ("inductor", "eager", "aot_eager"):

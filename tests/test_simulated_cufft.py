@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from devlab import simulated
-from devlab.gpu_model import cufft as model
-from devlab.gpu_model.caching_allocator import AllocatorConfig, round_size
+from devlab.engine import simulated
+from devlab.engine.gpu_model import cufft_plan_keys as model
+from devlab.engine.gpu_model.caching_allocator import AllocatorConfig, round_size
 
 
 @pytest.fixture(autouse=True)

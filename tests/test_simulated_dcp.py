@@ -120,10 +120,9 @@ def test_a_sharded_tensor_says_its_device_whenever_its_module_was_imported() -> 
     # ShardedTensor keys its `device` by torch.Tensor.device as it was at its import, which
     # the simulation patches: imported before the simulation or during it, it answers while
     # the simulation runs and after it stops, and its table is left as torch's import left it.
+    import devlab.simulated as sim
     from torch.distributed._shard.sharded_tensor import api
     from torch.distributed._shard.sharded_tensor._ops import tensor_ops  # noqa: F401
-
-    import devlab.simulated as sim
 
     ops = api._SHARDED_OPS
     before = dict(ops)

@@ -96,7 +96,7 @@ def test_random_dtensors_keep_the_promises_of_cudas_rng_tracker(two) -> None:
     """Replicas draw the same numbers, different shards different ones (each rank drawing its
     shard from its own generator, both seeded 0, gave both halves the same numbers), every rank's
     generator is in one state afterwards; the numbers are the ones devlab's rule gives."""
-    from devlab.simulated.distributed.dtensor_rng import shard_seed
+    from devlab.engine.simulated.torch_distributed.dtensor_rng import shard_seed
 
     got = devlab.launch(random_dtensors, nprocs=2, timeout=120)
     for key in ("replicated", "after"):

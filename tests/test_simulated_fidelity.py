@@ -17,10 +17,10 @@ import pytest
 import torch
 from torch import nn
 
-from devlab import simulated
-from devlab.simulated.core import requirements as _requirements
-from devlab.simulated.core import workers as _workers
-from devlab.simulated.mode import queries as _queries
+from devlab.engine import simulated
+from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import torch_requirements as _requirements
+from devlab.engine.simulated.mode import device_queries as _queries
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -441,7 +441,7 @@ def test_the_reproducers_in_a_notebook_kernel() -> None:
 
 
 def test_a_model_parallel_backward_is_logged_on_each_gpu(two) -> None:
-    from devlab import placement_log
+    from devlab.core import placement_log
 
     def step(watch: bool) -> tuple[list[str], list[torch.Tensor]]:
         torch.manual_seed(0)

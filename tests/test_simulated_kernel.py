@@ -123,7 +123,7 @@ def test_an_interrupt_inside_a_long_simulated_op_keeps_nothing_alive() -> None:
         err = _error(long_op)
         assert err is not None and err["ename"] == "KeyboardInterrupt", long_op
         shown = _ANSI.sub("", "\n".join(err["traceback"]))
-        assert "devlab/simulated" not in shown, shown
+        assert "devlab/engine/simulated" not in shown, shown
         check = _run(kc, (
             "print(type(sys.last_value).__name__)  # IPython keeps the interrupt's traceback\n"
             "y = None; del x\n"

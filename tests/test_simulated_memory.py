@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import devlab
-from devlab import simulated
-from devlab.gpu_model import SPECS
-from devlab.gpu_model.capacity import CONTEXT_BYTES, TOTAL_MEMORY
-from devlab.memory.tracing import AllocationTrace
+from devlab.core.memory_watch.allocation_trace import AllocationTrace
+from devlab.engine import simulated
+from devlab.engine.gpu_model import SPECS
+from devlab.engine.gpu_model.capacity import CONTEXT_BYTES, TOTAL_MEMORY
 
 MIB = 1 << 20
 
@@ -188,9 +188,9 @@ def test_the_first_matrix_product_allocates_cublas_workspace(monkeypatch, model,
 
 
 def test_a_product_launched_on_the_worker_takes_cublas_workspace_once(monkeypatch) -> None:
-    # Heavy products run on the GPU's worker thread (mode/launch.py), not through mode.ops's
+    # Heavy products run on the GPU's worker thread (mode/async_launch.py), not through mode.device_rule's
     # run: they take cuBLAS's workspace all the same, once per GPU.
-    from devlab.simulated.mode import launch as _launch
+    from devlab.engine.simulated.mode import async_launch as _launch
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     devlab.config.simulate_gpus(2, model="T4")
     monkeypatch.setattr(_launch, "MIN_MACS", 1)

@@ -1,4 +1,4 @@
-"""NCCL on simulated GPUs (devlab/simulated/distributed/nccl.py): a group made for "nccl" is NCCL to the
+"""NCCL on simulated GPUs (devlab/engine/simulated/torch_distributed/nccl.py): a group made for "nccl" is NCCL to the
 program — its name, the tensors its collectives accept, its errors, DDP's communication hooks —
 with gloo moving the bytes; and the CUDA build's probes answer as a CUDA build does."""
 
@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 import devlab
-from devlab import placement_log
+from devlab.core import placement_log
 
 pytestmark = pytest.mark.usefixtures("no_simulation")
 

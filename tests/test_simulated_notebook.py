@@ -50,7 +50,7 @@ def test_simulated_errors_point_at_the_users_line_only() -> None:
         tb = _ANSI.sub("", "\n".join(err.traceback))
         for line in lines:
             assert line in tb, tb
-        assert "devlab/simulated" not in tb, tb
+        assert "devlab/engine/simulated" not in tb, tb
         assert [f for f in tb.splitlines() if f.startswith("File ")] == [], tb  # no library frame
     assert "found at least two devices, cuda:0 and cpu!" in errors(cells[3])[0].evalue
     assert "cuda:0 and cuda:1!" in errors(cells[4])[0].evalue

@@ -17,12 +17,12 @@ import pytest
 import torch
 
 import devlab
-from devlab import simulated
-from devlab.gpu_model.caching_allocator import AllocatorConfig, round_size
-from devlab.simulated.core import session as _session
-from devlab.simulated.core import workers as _workers
-from devlab.simulated.mode import launch as _launch
-from devlab.simulated.mode import ops as _ops
+from devlab.engine import simulated
+from devlab.engine.gpu_model.caching_allocator import AllocatorConfig, round_size
+from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import session as _session
+from devlab.engine.simulated.mode import async_launch as _launch
+from devlab.engine.simulated.mode import device_rule as _ops
 
 MIB = 1024 * 1024
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,7 +137,7 @@ def test_queued_work_is_finished_before_any_fork() -> None:
     # finished values, never the zeros of an output allocated at launch.
     done = _python(
         "import os, threading, torch, devlab\n"
-        "from devlab.simulated.core import workers as _workers\n"
+        "from devlab.engine.simulated.base import workers as _workers\n"
         "devlab.config.simulate_gpus(1)\n"
         "w = torch.randn(1024, 1024, device='cuda')\n"
         "gate = threading.Event(); _workers.submit(0, lambda: gate.wait(30))\n"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import devlab
-from devlab.simulated.core import workers as _workers
+from devlab.engine.simulated.base import gpu_workers as _workers
 
 MIB = 1 << 20
 

@@ -11,10 +11,10 @@ import torch.distributed as dist
 from torch import nn
 
 import devlab
-from devlab import gpu_model, simulated
-from devlab.simulated.clock import clock as clk
-from devlab.simulated.clock.clock import Charges, Clock, Span
-from devlab.simulated.clock.timeline import Timeline
+from devlab.engine import gpu_model, simulated
+from devlab.engine.simulated.clock import modeled_clock as clk
+from devlab.engine.simulated.clock.modeled_clock import Charges, Clock, Span
+from devlab.engine.simulated.clock.step_timeline import Timeline
 
 pytestmark = pytest.mark.usefixtures("no_simulation")
 

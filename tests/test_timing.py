@@ -7,11 +7,11 @@ import queue
 import threading
 import time
 
+import devlab.timing as timing
 import pytest
 import torch
 
-import devlab.timing as timing
-from devlab.timing import Comparison, TimingResult, compare, format_seconds, time_on_device
+from devlab.core.timing import Comparison, TimingResult, compare, format_seconds, time_on_device
 
 
 def test_median_of_a_known_duration():
@@ -240,7 +240,7 @@ def test_simulated_gpu_timing_waits_for_the_device(monkeypatch):
 
 def test_comparisons_with_simulated_gpus_say_their_times_mean_nothing_for_real_gpus() -> None:
     import devlab
-    from devlab.timing import Comparison, time_on_device
+    from devlab.core.timing import Comparison, time_on_device
 
     cpu_only = Comparison()
     cpu_only.add(time_on_device(lambda: None, "cpu", warmup=0, min_time=0.0, repeats=1))
@@ -284,7 +284,7 @@ def synced(monkeypatch):
 
 
 def _idle(index: int) -> bool:
-    from devlab.simulated.core import workers as _workers
+    from devlab.engine.simulated.base import gpu_workers as _workers
 
     return _workers.idle(index)
 

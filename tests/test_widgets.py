@@ -12,8 +12,8 @@ import pytest
 import torch
 from nbutil import execute, ipywidgets7_env
 
-from devlab.memory import MemoryReading
-from devlab.widgets import MemoryMonitor, TimingChart
+from devlab.core.memory_watch import MemoryReading
+from devlab.fronts.lab.widgets import MemoryMonitor, TimingChart
 
 MiB = 1024 * 1024
 

@@ -135,7 +135,7 @@ def examples_fsdp2(folder: Path, records: list[dict[str, Any]]) -> dict[str, Any
     The batches: the program seeds 0, initializes its sharded parameters with DTensor random ops,
     then draws each `x` with `torch.randint` on its GPU. On simulated GPUs each DTensor random
     op draws one number below 2**63 - 1 from the generator and leaves it just after that draw
-    (devlab/simulated/distributed/dtensor_rng.py, as CUDA's tracker leaves every rank's generator in one
+    (devlab/engine/simulated/torch_distributed/dtensor_rng.py, as CUDA's tracker leaves every rank's generator in one
     state), so after seeding 0 the replay draws one such number per random op that
     `reset_parameters` makes (counted on the CPU model), then the batches."""
     namespace = runpy.run_path(str(folder / "model.py"), run_name="conformance_replay")

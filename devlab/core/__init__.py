@@ -1,0 +1,1 @@
+"""The core the fronts rest on: device names, config, placement, the placement log, memory readers, timing, ranks."""

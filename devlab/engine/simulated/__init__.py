@@ -1,0 +1,466 @@
+"""Simulated GPUs: ordinary PyTorch code behaves as on a machine with N GPUs, on the CPU.
+
+A simulated GPU's tensor is a CPU tensor whose storage is marked with the GPU's index
+(`base.storage_marks`); while the simulation runs, `Tensor.device`/`is_cuda`/`get_device` report the
+mark (`mode.tensor_properties`), `torch.cuda` and `torch.accelerator` answer for the simulated GPUs
+(`cuda.api`), and a TorchFunctionMode on every routed thread (`mode.routing`, `mode.thread_starts`)
+places each op where its tensors are (`mode.device_rule`), moves tensors (`mode.transfers`), runs backward
+passes routed (`mode.autograd`) and launches heavy products asynchronously on one worker per GPU
+(`mode.async_launch`, `base.gpu_workers`). Where torch asks C++ about devices, the simulation answers
+(`mode.device_queries`); autocast for "cuda" casts as on a GPU (`cuda.amp`); torch.save/load keep
+devices (`mode.serialization`); DataParallel works (`torch_distributed.nn_parallel`); torch.distributed
+runs on gloo where a program asks for NCCL, and DDP buckets by simulated GPU (`distributed`).
+Each GPU counts its bytes, with an optional limit. Values are real (computed on the CPU); speed
+says nothing about a real GPU. Every change to torch goes through one undo log (`base.patcher`),
+and stop() puts torch back exactly.
+
+Limits: a thread started before the simulation is not routed (`thread_routing()` routes it;
+without it, making a GPU tensor there fails with one line saying so).
+Compiled code (`torch.compile`d code runs uncompiled while simulating,
+`mode.compile_stance`), cuDNN, CUDA's own random streams (random ops on simulated GPUs draw from the
+CPU's generators) and sparse tensors are not simulated (sparse ones are refused; a call that
+needs the CUDA runtime fails with an error naming itself). One stream per GPU. CUDA graphs are recorded and replayed op by op (`cuda.graphs`). As on CUDA, a
+child forked after the simulated GPUs were initialized may not use them (`base.fork_rule`); at most
+`max_count()` GPUs (torch's device index is 8 bits).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from devlab._helpers.sizes import check_memory_limit
+from devlab.engine.simulated.base import cuda_errors as _errors
+from devlab.engine.simulated.base import fork_rule as _fork
+from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import session as _session
+from devlab.engine.simulated.base import torch_requirements as _requirements
+from devlab.engine.simulated.base.session import current_index
+from devlab.engine.simulated.base.storage_marks import index_of
+from devlab.engine.simulated.mode import async_launch as _launch
+from devlab.engine.simulated.mode.dispatch_devices import run as run_dispatched
+from devlab.engine.simulated.torch_distributed.fork_safety.hang_report import (
+    hang_timeout,
+    reset_hang_timeout,
+    set_hang_timeout,
+)
+
+__all__ = [
+    "check_count",
+    "current_index",
+    "device_count",
+    "explain",
+    "gpu_spec",
+    "hang_timeout",
+    "model",
+    "modeled_time",
+    "topology",
+    "models",
+    "host_only",
+    "index_of",
+    "is_active",
+    "is_used",
+    "max_count",
+    "memory_stats",
+    "reconfigure",
+    "reset_hang_timeout",
+    "reset_after_fork_for_rank",
+    "reset_peak",
+    "watch_peak",
+    "run_dispatched",
+    "set_hang_timeout",
+    "start",
+    "stop",
+    "synchronize",
+    "thread_routing",
+    "timeline",
+    "Timeline",
+]
+
+_control_lock = threading.RLock()
+_undo: Any = None  # the running simulation's _patcher.Patcher
+_start_routing: Any = None  # the modes start() put on its thread's stacks
+_start_thread: int | None = None
+_MB = 1024 * 1024
+
+
+@functools.cache
+def max_count() -> int:
+    """The most GPUs a simulation can have: one past the largest device index torch holds
+    without wrapping it round (it keeps an index in a small integer, so `cuda:255` would name
+    another device), as torch's own device constructor tells."""
+
+    def addressable(index: int) -> bool:
+        try:
+            return torch.device("cuda", index).index == index
+        except (RuntimeError, OverflowError):
+            return False
+
+    # torch's device index is a signed integer of 8 bits (today), 16, 32 or 64.
+    largest = max((2 ** bits - 1 for bits in (7, 15, 31, 63) if addressable(2 ** bits - 1)),
+                  default=0)
+    return largest + 1
+
+
+def check_count(count: object, what: str = "count") -> int:
+    """`count` if it is a number of GPUs a simulation can have, else a ValueError saying what
+    would be right (checked before anything is switched on)."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"{what} is the number of GPUs to simulate, a whole number of at "
+                         f"least 1; got {count!r}.")
+    if count > max_count():
+        raise ValueError(
+            f"{what} {count} is more GPUs than torch can address: a torch device index is a "
+            f"small integer (cuda:0 to cuda:{max_count() - 1}), so devlab simulates at most "
+            f"{max_count()} GPUs.")
+    return count
+
+
+def _limits_bytes(count: int, memory_limits_mb: list[int | None] | None) -> list[int | None]:
+    if memory_limits_mb is None:
+        return [None] * count
+    limits = list(memory_limits_mb)
+    if len(limits) != count:
+        raise ValueError(f"memory_limits_mb has {len(limits)} entries for {count} simulated GPUs")
+    return [None if lim is None else lim * _MB
+            for lim in (check_memory_limit(mb, "each memory limit") for mb in limits)]
+
+
+def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
+          asynchronous: bool = True, model: Any = None, topology: Any = None) -> None:
+    """Simulate `count` GPUs (one memory limit in MB per GPU; None = unlimited).
+
+    `model` names a real GPU ("T4", "L4", "A100-40GB", "H100", ...: `models()`), or is the
+    `GpuSpec` a caller resolved already (`gpu_spec`), whose public specifications the GPUs'
+    modeled clock follows (see `modeled_time`, `explain`); each GPU then has that GPU's memory
+    as torch reports it, and a CUDA context (a memory limit is a per-process limit on it).
+    `topology` names the machine their collectives are timed in (one the GPU is sold in,
+    `devlab.gpu_model.topologies`; default: its first, which `explain` names).
+    Calling it again before any simulated
+    tensor exists replaces the configuration. `asynchronous=False` runs every op synchronously
+    on the calling thread. Refuses on a machine with real CUDA GPUs, and on a torch that lacks
+    what the simulation relies on.
+    """
+    global _undo, _start_routing, _start_thread
+    check_count(count)
+    spec = gpu_spec(model) if model is not None else None
+    machine = None
+    if topology is not None:
+        if spec is None:
+            raise ValueError("a topology times a modeled GPU's collectives: give a model too")
+        from devlab.engine.gpu_model.links import topology as _topology
+
+        machine = _topology(topology, spec)  # one the GPU is not sold in fails here
+    limits = _limits_bytes(count, memory_limits_mb)
+    with _control_lock:
+        if _session.bad_fork:  # the inherited GPUs are initialized: CUDA's rule (_fork)
+            raise _errors.forked_after_init()
+        if _session.session is not None:
+            if _session.session.used:
+                raise RuntimeError(
+                    "Simulated GPUs cannot be modified after being initialized")
+            stop()
+        if torch.cuda.is_available():
+            raise RuntimeError("real CUDA GPUs are available: devlab does not simulate GPUs "
+                               "on a machine that has them")
+        _requirements.check()
+        # Only now: these modules reach into torch internals the check has vouched for.
+        from devlab.engine.simulated.base.patcher import Patcher
+        from devlab.engine.simulated.cuda import amp as _amp
+        from devlab.engine.simulated.cuda import api as _cuda
+        from devlab.engine.simulated.cuda import cuda_build as _build
+        from devlab.engine.simulated.cuda import cufft_plans as _cufft
+        from devlab.engine.simulated.cuda import graphs as _graphs
+        from devlab.engine.simulated.mode import autograd as _autograd
+        from devlab.engine.simulated.mode import compile_stance as _compile
+        from devlab.engine.simulated.mode import device_queries as _queries
+        from devlab.engine.simulated.mode import factories as _factories
+        from devlab.engine.simulated.mode import routing as _routing
+        from devlab.engine.simulated.mode import serialization as _serialization
+        from devlab.engine.simulated.mode import tensor_properties as _tensor
+        from devlab.engine.simulated.mode import thread_starts as _threads
+        from devlab.engine.simulated.mode import transfers as _moves
+        from devlab.engine.simulated.mode import wrapper_subclasses as _wrappers
+        from devlab.engine.simulated.torch_distributed import c10d as _c10d
+        from devlab.engine.simulated.torch_distributed import dtensor as _dtensor
+        from devlab.engine.simulated.torch_distributed import fork_safety as _fork_safety
+        from devlab.engine.simulated.torch_distributed import loopback_stores as _stores
+        from devlab.engine.simulated.torch_distributed import nn_parallel as _parallel
+
+        # The mode's handlers build on the mode's module, so the table is filled from here.
+        _routing.fill_handlers(_moves.HANDLERS, _autograd.HANDLERS, _amp.HANDLERS,
+                               _cufft.HANDLERS, dict.fromkeys(_launch.OPS, _launch.launch))
+        # A stop() from another thread could only disarm this thread's old modes.
+        for old in torch.overrides._get_current_function_mode_stack():
+            if isinstance(old, _routing.SimulationMode) and old.inert:
+                _routing.remove_mode(old)
+        patcher = Patcher()
+        try:
+            for module in (_tensor, _wrappers, _cuda, _graphs, _build, _cufft, _queries, _factories,
+                           _amp, _threads, _parallel, _serialization, _c10d, _stores, _fork_safety,
+                           _dtensor, _compile):
+                module.install(patcher)
+            charges = _session.NO_CHARGES
+            if spec is not None:
+                from devlab.engine.simulated.clock.modeled_clock import (  # only a modeled simulation loads it
+                    Charges,
+                    Clock,
+                )
+
+                charges = Charges(Clock(spec, count), machine)
+            _session.session = _session.Session(limits, spec=spec, charges=charges)
+            _session.forget_thread_state()
+            routing = _routing.push_routing()
+        except BaseException:
+            _session.session = None
+            patcher.restore()
+            raise
+        _undo, _start_routing, _start_thread = patcher, routing, threading.get_ident()
+        _launch.enabled = asynchronous
+
+
+def reconfigure(memory_limits_mb: list[int | None],
+                memory_growth: list[bool] | None = None,
+                physical: list[int] | None = None) -> None:
+    """Replace the set of simulated GPUs (one entry per GPU: MB limit or None).
+
+    `memory_growth` has one flag per GPU, as `devlab.config.set_memory_growth` sets them:
+    True (the default for all when None) grows on demand, PyTorch's way; False reserves the
+    GPU's whole limit up front, TensorFlow's default, so `memory_stats(i)["reserved"]` and
+    `torch.cuda.memory_reserved(i)` read the limit. A GPU without a limit reserves nothing
+    beyond what is allocated: its only capacity is the host's memory.
+
+    `physical` says which physical GPU each one is a logical device of (default: each its
+    own): with a modeled clock, logical GPUs of one physical GPU share its one queue, so
+    work on them does not overlap, as on a real GPU split into logical devices.
+
+    Allowed only before the first simulated tensor, as TensorFlow's logical devices are.
+    """
+    with _control_lock:
+        sess = _session.session
+        if sess is None:
+            raise RuntimeError("GPU simulation is not running: call start() first")
+        if sess.used:
+            raise RuntimeError("Virtual devices cannot be modified after being initialized")
+        limits = list(memory_limits_mb)
+        if not limits:
+            raise ValueError("at least one simulated GPU is needed")
+        check_count(len(limits), "the number of logical GPUs")
+        growth = None if memory_growth is None else [bool(g) for g in memory_growth]
+        if growth is not None and len(growth) != len(limits):
+            raise ValueError(f"memory_growth has {len(growth)} entries for {len(limits)} "
+                             "simulated GPUs")
+        if physical is not None and len(physical) != len(limits):
+            raise ValueError(f"physical has {len(physical)} entries for {len(limits)} "
+                             "simulated GPUs")
+        queues = None if physical is None else [sorted(set(physical)).index(p) for p in physical]
+        sess.configure(_limits_bytes(len(limits), limits), growth, queues)
+        if _session.current_device() >= sess.count:
+            _session.tls.device = 0
+
+
+def stop() -> None:
+    """Return torch to exactly its normal behaviour: every patch and mode removed.
+
+    Call it from the thread that called start(): another thread cannot take the routing mode
+    off that thread's stack, so it only disarms it (the mode passes every call through, and
+    the next start() there removes it). Modes of other threads are disarmed the same way.
+    """
+    global _undo, _start_routing, _start_thread
+    with _control_lock:
+        errors: list[BaseException] = []
+        try:
+            _workers.shutdown()
+        except BaseException as e:
+            errors.append(e)
+        routing = _start_routing
+        if routing is not None and threading.get_ident() == _start_thread:
+            from devlab.engine.simulated.mode import routing as _routing
+
+            _routing.pop_routing(routing)
+        _start_routing = _start_thread = None
+        # A default device naming a simulated GPU would make every factory fail afterwards.
+        cur = torch.utils._device.CURRENT_DEVICE
+        if cur is not None and cur.type == "cuda":
+            try:
+                torch.set_default_device(None)
+            except BaseException as e:
+                errors.append(e)
+        if _undo is not None:
+            try:
+                _undo.restore()
+            except BaseException as e:
+                errors.append(e)
+            _undo = None
+        _session.session = None
+        _session.forget_thread_state()
+        _launch.enabled = False
+        if errors:
+            raise errors[0]
+
+
+@contextlib.contextmanager
+def thread_routing() -> Iterator[None]:
+    """Route simulated-GPU work in the current thread, which was started before the simulation
+    (every thread started while it runs is routed already)."""
+    if _session.session is None:
+        raise RuntimeError("GPU simulation is not running: call start() first")
+    from devlab.engine.simulated.mode import routing as _routing
+
+    with _routing.routing():
+        yield
+
+
+def reset_after_fork_for_rank() -> None:
+    """In a child forked from this process: use the simulated GPUs it inherited, as a spawned
+    process would, although the parent had initialized them (which makes CUDA, and simulated
+    GPUs, refuse a forked child: `_fork`). For devlab's own forked ranks, whose parent
+    finished its queued work before forking; nothing to do without a simulation."""
+    _fork.reset_for_rank()
+
+
+def models() -> list[str]:
+    """The real GPUs a simulation can model (`start(..., model=name)`; devlab.gpu_model)."""
+    from devlab.engine.gpu_model.specs import SPECS
+
+    return list(SPECS)
+
+
+def gpu_spec(name: Any) -> Any:
+    """The public specifications of the real GPU `name` models (a `GpuSpec`; case does not
+    matter, and "A100" is "A100-80GB"; a `GpuSpec` is itself)."""
+    from devlab.engine.gpu_model.specs import gpu
+
+    return gpu(name)
+
+
+def model() -> Any:
+    """The `GpuSpec` the running simulation models (None: no model, or no simulation)."""
+    sess = _session.session
+    return sess.spec if sess is not None else None
+
+
+def topology() -> str | None:
+    """The key of the machine the modeled GPUs' collectives are timed in ("pcie3-host"; None:
+    no model, or no simulation)."""
+    sess = _session.session
+    charges = sess.charges if sess is not None else None
+    return charges.topology.key if charges is not None and charges.clock is not None else None
+
+
+def modeled_time() -> float:
+    """The host's modeled time in seconds since the simulation started: it advances with each
+    launch, copy and host sync on the modeled GPUs, not with this machine's clock."""
+    sess = _session.session
+    clock = sess.charges.clock if sess is not None else None
+    if clock is None:
+        raise RuntimeError("no modeled GPU: start the simulation with a model, e.g. "
+                           "devlab.config.simulate_gpus(2, model='T4')")
+    return clock.now()
+
+
+@contextlib.contextmanager
+def host_only() -> Iterator[None]:
+    """Run host-only work as plain PyTorch runs it, without the simulation's modes on this
+    thread (each adds microseconds to every op): how devlab times the CPU. Work inside must
+    not touch simulated GPUs' tensors: nothing routes or marks it."""
+    if _session.session is None:
+        yield
+        return
+    from devlab.engine.simulated.mode import routing as _routing
+
+    with _routing.suspended():
+        yield
+
+
+def is_active() -> bool:
+    """True while GPUs are simulated."""
+    return _session.session is not None
+
+
+def device_count() -> int:
+    """Number of simulated GPUs (0 when not simulating)."""
+    sess = _session.session
+    return sess.count if sess is not None else 0
+
+
+def is_used() -> bool:
+    """True once a simulated tensor has been created since start()."""
+    sess = _session.session
+    return bool(sess is not None and sess.used)
+
+
+def _device(index: int) -> _session.DeviceState:
+    sess = _session.session
+    if sess is None:
+        raise RuntimeError("GPU simulation is not running")
+    if not 0 <= index < sess.count:
+        raise IndexError(f"no simulated GPU {index} (there are {sess.count})")
+    return sess.devices[index]
+
+
+def memory_stats(index: int) -> dict[str, int | None]:
+    """Bytes on simulated GPU `index`: allocated now, peak since reset, limit (the memory
+    limit, else the capacity of the GPU it models; None = the host's memory), and reserved:
+    what CUDA's caching allocator holds, or the whole limit when the GPU reserves it up front
+    (memory growth off, see `reconfigure`)."""
+    dev = _device(index)
+    with _session.lock:
+        return {"allocated": dev.allocated, "peak": dev.peak,
+                "limit": dev.limit if dev.limit is not None else dev.total,
+                "reserved": dev.reserved}
+
+
+def watch_peak(index: int) -> _session.PeakWatch:
+    """Watch the highest allocation of simulated GPU `index` from now on (`.peak`, bytes) until
+    `.close()`, without touching the peak `torch.cuda.max_memory_allocated` reads."""
+    dev = _device(index)
+    with _session.lock:
+        return _session.PeakWatch(dev)
+
+
+def reset_peak(index: int) -> None:
+    """Start peak tracking of simulated GPU `index` afresh from what is allocated now."""
+    dev = _device(index)
+    with _session.lock:
+        dev.allocator.reset_peak()
+
+
+def synchronize(index: int | None = None) -> None:
+    """Wait for queued work on simulated GPU `index` (all GPUs if None)."""
+    if index is not None:
+        _device(index)
+    _workers.host_sync(index)
+
+
+def explain(fn: Any) -> Any:
+    """Run `fn()` on the modeled GPUs and break down each kernel and copy it made into launch,
+    compute and memory time (an `Explanation`; modeled from the GPU's specifications, not
+    measured). `explain(lambda: x @ x)` explains one product."""
+    from devlab.engine.simulated.clock.explain import explain as _explain
+
+    return _explain(fn)
+
+
+def timeline(fn: Any) -> Any:
+    """Run `fn()` on the modeled GPUs and return one step's timeline per GPU (a `Timeline`,
+    modeled): kernels on each GPU's queue, collectives on its communication stream, how much
+    communication compute hid, and what waited (a rank for the slowest one, compute for a
+    collective). In a distributed run, return it from each rank and put the ranks' together
+    with `Timeline.merge`."""
+    from devlab.engine.simulated.clock.step_timeline import timeline as _timeline
+
+    return _timeline(fn)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Timeline":  # imported on use: the clock's modules load torch's internals
+        from devlab.engine.simulated.clock.step_timeline import Timeline
+
+        return Timeline
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,234 @@
+"""The TorchFunctionMode that makes CPU tensors behave as tensors on simulated GPUs.
+
+It sees every torch call made in a routed thread *before* torch runs it, which is where a
+`device="cuda:1"` can still become a CPU call. Calls that need more than the device rule go to
+their handler (moves, autograd, asynchronous launch: `HANDLERS`, which start() fills, as the
+handlers build on this module); factories given a device, or under a default device naming a
+GPU, are placed there (`_factories`); every other op runs where its tensors are (`_ops.run`).
+
+Torch's function modes are per-thread: `push_routing`/`pop_routing` put the mode on this
+thread's stack and take it off, `routing()` routes a block, `suspended()` takes the mode off for
+one (`threads` routes every thread started while simulating).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode, _pop_mode, _push_mode
+
+from devlab.engine.simulated.base import cuda_errors as _errors
+from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import session as _session
+from devlab.engine.simulated.base import storage_marks as _marks
+from devlab.engine.simulated.base.storage_marks import mark_of
+from devlab.engine.simulated.mode import device_rule as _ops
+from devlab.engine.simulated.mode import factories as _factories
+
+Tensor = torch.Tensor
+_MethodWrapper = type(Tensor.grad.__get__)  # what torch passes for an attribute getter
+_HigherOrder = torch._ops.HigherOrderOperator
+_keyset = torch._ops._compute_keyset
+
+
+def _passthrough(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """Calls without tensors: straight through (no device to set, nothing to mark)."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    try:
+        return func(*args, **kwargs)
+    except Exception as e:
+        _errors.torch_error(e)
+        raise
+
+
+def _higher_order(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A higher-order operator (flex_attention, cond, scan...) is Python code around ops and
+    autograd Functions: it runs with the simulation's mode pushed again, as HigherOrderOperator
+    runs after its override check, so each op inside is placed and its outputs marked as it
+    returns. Marked only after the whole call, an autograd Function's saved outputs read `cpu`
+    while it saves them (activation checkpointing records that, and finds `cuda:N` when it
+    recomputes). The ops inside charge a modeled clock, so the call itself charges nothing."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    index, host, _ = _ops.placement(func, args, kwargs)
+    if index is not None:
+        _workers.wait(index)
+    key = _keyset(args, kwargs, func.non_fallthrough_keys).highestPriorityTypeId()
+    with routing():
+        out = _ops.call(index, func.dispatch, (key, *args), kwargs)
+    if index is not None:
+        _marks.mark_outputs(out, index, host)
+    return out
+
+
+# The mode's handler table: calls that need more than the device rule. start() fills it from
+# the handler modules (`fill_handlers`), which build on this one; the calls here need nothing.
+HANDLERS: dict[Callable, Callable] = {}
+_PASSTHROUGH: dict[Callable, Callable] = {
+    # Calls without tensors that every training step makes: straight through.
+    torch._C._set_grad_enabled: _passthrough,
+}
+for _name in ("_record_function_enter_new", "_record_function_exit"):  # profiler ranges
+    _op = getattr(torch.ops.profiler, _name, None)
+    for _f in (_op, getattr(_op, "_RecordFunction", None), getattr(_op, "default", None)):
+        if _f is not None:
+            _PASSTHROUGH[_f] = _passthrough
+
+
+def fill_handlers(*tables: dict[Callable, Callable]) -> None:
+    """Make the handler table `tables`' entries (a later table's win), then the passthroughs."""
+    merged: dict[Callable, Callable] = {}
+    for table in (*tables, _PASSTHROUGH):
+        merged.update(table)
+    if merged != HANDLERS:
+        HANDLERS.clear()
+        HANDLERS.update(merged)
+
+
+class SimulationMode(TorchFunctionMode):
+    """Routes simulated-GPU work to the CPU. Each routed thread has one on its stack; it passes
+    every call through once the simulation it was made for has stopped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session = _session.session
+
+    @property
+    def inert(self) -> bool:
+        return self.session is None or self.session is not _session.session
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+        if kwargs is None:
+            kwargs = {}
+        if self.session is not _session.session or self.session is None:
+            return func(*args, **kwargs)
+        try:
+            if type(func) is _MethodWrapper:
+                # An attribute read (`.shape`, `.grad`: the tensor alone) or write (`p.data =
+                # t`, `p.grad = g`): metadata, known even while the tensor's op is queued, and
+                # no kernel; a write may name another device, as on CUDA. Only a read's tensor
+                # result may need a mark (a gradient the C++ engine made). Inline, as most
+                # calls are these (and `func.__name__` would build a string each time).
+                try:
+                    out = func(*args)
+                except Exception as e:
+                    _errors.torch_error(e)
+                    raise
+                if len(args) == 1 and isinstance(out, Tensor) and mark_of(out) is None:
+                    owner = mark_of(args[0])
+                    if owner is not None:
+                        _marks.mark_outputs(out, owner.index)
+                return out
+            h = HANDLERS.get(func)
+            if h is not None:
+                return h(func, args, kwargs)
+            if kwargs:
+                if kwargs.get("pin_memory"):
+                    return _factories.pinned_factory(func, args, kwargs)
+                d = kwargs.get("device")
+                if d is not None:
+                    return _factories.place(func, args, kwargs, d)
+            if func in _factories.CONSTRUCTORS:
+                d = _factories.default_device()
+                if d is not None:
+                    return _factories.place(func, args, kwargs, d)
+            if isinstance(func, _HigherOrder):
+                return _higher_order(func, args, kwargs)
+            return _ops.run(func, args, kwargs)
+        except Exception as e:
+            # The user's call entered the simulation here: an error raised in torch's name
+            # leaves without the simulation's frames.
+            _errors.drop_own_frames(e)
+            raise
+        except BaseException as e:  # an interrupt: nothing of the call stays alive
+            _errors.let_go(e)
+            args = kwargs = None  # noqa: F841
+            raise
+
+
+def push_routing() -> SimulationMode:
+    """Route this thread: put the simulation's mode on its stack (undo with pop_routing)."""
+    mode = SimulationMode()
+    _push_mode(mode)
+    _session.tls.routed = mode.session
+    return mode
+
+
+def remove_mode(mode: TorchFunctionMode) -> bool:
+    """Take `mode` off this thread's function mode stack, keeping the modes above it."""
+    above = []
+    found = False
+    while torch._C._len_torch_function_stack():
+        m = _pop_mode()
+        if m is mode:
+            found = True
+            break
+        above.append(m)
+    for m in reversed(above):
+        _push_mode(m)
+    return found
+
+
+def _restore(stack: list) -> None:
+    """Make this thread's function mode stack `stack` again (bottom first), keeping any mode
+    pushed on top meanwhile above it."""
+    extra = []
+    while torch._C._len_torch_function_stack():
+        m = _pop_mode()
+        if not any(m is s for s in stack):
+            extra.append(m)
+    for m in stack:
+        _push_mode(m)
+    for m in reversed(extra):
+        _push_mode(m)
+
+
+def pop_routing(mode: SimulationMode) -> None:
+    """Undo push_routing."""
+    remove_mode(mode)
+    _session.tls.__dict__.pop("routed", None)
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Take this thread's simulation modes off its stack for the block, and put them back in
+    their places after (host work timed as plain PyTorch runs it)."""
+    functions = torch.overrides._get_current_function_mode_stack()
+    for m in functions:
+        if isinstance(m, SimulationMode):
+            remove_mode(m)
+    try:
+        yield
+    finally:
+        _restore(functions)
+
+
+@contextlib.contextmanager
+def routing() -> Iterator[None]:
+    """Route this thread's work while inside: nothing to do if the running simulation's mode is
+    on its stack; else its mode for the block. Also inside the simulation's own handling of a
+    call, where torch has taken the mode off the stack (torch's code that runs there, a tensor
+    subclass's dispatch making DTensor's RNG tracker, moves tensors to simulated GPUs), and
+    where a dispatch mode running an op has switched torch functions off (`_dispatched.run`)."""
+    if torch._C._is_torch_function_all_disabled():
+        with torch._C._EnableTorchFunction(), routing():
+            yield
+        return
+    if any(isinstance(m, SimulationMode) and not m.inert
+           for m in torch.overrides._get_current_function_mode_stack()):
+        yield
+        return
+    before = _session.tls.__dict__.get("routed")
+    mode = push_routing()
+    try:
+        yield
+    finally:
+        remove_mode(mode)
+        if before is None:
+            _session.tls.__dict__.pop("routed", None)
+        else:
+            _session.tls.routed = before

@@ -1,0 +1,1 @@
+"""The notebook lab: magics, widgets, lessons and exercises, thin over devlab.core."""
