@@ -1,8 +1,8 @@
 """What the caching-allocator model costs per allocation (issue 27's target: at most 2 us).
 
 Replays a mix of requests (small tensors, 1-10 MiB activations, large weights) through
-`devlab.engine.gpu_model.allocator.CachingAllocator`, holding a window of live blocks as a training
-step does, and prints the time per allocation (one malloc and its free) and per event, the best
+`devlab.engine.gpu_model.caching_allocator.CachingAllocator`, holding a window of live blocks as
+a training step does, and prints the time per allocation (one malloc and its free) and per event, the best
 of several trials; with `--history`, recording each allocation's stack as
 `torch.cuda.memory._record_memory_history` does.
 
@@ -15,8 +15,12 @@ benchmarks/allocator.py --events N --trials 1` ("Collected" is the count). Measu
 (torch 2.13's CPython 3.11, N = 20,000 and 60,000, the loop calling `allocate` as the
 simulation does): the plain port (tests/_allocator_reference.py) took about 30k instructions per
 event; the model before issue 27's second pass 20.4k; now (Note [The allocator's hot path] in
-devlab/engine/gpu_model/allocator.py) 12.9k. At 12.9k, 2 us per event needs about 6.5 instructions per
-nanosecond, which a loaded 2-core machine still gave (about 1.1 us per event, best of 5).
+devlab/engine/gpu_model/caching_allocator/state_machine.py) 12.9k. At 12.9k, 2 us per event needs
+about 6.5 instructions per nanosecond, which a loaded 2-core machine still gave (about 1.1 us
+per event, best of 5). Set PYTHONHASHSEED=0 when comparing two versions: each run's import of torch (about 7
+billion instructions) moves by millions with the hash seed, up to about 100 per event at
+these lengths (issue 36 measured 12,878 before its split and 12,969 after so, and 12,899 and
+12,891 with the loop alone and the seed fixed).
 
 `--path` measures what a user pays per tensor: `torch.empty(1000, device="cuda:0")` made and
 dropped on a simulated GPU against the same on the CPU; the allocator is a small part of the
@@ -29,7 +33,7 @@ import argparse
 import sys
 import time
 
-from devlab.engine.gpu_model.allocator import CachingAllocator
+from devlab.engine.gpu_model.caching_allocator import CachingAllocator
 
 SIZES = (4096, 400_000, 3 << 20, 64 << 20, 1000, 12345, 768 * 1024, 12 << 20)
 WINDOW = 50  # blocks alive at once

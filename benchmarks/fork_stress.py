@@ -168,10 +168,10 @@ def _without_barrier() -> None:
     """Release each child as soon as it is forked, as torch's start_processes does without
     devlab (the children still get the watchdog). Registered after devlab's own hook, this one
     runs after it in the parent."""
-    from devlab.engine.simulated.torch_distributed import forks
+    from devlab.engine.simulated.torch_distributed.fork_safety import barrier
 
     def release_now() -> None:
-        window = forks._window
+        window = barrier._window
         if window is not None:
             os.write(window.write_fd, b"\0")
             window.forked -= 1  # so the window's end writes nothing for this child

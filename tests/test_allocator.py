@@ -1,4 +1,4 @@
-"""CUDA's caching allocator model (devlab.engine.gpu_model.allocator) against the rules of torch's
+"""CUDA's caching allocator model (devlab.engine.gpu_model.caching_allocator) against the rules of torch's
 c10/cuda/CUDACachingAllocator.cpp: sequences of requests, frees and empty_cache() and the
 statistics torch.cuda.memory_stats() would report for them. Nothing runs on a GPU."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from devlab.engine.gpu_model.allocator import (
+from devlab.engine.gpu_model.caching_allocator import (
     LARGE_BUFFER,
     SMALL_BUFFER,
     AllocatorConfig,
@@ -313,3 +313,17 @@ def test_every_modeled_gpu_has_a_published_capacity_below_its_datasheet() -> Non
         # The datasheet's "16 GB" of memory is 16 GiB of chips; the driver keeps some of it.
         assert 0.9 * spec.memory_gb * 2**30 < total < spec.memory_gb * 2**30, spec.name
         assert 200 * MiB < context_bytes(spec) < 500 * MiB
+
+
+def test_the_former_names_are_the_split_model() -> None:
+    # devlab.gpu_model.allocator (and, after the layout, devlab.engine.gpu_model.allocator) was
+    # the model's one module before issue 36 split it as torch splits it: both names import the
+    # package, so notebooks and users' code that name them get the same classes.
+    import importlib
+
+    from devlab.engine.gpu_model import caching_allocator
+
+    for former in ("devlab.gpu_model.allocator", "devlab.engine.gpu_model.allocator"):
+        old = importlib.import_module(former)
+        assert old is caching_allocator
+        assert old.CachingAllocator is CachingAllocator and old.OutOfMemory is OutOfMemory

@@ -1,6 +1,6 @@
 """The tuned caching-allocator model agrees with the plain port it replaced.
 
-`devlab.engine.gpu_model.allocator` was restructured for speed (issue 27: at most 2 us per
+`devlab.engine.gpu_model.caching_allocator` was restructured for speed (issue 27: at most 2 us per
 allocation). `tests/_allocator_reference.py` is the plain port as it stood before; both are fed
 the same long random sequences of requests, frees, `record_stream`, synchronizations,
 `empty_cache()`, resets and history recording, under several PYTORCH_CUDA_ALLOC_CONF settings
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from devlab.engine.gpu_model import allocator as tuned
+from devlab.engine.gpu_model import caching_allocator as tuned
 from tests import _allocator_reference as reference
 
 MiB = 1 << 20

@@ -18,7 +18,12 @@ import pytest
 import torch.multiprocessing as mp
 
 import devlab
-from devlab.engine.simulated.torch_distributed import forks
+from devlab.engine.simulated.torch_distributed.fork_safety import (
+    barrier,
+    fork_hazard,
+    hang_report,
+    quiet_window,
+)
 
 # The test's own fork hooks (registered once; they act only while a test switches them on).
 _gate: dict[str, object] = {"on": False, "forks": 0, "held": None, "fork_times": [], "wait": 3}
@@ -158,13 +163,13 @@ def test_a_rank_waiting_for_a_busy_peer_is_not_a_hang(two, hang_timeout, tmp_pat
 
 
 def test_hang_timeout_settings(monkeypatch, hang_timeout):
-    monkeypatch.delenv(forks.HANG_ENV, raising=False)
-    assert devlab.simulated.hang_timeout() == forks.DEFAULT_HANG_TIMEOUT
-    monkeypatch.setenv(forks.HANG_ENV, "30")
+    monkeypatch.delenv(hang_report.HANG_ENV, raising=False)
+    assert devlab.simulated.hang_timeout() == hang_report.DEFAULT_HANG_TIMEOUT
+    monkeypatch.setenv(hang_report.HANG_ENV, "30")
     assert devlab.simulated.hang_timeout() == 30.0
-    monkeypatch.setenv(forks.HANG_ENV, "off")
+    monkeypatch.setenv(hang_report.HANG_ENV, "off")
     assert devlab.simulated.hang_timeout() is None
-    monkeypatch.setenv(forks.HANG_ENV, "soon")
+    monkeypatch.setenv(hang_report.HANG_ENV, "soon")
     with pytest.raises(ValueError, match="DEVLAB_HANG_TIMEOUT is a number of seconds greater "
                                          "than 0, or 'off', got 'soon'"):
         devlab.simulated.hang_timeout()
@@ -179,7 +184,7 @@ def test_hang_timeout_settings(monkeypatch, hang_timeout):
 
 
 def test_a_bad_environment_stops_the_launch_before_any_fork(two, monkeypatch, gate):
-    monkeypatch.setenv(forks.HANG_ENV, "-3")
+    monkeypatch.setenv(hang_report.HANG_ENV, "-3")
     with pytest.raises(ValueError, match="DEVLAB_HANG_TIMEOUT"):
         mp.start_processes(_stamp, args=("/nonexistent",), nprocs=2, start_method="fork")
     assert _gate["forks"] == 0
@@ -212,7 +217,7 @@ def test_an_error_between_forks_releases_the_forked_and_leaves_nothing(two, gate
     while not Path(tmp_path, "0").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert Path(tmp_path, "0").exists()  # the rank forked before the error was let go
-    assert forks._window is None
+    assert barrier._window is None
     # what torch's start_processes lost on its error (the forked Process and its pipes) goes
     # once multiprocessing reaps it; devlab's pipe and mapping are gone already
     deadline = time.monotonic() + 10
@@ -326,8 +331,8 @@ def test_plain_forks_start_after_the_quiet_period_only_beside_a_store(two, gate,
     import torch.distributed as dist
 
     _gate["held"] = None
-    monkeypatch.setattr(forks, "QUIET", 2.0)
-    assert not forks.store_thread_running()
+    monkeypatch.setattr(quiet_window, "QUIET", 2.0)
+    assert not fork_hazard.store_thread_running()
     (tmp_path / "alone").mkdir()
     forked = _fork_three(str(tmp_path / "alone"))
     starts = [float(p.read_text()) for p in (tmp_path / "alone").iterdir()]
@@ -335,7 +340,7 @@ def test_plain_forks_start_after_the_quiet_period_only_beside_a_store(two, gate,
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     try:
-        assert forks.store_thread_running()  # torch 2.13's thread: pt_tcpstore_uv
+        assert fork_hazard.store_thread_running()  # torch 2.13's thread: pt_tcpstore_uv
         _gate["fork_times"] = []
         (tmp_path / "store").mkdir()
         forked = _fork_three(str(tmp_path / "store"))
@@ -344,9 +349,9 @@ def test_plain_forks_start_after_the_quiet_period_only_beside_a_store(two, gate,
     finally:
         del store
     deadline = time.monotonic() + 5
-    while forks._quiet is not None and time.monotonic() < deadline:
+    while quiet_window._quiet is not None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert forks._quiet is None  # the window closed: its descriptors are gone
+    assert quiet_window._quiet is None  # the window closed: its descriptors are gone
 
 
 def _waits_forever() -> None:
@@ -367,7 +372,7 @@ def test_a_hung_plain_fork_beside_a_store_is_reported(two, hang_timeout, capfd):
     finally:
         del store
     err = capfd.readouterr().err
-    assert rank.exitcode == forks.HANG_EXIT, (rank.exitcode, err)
+    assert rank.exitcode == hang_report.HANG_EXIT, (rank.exitcode, err)
     assert 2 <= took < 15, took
     assert "no process of this launch made progress for 2 s" in err, err
     assert "threading.Event().wait()  # the plain fork's line the report must show" in err

@@ -414,7 +414,7 @@ def test_save_snapshot_round_trips_and_torch_reads_it(tmp_path: Path):
 
 
 def test_a_snapshot_from_devlabs_allocator_model():
-    allocator = pytest.importorskip("devlab.engine.gpu_model.allocator")
+    allocator = pytest.importorskip("devlab.engine.gpu_model.caching_allocator")
     model = allocator.CachingAllocator(0, total=16 << 30)
     before = [model.malloc(8 * MiB), model.malloc(3 * MiB + 7)]
     where = {"line": 0}

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import devlab
-from devlab.engine.gpu_model.allocator import format_size
+from devlab.engine.gpu_model.caching_allocator import format_size
 from devlab.engine.gpu_model.capacity import NVML_TOTAL_MIB, TOTAL_MEMORY
 from devlab.engine.simulated.base import machine
 

@@ -8,7 +8,7 @@ import torch
 
 from devlab.engine import simulated
 from devlab.engine.gpu_model import cufft_plan_keys as model
-from devlab.engine.gpu_model.allocator import AllocatorConfig, round_size
+from devlab.engine.gpu_model.caching_allocator import AllocatorConfig, round_size
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ import torch
 
 import devlab
 from devlab.engine import simulated
-from devlab.engine.gpu_model.allocator import AllocatorConfig, round_size
+from devlab.engine.gpu_model.caching_allocator import AllocatorConfig, round_size
 from devlab.engine.simulated.base import gpu_workers as _workers
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.mode import async_launch as _launch

@@ -37,7 +37,8 @@ from devlab.core.ranks.launch_options import check_options
 from devlab.core.ranks.rank_process import _die_with_parent, _prctl, _rank_main, _redirect
 from devlab.core.ranks.rank_reports import Ranks, _collect, _Failure, _rebuilt_traceback, _Words
 from devlab.engine import simulated
-from devlab.engine.simulated.torch_distributed import forks as _forks
+from devlab.engine.simulated.torch_distributed.fork_safety.barrier import fork_window
+from devlab.engine.simulated.torch_distributed.fork_safety.quiet_window import exempt
 
 # A rank asked to stop (another rank failed) gets this long to end before it is killed.
 _STOP_GRACE = 3.0
@@ -171,12 +172,12 @@ class _Launch:
             # Garbage-collecting"). Frozen, the objects it inherits are never collected in it.
             gc.freeze()
         # Without a timeout, forked ranks on simulated GPUs get the hang report that ranks of
-        # torch's launchers get (simulated.torch_distributed.forks): a rank's timeout arms
+        # torch's launchers get (simulated.torch_distributed.fork_safety): a rank's timeout arms
         # faulthandler, which the report's watchdog would re-arm (so these forks are exempt
         # from the quiet window that forks no launcher announces get).
         watched = self.method == "fork" and self.deadline is None and simulated.is_active()
         try:
-            with _forks.fork_window(self.nprocs) if watched else _forks.exempt():
+            with fork_window(self.nprocs) if watched else exempt():
                 for r in range(self.nprocs):
                     if self.interrupts.happened:
                         break

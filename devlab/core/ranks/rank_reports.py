@@ -23,7 +23,7 @@ from devlab.core.ranks.handoff import (
     _rank_file,
     _read_result,
 )
-from devlab.engine.simulated.torch_distributed.forks import HANG_ENV, HANG_EXIT
+from devlab.engine.simulated.torch_distributed.fork_safety.hang_report import HANG_ENV, HANG_EXIT
 
 
 class RankError(RuntimeError):

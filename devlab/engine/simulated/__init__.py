@@ -44,7 +44,7 @@ from devlab.engine.simulated.base.session import current_index
 from devlab.engine.simulated.base.storage_marks import index_of
 from devlab.engine.simulated.mode import async_launch as _launch
 from devlab.engine.simulated.mode.dispatch_devices import run as run_dispatched
-from devlab.engine.simulated.torch_distributed.forks import (
+from devlab.engine.simulated.torch_distributed.fork_safety.hang_report import (
     hang_timeout,
     reset_hang_timeout,
     set_hang_timeout,
@@ -191,7 +191,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         from devlab.engine.simulated.mode import wrapper_subclasses as _wrappers
         from devlab.engine.simulated.torch_distributed import c10d as _c10d
         from devlab.engine.simulated.torch_distributed import dtensor as _dtensor
-        from devlab.engine.simulated.torch_distributed import forks as _forks
+        from devlab.engine.simulated.torch_distributed import fork_safety as _fork_safety
         from devlab.engine.simulated.torch_distributed import loopback_stores as _stores
         from devlab.engine.simulated.torch_distributed import nn_parallel as _parallel
 
@@ -206,7 +206,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         try:
             for module in (_tensor, _wrappers, _namespaces, _graphs, _build, _cufft, _queries,
                            _factories, _amp, _threads, _parallel, _serialization, _c10d, _stores,
-                           _forks, _dtensor, _compile, _profiler_kineto):
+                           _fork_safety, _dtensor, _compile, _profiler_kineto):
                 module.install(patcher)
             charges = _session.NO_CHARGES
             if spec is not None:

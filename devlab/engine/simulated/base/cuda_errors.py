@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import torch
 
 from devlab._helpers.tracebacks import devlab_file, drop_frames
-from devlab.engine.gpu_model.allocator import OutOfMemory
+from devlab.engine.gpu_model.caching_allocator import OutOfMemory
 from devlab.engine.simulated.base import machine
 from devlab.engine.simulated.base.session import DeviceState
 

@@ -13,12 +13,17 @@ from typing import Any, TypeVar
 import torch
 
 from devlab.engine.gpu_model import capacity
-from devlab.engine.gpu_model.allocator import AllocatorConfig, Block, CachingAllocator, OutOfMemory
+from devlab.engine.gpu_model.caching_allocator import (
+    AllocatorConfig,
+    Block,
+    CachingAllocator,
+    OutOfMemory,
+)
 from devlab.engine.gpu_model.specs import GpuSpec
 
 
 class DeviceState:
-    """The memory of one simulated GPU: CUDA's caching allocator (`devlab.engine.gpu_model.allocator`)
+    """The memory of one simulated GPU: CUDA's caching allocator (`devlab.engine.gpu_model.caching_allocator`)
     over the GPU's capacity. Bytes throughout.
 
     `limit` is the user's memory limit (TensorFlow's `memory_limit`; None: none). A GPU modeled

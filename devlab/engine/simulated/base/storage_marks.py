@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from devlab.engine.gpu_model.allocator import Block, OutOfMemory
+from devlab.engine.gpu_model.caching_allocator import Block, OutOfMemory
 from devlab.engine.simulated.base import cuda_errors as _errors
 from devlab.engine.simulated.base import fork_rule as _fork
 from devlab.engine.simulated.base import gpu_workers as _workers

@@ -23,7 +23,7 @@ What a GPU does during capture, the simulation does too:
   their modeled times (`clock.Clock.replay`): the lesson CUDA graphs teach.
 
 Memory is the graph's private pool, as CUDA's caching allocator keeps it (Note [Interaction
-with CUDA graph capture] in CUDACachingAllocator.cpp; `devlab.engine.gpu_model.allocator.PrivatePool`):
+with CUDA graph capture] in CUDACachingAllocator.cpp; `devlab.engine.gpu_model.caching_allocator.PrivatePool`):
 what the capture allocates comes from that pool's own segments (`beginAllocateToPool`, for the
 capturing stream and, in devlab, the capturing thread's other streams); `pool=` (another
 graph's `pool()`, `graph_pool_handle()` or a MemPool's `id`) shares one pool. The graph keeps
@@ -55,7 +55,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from devlab.engine.aten_overloads import COPY_OPS, SYNC_OPS
-from devlab.engine.gpu_model.allocator import PoolError
+from devlab.engine.gpu_model.caching_allocator import PoolError
 from devlab.engine.simulated.base import cuda_errors as _errors
 from devlab.engine.simulated.base import gpu_workers as _workers
 from devlab.engine.simulated.base import session as _session

@@ -1,5 +1,5 @@
 """CUDA's memory API as a program sees it, over each simulated GPU's caching allocator
-(`devlab.engine.gpu_model.allocator`): torch.cuda's memory functions, and the `torch._C` entry points
+(`devlab.engine.gpu_model.caching_allocator`): torch.cuda's memory functions, and the `torch._C` entry points
 torch's own Python code calls (`memory_summary`'s table, `memory_snapshot`,
 `torch.cuda.memory._record_memory_history`, `_snapshot` and `_dump_snapshot`), so those run
 unchanged and read what a GPU's allocator would report; and memory pools: `torch.cuda.MemPool`
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from devlab.engine.gpu_model.allocator import OutOfMemory, PoolError
+from devlab.engine.gpu_model.caching_allocator import OutOfMemory, PoolError
 from devlab.engine.simulated.base import cuda_errors as _errors
 from devlab.engine.simulated.base import device_args as _devices
 from devlab.engine.simulated.base import fork_rule as _fork
