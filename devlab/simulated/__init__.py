@@ -38,6 +38,7 @@ from devlab.sizes import check_memory_limit
 
 from .core import errors as _errors
 from .core import fork as _fork
+from .core import hazards as _hazards
 from .core import requirements as _requirements
 from .core import session as _session
 from .core import workers as _workers
@@ -211,6 +212,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                 charges = Charges(Clock(spec, count), machine)
             _session.session = _session.Session(limits, spec=spec, charges=charges)
             _session.forget_thread_state()
+            _hazards.reset()
             routing = _routing.push_routing()
         except BaseException:
             _session.session = None
@@ -295,6 +297,7 @@ def stop() -> None:
             _undo = None
         _session.session = None
         _session.forget_thread_state()
+        _hazards.reset()
         _launch.enabled = False
         if errors:
             raise errors[0]

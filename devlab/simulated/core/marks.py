@@ -20,6 +20,7 @@ from devlab.gpu_model.allocator import Block, OutOfMemory
 
 from . import errors as _errors
 from . import fork as _fork
+from . import hazards as _hazards
 from . import session as _session
 from . import workers as _workers
 from .session import DeviceState, Session
@@ -45,6 +46,8 @@ def _release(m: Mark) -> None:
     if sess is _session.session and m.block is not None:
         with _session.lock:
             if m.block is not None:
+                if _hazards.tracking:
+                    _hazards.freed(m.index, m.block)
                 sess.devices[m.index].allocator.free(m.block)
                 m.block = None
 

@@ -18,6 +18,7 @@ from devlab.host import cpu_cores
 from ..core import devices as _devices
 from ..core import errors as _errors
 from ..core import fork as _fork
+from ..core import hazards as _hazards
 from ..core import session as _session
 from ..core import workers as _workers
 from ..core.errors import entry
@@ -355,6 +356,7 @@ class Stream(torch._C.Stream):
         sess = _session.session
         if sess is not None:
             sess.charges.sync_stream(self.device_index, self.stream_id)
+        _hazards.host_waited(self.device_index, self.stream_id)
 
     def query(self) -> bool:
         """Whether the stream's work is done: on a modeled GPU, whether the host's modeled
@@ -362,9 +364,11 @@ class Stream(torch._C.Stream):
         polling loop ends); otherwise whether the GPU's queue is idle."""
         sess = _session.session
         at = sess.charges.reached(self.device_index, self.stream_id) if sess is not None else None
-        if sess is not None and at is not None:
-            return sess.charges.poll(at)
-        return _workers.idle(self.device_index)
+        done = (sess.charges.poll(at) if sess is not None and at is not None
+                else _workers.idle(self.device_index))
+        if done:
+            _hazards.host_waited(self.device_index, self.stream_id)
+        return done
 
     @entry
     @initializes
@@ -374,6 +378,8 @@ class Stream(torch._C.Stream):
             raise _errors.user_error(TypeError(
                 f"wait_stream expects a CUDA stream, got {type(stream).__name__}"))
         sess = _session.session
+        if stream != self and stream.device_index == self.device_index:
+            _hazards.stream_waited(self.device_index, self.stream_id, stream.stream_id)
         if sess is not None and stream != self:
             sess.charges.wait_for(self.device_index, self.stream_id,
                                   sess.charges.reached(stream.device_index, stream.stream_id))
@@ -385,6 +391,9 @@ class Stream(torch._C.Stream):
         if not isinstance(event, Event):
             raise _errors.user_error(TypeError(
                 f"wait_event expects a torch.cuda.Event, got {type(event).__name__}"))
+        at = event.position
+        if at is not None and at[0] == self.device_index:
+            _hazards.stream_waited(self.device_index, self.stream_id, at[1], at[2])
         sess = _session.session
         if sess is not None and event.time is not None and event.modeled:
             sess.charges.wait_for(self.device_index, self.stream_id, event.time)
@@ -466,6 +475,7 @@ class Event:
         self.time: float | None = None
         self.modeled = False  # `time` is the modeled clock's, not this machine's
         self.device_index: int | None = None
+        self.position: tuple[int, int, int] | None = None  # (GPU, stream, its work): hazards
 
     @entry
     @initializes
@@ -479,6 +489,7 @@ class Event:
             raise _errors.user_error(TypeError(
                 f"Event.record expects a CUDA stream, got {type(stream).__name__}"))
         self.device_index = i
+        self.position = (i, sid, _hazards.mark(i, sid))
         self.time = None
         sess = _session.session
         self.time = sess.charges.reached(i, sid) if sess is not None else None
@@ -497,9 +508,11 @@ class Event:
         if self.device_index is None:
             return True
         sess = _session.session
-        if self.modeled and sess is not None:
-            return sess.charges.poll(self.time)
-        return self.time is not None
+        done = (sess.charges.poll(self.time) if self.modeled and sess is not None
+                else self.time is not None)
+        if done and self.position is not None:
+            _hazards.host_waited(*self.position)
+        return done
 
     @entry
     def synchronize(self) -> None:
@@ -510,6 +523,8 @@ class Event:
         sess = _session.session
         if sess is not None and self.modeled:
             sess.charges.host_wait(self.time)
+        if self.position is not None:
+            _hazards.host_waited(*self.position)
 
     @entry
     def wait(self, stream: Any = None) -> None:
@@ -651,6 +666,8 @@ def set_stream(stream: Any) -> None:
     _fork.initialize()
     _session.current_streams()[index] = stream.stream_id
     _session.tls.device = index
+    if stream.stream_id:
+        _hazards.left_default_stream()
 
 
 _CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {

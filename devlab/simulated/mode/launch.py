@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..core import hazards as _hazards
 from ..core import marks as _marks
 from ..core import session as _session
 from ..core import workers as _workers
@@ -106,6 +107,8 @@ def launch(func: Callable, args: tuple, kwargs: dict) -> Any:
     out = torch.empty(shape.shape, dtype=shape.dtype)
     _marks.mark_outputs(out, index)
     _ops.take_workspace(func, index)  # as a product run here takes it
+    if _hazards.tracking:
+        _ops.note_streams(func, index, args, kwargs)
     _session.session.charges.call(func, args, kwargs, out, index, True)  # type: ignore[union-attr]
     # The worker holds tensors of its own on the user's storages, never the user's tensors.
     # See Note [Why queued work's storages are uncounted] in core/session.py.

@@ -17,6 +17,7 @@ import torch.utils._device as _torch_device
 
 from ..core import devices as _devices
 from ..core import errors as _errors
+from ..core import hazards as _hazards
 from ..core import marks as _marks
 from ..core import session as _session
 from ..core import workers as _workers
@@ -45,6 +46,9 @@ def copy_to(t: Tensor, target: int | None, dtype: Any = None, non_blocking: bool
         _marks.mark_outputs(out, target)
     elif non_blocking and src is not None:
         pin(out.untyped_storage())  # as CUDA's _to_copy: a non-blocking copy to the host
+        _hazards.queued_to_host(out.untyped_storage(), src, _session.current_stream(src))
+    elif src is not None and (_hazards.armed or _hazards.tracking):
+        _hazards.host_waited(src, _session.current_stream(src))  # a blocking copy waits
     sess = _session.session
     if sess is not None:
         # From pageable host memory the host waits even for a non-blocking copy (CUDA stages
@@ -172,6 +176,12 @@ def copy_(func: Callable, args: tuple, kwargs: dict) -> Any:
         non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking"))
         sess.charges.copy(i_src, i_dst, src.nbytes if isinstance(src, Tensor) else 0,
                           not non_blocking, "aten::copy_")
+        if i_dst is None and i_src is not None:
+            stream = _session.current_stream(i_src)
+            if non_blocking and is_pinned(dst):  # into pageable memory the host waits
+                _hazards.queued_to_host(dst.untyped_storage(), i_src, stream)
+            elif _hazards.armed or _hazards.tracking:
+                _hazards.host_waited(i_src, stream)
     return out
 
 

@@ -21,6 +21,7 @@ import torch
 from torch.overrides import TorchFunctionMode, _pop_mode, _push_mode
 
 from ..core import errors as _errors
+from ..core import hazards as _hazards
 from ..core import marks as _marks
 from ..core import session as _session
 from ..core import workers as _workers
@@ -123,6 +124,8 @@ class SimulationMode(TorchFunctionMode):
                     if owner is not None:
                         _marks.mark_outputs(out, owner.index)
                 return out
+            if _hazards.armed and func not in _METADATA:
+                _check_host_reads(args, kwargs)
             h = HANDLERS.get(func)
             if h is not None:
                 return h(func, args, kwargs)
@@ -148,6 +151,30 @@ class SimulationMode(TorchFunctionMode):
             _errors.let_go(e)
             args = kwargs = None  # noqa: F841
             raise
+
+
+# Calls that read a tensor's metadata, not its values: no read of a copy still pending.
+_METADATA = frozenset({
+    Tensor.size, Tensor.dim, Tensor.numel, Tensor.stride, Tensor.is_pinned, Tensor.data_ptr,
+    Tensor.untyped_storage, Tensor.element_size, Tensor.storage_offset, Tensor.is_contiguous,
+    Tensor.__len__, Tensor.record_stream, Tensor.get_device, Tensor.nelement,
+    Tensor.__hash__, Tensor.is_floating_point, Tensor.is_complex,
+})
+
+
+def _check_host_reads(args: tuple, kwargs: dict) -> None:
+    """A call is about to read these tensors: `hazards` checks the host storages a
+    non-blocking copy may still be writing (only while one is pending)."""
+    storages = []
+    for t in _marks.tensors_of(args, kwargs):
+        try:
+            s = t.untyped_storage()
+        except Exception:  # noqa: S112 - a tensor without storage reads no pending copy
+            continue
+        if getattr(s, _hazards.PENDING, None) is not None:
+            storages.append(s)
+    if storages:
+        _hazards.check_read(storages)
 
 
 def push_routing() -> SimulationMode:
