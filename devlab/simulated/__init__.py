@@ -52,7 +52,11 @@ __all__ = [
     "check_count",
     "current_index",
     "device_count",
+    "allocations",
     "explain",
+    "fresh_start",
+    "leftover",
+    "listen_findings",
     "gpu_spec",
     "hang_timeout",
     "model",
@@ -428,6 +432,68 @@ def reset_peak(index: int) -> None:
     dev = _device(index)
     with _session.lock:
         dev.allocator.reset_peak()
+
+
+def allocations() -> int:
+    """How many allocations the simulated GPUs' allocators have made, all GPUs together (a
+    count that changed says work touched a GPU). Counts since start() or the last
+    `torch.cuda.reset_accumulated_memory_stats`."""
+    sess = _session.session
+    if sess is None:
+        return 0
+    with _session.lock:
+        return sum(c.allocation_total for d in sess.devices
+                   for c in (d.allocator.small_counts, d.allocator.large_counts))
+
+
+def fresh_start() -> list[int]:
+    """Make the simulated GPUs as a new test expects them, without stopping the simulation
+    (tensors that are still referenced stay): wait for queued work (an error it raised is
+    dropped: it was the last test's), forget pending work the hazard checks knew of, give the
+    allocators' cached segments back (torch.cuda.empty_cache), reset peak statistics, and
+    make this thread's current device GPU 0 on its default streams. Returns the bytes still
+    allocated on each GPU (what earlier code holds)."""
+    sess = _session.session
+    if sess is None:
+        raise RuntimeError("GPU simulation is not running: call start() first")
+    _workers.drain()
+    try:
+        _workers.wait_all()
+    except Exception:  # noqa: S110 - the last test's error, reported there
+        pass
+    _hazards.reset()
+    left = leftover()
+    with _session.lock:
+        for dev in sess.devices:
+            dev.allocator.empty_cache()
+            dev.allocator.reset_peak()
+    _session.current_streams().clear()
+    _session.tls.device = 0
+    return left
+
+
+def leftover() -> list[int]:
+    """The bytes allocated on each simulated GPU once its queued work is done and cuBLAS's
+    workspaces are released (`torch._C._cuda_clearCublasWorkspaces`, as torch's own tests do
+    before they count memory): what the program's tensors still hold."""
+    sess = _session.session
+    if sess is None:
+        raise RuntimeError("GPU simulation is not running: call start() first")
+    _workers.drain()
+    with _session.lock:
+        for dev in sess.devices:
+            if dev.queued or dev.graphs:
+                dev.settle()
+            dev.clear_workspace()
+        return [dev.allocator.allocated for dev in sess.devices]
+
+
+def listen_findings(callback: Any) -> Any:
+    """Send every hazard finding (`core.hazards.Finding`: a non_blocking copy read before the
+    host waited for it, a tensor freed while another stream's work uses it) to `callback`
+    instead of a warning, until the returned function is called (the pytest plugin fails the
+    test that made one)."""
+    return _hazards.listen(callback)
 
 
 def synchronize(index: int | None = None) -> None:

@@ -124,6 +124,13 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _SKIP = (_DEVLAB_DIR + os.sep, _TORCH_DIR + os.sep)
 
 
+def skip_frames_of(*dirs: str) -> None:
+    """Name a finding's lines past these directories' files too (a test runner's own frames,
+    which call the test: the pytest plugin passes pytest's and pluggy's)."""
+    global _SKIP
+    _SKIP = tuple(dict.fromkeys((*_SKIP, *(os.path.abspath(d) + os.sep for d in dirs))))
+
+
 def _user_frame() -> Any:
     f = sys._getframe(2)
     while f is not None and (f.f_code.co_filename.startswith(_SKIP)
