@@ -155,12 +155,12 @@ class SimulatedGpus:
             except OptionError as e:
                 raise pytest.UsageError(f"{item.nodeid}: {e}") from None
             if need > self.settings.count:
-                pytest.skip(f"needs {need} simulated GPUs; {self.settings.count} simulated "
-                            f"(pytest --simulate-gpus {need} runs it)")
+                raise pytest.skip.Exception(  # reported at the test, as a skip mark is
+                    f"needs {need} simulated GPUs; {self.settings.count} simulated "
+                    f"(pytest --simulate-gpus {need} runs it)", _use_item_location=True)
             if wanted != self.current:
                 self._switch(wanted)
         self._fresh()
-        state["allocations"] = simulated.allocations()
 
     def _fresh(self) -> None:
         import torch
@@ -187,7 +187,12 @@ class SimulatedGpus:
 
         state = item.stash.get(_ITEM, {})
         state["before"] = _allocated(simulated)
-        result = yield
+        state["allocations"] = simulated.allocations()
+        try:
+            result = yield
+        finally:  # the test itself made a tensor on a simulated GPU (or was refused one)
+            state["touched"] = (simulated.is_active()
+                                and simulated.allocations() != state["allocations"])
         self._fail_on_findings("")
         return result
 
@@ -208,7 +213,6 @@ class SimulatedGpus:
         result = yield
         state = item.stash.get(_ITEM, {})
         if simulated.is_active():
-            state["touched"] = simulated.allocations() != state.get("allocations", 0)
             before = state.get("before")
             if before is not None and state.get("passed") and self.settings.leaks != "off":
                 after = _allocated(simulated)

@@ -435,15 +435,16 @@ def reset_peak(index: int) -> None:
 
 
 def allocations() -> int:
-    """How many allocations the simulated GPUs' allocators have made, all GPUs together (a
-    count that changed says work touched a GPU). Counts since start() or the last
-    `torch.cuda.reset_accumulated_memory_stats`."""
+    """How many allocations the simulated GPUs' allocators have made or refused (out of
+    memory), all GPUs together: a count that changed says work touched a GPU. Counts since
+    start() or the last `torch.cuda.reset_accumulated_memory_stats`."""
     sess = _session.session
     if sess is None:
         return 0
     with _session.lock:
-        return sum(c.allocation_total for d in sess.devices
-                   for c in (d.allocator.small_counts, d.allocator.large_counts))
+        return sum(sum(c.allocation_total for c in (a.small_counts, a.large_counts))
+                   + a.counters["num_ooms"]
+                   for a in (d.allocator for d in sess.devices))
 
 
 def fresh_start() -> list[int]:

@@ -771,8 +771,27 @@ _ACCEL_FUNCS: dict[str, Callable[..., Any] | type] = {
 }
 
 
+def _c_set_stream(stream_id: int = 0, device_index: int = 0, device_type: int = _CUDA) -> None:
+    """`torch._C._cuda_setStream`, which torch's own test harness calls
+    (common_utils.CudaNonDefaultStream) where Python code would call torch.cuda.set_stream."""
+    set_stream(Stream(stream_id=stream_id, device_index=device_index, device_type=device_type))
+
+
+def _c_set_device(device: int) -> None:
+    """`torch._C._cuda_setDevice` (a function of its own: torch.compile's tracing rules name
+    each torch function once)."""
+    set_device(device)
+
+
+# torch._C's entry points for the current stream and device, as torch's own Python code calls
+# them (a CPU build has none).
+_C_FUNCS = {"_cuda_setStream": entry(_c_set_stream), "_cuda_setDevice": entry(_c_set_device)}
+
+
 def install(p: Patcher) -> None:
     _memory.install(p)
+    for name, fn in _C_FUNCS.items():
+        p.set(torch._C, name, fn)
     _pool_counters.clear()  # a new simulation's GPUs hand out their pools from the start
     if _orig_event is not None and _orig_stream is not None:
         p.set(torch, "Event", AcceleratorEvent)
