@@ -143,8 +143,6 @@ class SimulatedGpus:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        from devlab import simulated
-
         state: dict[str, Any] = {}
         item.stash[_ITEM] = state
         marker = item.get_closest_marker("simulated_gpus")

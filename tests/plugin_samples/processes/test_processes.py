@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 requires_two = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_subprocess_sees_the_gpus():
     out = subprocess.run([sys.executable, "-c",
                           "import torch; print(torch.cuda.is_available(), torch.cuda.device_count())"],
