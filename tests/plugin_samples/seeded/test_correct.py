@@ -63,5 +63,5 @@ def halve_until_it_fits(batch: int) -> int:
     return batch
 
 
-def test_oom_back_off():
+def test_oom_back_off_catches_cudas_error():
     assert halve_until_it_fits(64) >= 1
