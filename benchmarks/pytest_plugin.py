@@ -88,8 +88,8 @@ def per_test_overhead(n: int, repeats: int) -> None:
             p = Path(d) / f"empty{count}"
             p.mkdir()
             (p / "test_empty.py").write_text(
-                "import pytest\n\n@pytest.mark.parametrize('i', range(%d))\n"
-                "def test_empty(i):\n    pass\n" % count)
+                f"import pytest\n\n@pytest.mark.parametrize('i', range({count}))\n"
+                "def test_empty(i):\n    pass\n")
         for label, args in (("unasked", ()), ("--simulate-gpus 1", ("--simulate-gpus", "1"))):
             small = statistics.median(_pytest(Path(d) / f"empty{n}", *args)[0]
                                       for _ in range(repeats))

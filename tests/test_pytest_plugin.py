@@ -99,7 +99,8 @@ def test_unasked_pytest_imports_neither_torch_nor_devlab(tmp_path):
 def test_unasked_gated_tests_skip(tmp_path):
     run = run_sample("gated", tmp_path)
     assert run.outcomes == {"test_matmul_on_gpu": "skipped", "test_module_to_gpu": "skipped",
-                            "test_two_gpus": "skipped", "test_on_cpu": "passed"}, run.output
+                            "test_two_gpus": "skipped", "test_on_cpu": "passed",
+                            "test_conftest_saw_cuda": "skipped"}, run.output
     assert "simulated GPU" not in run.output
 
 
@@ -108,13 +109,13 @@ def test_unasked_gated_tests_skip(tmp_path):
 
 def test_gated_tests_run_with_simulate_gpus(tmp_path):
     run = run_sample("gated", tmp_path, "--simulate-gpus", "2")
-    assert set(run.outcomes.values()) == {"passed"} and len(run.outcomes) == 4, run.output
+    assert set(run.outcomes.values()) == {"passed"} and len(run.outcomes) == 5, run.output
     header = run.output.split("collected")[0]
     assert "devlab: 2 simulated GPUs (no GPU model)" in header
     cannot = next(line for line in header.splitlines() if line.startswith("devlab cannot check"))
     for limit in ("Triton", "TF32", "reduction order", "timing", "driver"):
         assert limit in cannot
-    assert "3 of 4 tests ran on simulated GPUs" in run.output
+    assert "3 of 5 tests ran on simulated GPUs" in run.output
 
 
 def test_the_environment_asks_too(tmp_path):
@@ -214,8 +215,8 @@ def test_gpu_leaks_fail_makes_a_leak_an_error(tmp_path):
 
 def test_xdist_workers_simulate_too(tmp_path):
     run = run_sample("gated", tmp_path, "--simulate-gpus", "2", "-n", "2")
-    assert set(run.outcomes.values()) == {"passed"} and len(run.outcomes) == 4, run.output
-    assert "3 of 4 tests ran on simulated GPUs" in run.output
+    assert set(run.outcomes.values()) == {"passed"} and len(run.outcomes) == 5, run.output
+    assert "3 of 5 tests ran on simulated GPUs" in run.output
 
 
 # -- the frameworks people test with, and the processes tests start ----------------------------

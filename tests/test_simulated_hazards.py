@@ -205,3 +205,17 @@ def test_fresh_start_forgets_pending_work_and_resets_the_gpus():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         host.sum()  # forgotten: no finding
+
+
+def test_passing_a_pending_buffer_on_to_a_gpu_is_no_host_read():
+    x = torch.arange(4.0, device="cuda:0")
+
+    def run():
+        staging = torch.empty(4).pin_memory()
+        staging.copy_(x, non_blocking=True)
+        y = staging.to("cuda:1", non_blocking=True)  # queued behind the copy, as on CUDA
+        z = torch.empty(4, device="cuda:1")
+        z.copy_(staging, non_blocking=True)
+        torch.cuda.synchronize()
+        return y.sum().item() + z.sum().item()
+    assert findings(run) == []

@@ -125,7 +125,7 @@ class SimulationMode(TorchFunctionMode):
                         _marks.mark_outputs(out, owner.index)
                 return out
             if _hazards.armed and func not in _METADATA:
-                _check_host_reads(args, kwargs)
+                _check_host_reads(func, args, kwargs)
             h = HANDLERS.get(func)
             if h is not None:
                 return h(func, args, kwargs)
@@ -162,9 +162,17 @@ _METADATA = frozenset({
 })
 
 
-def _check_host_reads(args: tuple, kwargs: dict) -> None:
+# Copies to a GPU queue on a stream, behind the pending copy when it is the same stream: no host
+# read (a pinned staging buffer passed on to another GPU is correct code).
+_MOVES = frozenset({Tensor.to, Tensor.cuda})
+
+
+def _check_host_reads(func: Callable, args: tuple, kwargs: dict) -> None:
     """A call is about to read these tensors: `hazards` checks the host storages a
     non-blocking copy may still be writing (only while one is pending)."""
+    if func in _MOVES or (func is Tensor.copy_ and args and isinstance(args[0], Tensor)
+                          and _marks.index_of(args[0]) is not None):
+        return
     storages = []
     for t in _marks.tensors_of(args, kwargs):
         try:

@@ -31,3 +31,8 @@ def test_two_gpus():
 
 def test_on_cpu():
     assert torch.ones(2).sum() == 2
+
+
+@requires_cuda
+def test_conftest_saw_cuda(cuda_when_conftest_loaded):
+    assert cuda_when_conftest_loaded
