@@ -219,3 +219,15 @@ def test_passing_a_pending_buffer_on_to_a_gpu_is_no_host_read():
         torch.cuda.synchronize()
         return y.sum().item() + z.sum().item()
     assert findings(run) == []
+
+
+def test_the_placement_log_notes_a_finding_as_a_warning():
+    x = torch.arange(4.0, device="cuda")
+    with warnings.catch_warnings(record=True) as caught, \
+            devlab.placement_log.capture() as log:
+        warnings.simplefilter("always")
+        host = x.to("cpu", non_blocking=True)
+        host.sum()
+    assert [w.category for w in caught] == [GpuHazardWarning]
+    notes = [e.reason for e in log.events if e.kind == "note"]
+    assert len(notes) == 1 and notes[0].startswith("Warning: a non_blocking copy from cuda:0")

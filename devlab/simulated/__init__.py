@@ -57,6 +57,7 @@ __all__ = [
     "fresh_start",
     "leftover",
     "listen_findings",
+    "observe_findings",
     "gpu_spec",
     "hang_timeout",
     "model",
@@ -495,6 +496,12 @@ def listen_findings(callback: Any) -> Any:
     instead of a warning, until the returned function is called (the pytest plugin fails the
     test that made one)."""
     return _hazards.listen(callback)
+
+
+def observe_findings(callback: Any) -> Any:
+    """Also tell `callback` of every hazard finding, whoever else takes it (the placement log
+    notes each among its lines), until the returned function is called."""
+    return _hazards.observe(callback)
 
 
 def synchronize(index: int | None = None) -> None:

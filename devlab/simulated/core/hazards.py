@@ -58,6 +58,7 @@ tracking = False  # some thread left the default stream: GPU ops note their stre
 _uses: dict[int, dict[int, tuple[int, str]]] = {}
 
 _listeners: list[Callable[[Finding], None]] = []
+_observers: list[Callable[[Finding], None]] = []
 
 
 class GpuHazardWarning(UserWarning):
@@ -96,6 +97,19 @@ def listen(callback: Callable[[Finding], None]) -> Callable[[], None]:
         with _lock:
             if callback in _listeners:
                 _listeners.remove(callback)
+    return remove
+
+
+def observe(callback: Callable[[Finding], None]) -> Callable[[], None]:
+    """Also tell `callback` of every finding (the placement log notes them), whoever else takes
+    it, until the returned function is called."""
+    with _lock:
+        _observers.append(callback)
+
+    def remove() -> None:
+        with _lock:
+            if callback in _observers:
+                _observers.remove(callback)
     return remove
 
 
@@ -155,6 +169,9 @@ def user_line() -> str:
 def _report(finding: Finding) -> None:
     with _lock:
         listeners = list(_listeners)
+        observers = list(_observers)
+    for cb in observers:
+        cb(finding)
     if listeners:
         for cb in listeners:
             cb(finding)
