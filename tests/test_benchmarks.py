@@ -39,3 +39,9 @@ def test_cuda_graphs_benchmark_prints_its_figures() -> None:
     eager = float(re.search(r"T4, eager +([0-9.]+) µs per step", out)[1])
     replay = float(re.search(r"T4, one replay +([0-9.]+) µs per step", out)[1])
     assert replay < eager, out  # one launch for the graph, one per kernel eagerly
+
+
+def test_pytest_plugin_benchmark_prints_its_figures() -> None:
+    out = _run("benchmarks/pytest_plugin.py", "--tests", "5", "--repeats", "1", timeout=900)
+    assert re.search(r"per-test cost, --simulate-gpus 1 +-?\d+\.\d{3} ms per empty test", out), out
+    assert re.search(r"ratio simulated/plain: tests \d+\.\d\dx, whole run \d+\.\d\dx", out), out
