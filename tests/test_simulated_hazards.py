@@ -73,6 +73,19 @@ def test_waiting_for_the_copy_finds_nothing(wait):
     assert findings(run) == []
 
 
+def test_synchronize_waits_for_the_current_device_only():
+    x = torch.arange(4.0, device="cuda:1")
+
+    def run():
+        host = x.to("cpu", non_blocking=True)
+        torch.cuda.synchronize()  # the current device, cuda:0: not the copy's
+        host.sum()
+        host = x.to("cpu", non_blocking=True)
+        torch.cuda.synchronize(1)
+        host.sum()
+    assert [f.kind for f in findings(run)] == [READ_BEFORE_SYNC]
+
+
 def test_an_event_recorded_before_the_copy_does_not_wait_for_it():
     x = torch.arange(6.0, device="cuda")
 

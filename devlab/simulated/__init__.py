@@ -509,6 +509,7 @@ def synchronize(index: int | None = None) -> None:
     if index is not None:
         _device(index)
     _workers.host_sync(index)
+    _hazards.host_waited(index)
 
 
 def explain(fn: Any) -> Any:

@@ -23,7 +23,6 @@ import torch
 from devlab.host import cpu_cores
 
 from . import errors as _errors
-from . import hazards as _hazards
 from . import session as _session
 
 # Launched-but-unfinished ops over all workers, and whether wait() must look further: a worker
@@ -193,8 +192,6 @@ def host_sync(index: int | None = None) -> None:
     sess = _session.session
     if sess is not None:
         sess.charges.sync(index)
-    if _hazards.armed or _hazards.tracking:
-        _hazards.host_waited(index)
 
 
 def shutdown() -> None:

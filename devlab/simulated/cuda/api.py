@@ -156,6 +156,8 @@ def synchronize(device: Any = None) -> None:
     """
     index = _devices.cuda_index(device)
     _workers.host_sync(None if device is None else index)
+    # For the hazard checks, CUDA's rule: the current device's work only (`core.hazards`).
+    _hazards.host_waited(index)
 
 
 @entry
