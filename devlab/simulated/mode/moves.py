@@ -120,6 +120,8 @@ def to(func: Callable, args: tuple, kwargs: dict) -> Any:
                 _workers.wait(src)
             return _ops.call(None, func, args, kwargs)
     if target == src and not copy:
+        if src is None:  # a host or meta tensor staying where it is: torch's own conversion
+            return _ops.call(None, func, args, kwargs)
         kw: dict[str, Any] = {"dtype": dtype or self.dtype, "non_blocking": non_blocking}
         if memory_format is not None:
             kw["memory_format"] = memory_format
