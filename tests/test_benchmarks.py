@@ -47,3 +47,9 @@ def test_profiler_benchmark_prints_its_figures() -> None:
         assert re.search(rf"^{mode} +[0-9.]+ µs/step bare +[0-9.]+ µs/step profiled", out,
                          re.M), out
     assert re.search(r"with post-processing, simulated T4 / CPU: -?\d+\.\d\dx", out), out
+
+
+def test_pytest_plugin_benchmark_prints_its_figures() -> None:
+    out = _run("benchmarks/pytest_plugin.py", "--tests", "5", "--repeats", "1", timeout=900)
+    assert re.search(r"per-test cost, --simulate-gpus 1 +-?\d+\.\d{3} ms per empty test", out), out
+    assert re.search(r"ratio simulated/plain: tests \d+\.\d\dx, whole run \d+\.\d\dx", out), out

@@ -1200,3 +1200,13 @@ def test_torch_compile_stays_uncompiled_in_other_threads_and_after_a_stop_from_o
     assert g(torch.ones(2)).tolist() == [4.0, 4.0] and compiled == [1]
     simulated.start(1)  # removes the mode the other thread's stop() disarmed here
     simulated.stop()
+
+
+def test_a_meta_tensor_converts_where_it_is(two) -> None:
+    # accelerate's set_module_tensor_to_device: .to(dtype) of a meta tensor stays on meta
+    # (once routed to the CPU: "Cannot copy out of meta tensor").
+    m = torch.empty(3, device="meta")
+    assert m.to(torch.float16).device.type == "meta"
+    assert m.to(torch.float16).dtype == torch.float16
+    h = torch.ones(2).to(torch.float64)
+    assert h.dtype == torch.float64 and h.device.type == "cpu"

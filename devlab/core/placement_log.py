@@ -357,6 +357,16 @@ def _pop(log: PlacementLog) -> None:
         _unpatch_printing()
 
 
+def _note_finding(finding: Any) -> None:
+    """A simulated GPU's finding (a non_blocking copy read early, a tensor freed while another
+    stream uses it): a warning line among the log's, as it happened (the lab never errs)."""
+    for log in active_logs():
+        log.note(f"Warning: {finding}")
+
+
+simulated.observe_findings(_note_finding)  # for good: it looks for this thread's logs
+
+
 # Printing a tensor turns dispatch modes off (torch._tensor_str._str), so the log cannot see
 # the copy to the host there; the printing function itself is watched while a log runs.
 _original_str = torch._tensor_str._str

@@ -38,6 +38,7 @@ from devlab._helpers.sizes import check_memory_limit
 from devlab.engine.simulated.base import cuda_errors as _errors
 from devlab.engine.simulated.base import fork_rule as _fork
 from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import hazards as _hazards
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base import torch_requirements as _requirements
 from devlab.engine.simulated.base.session import current_index
@@ -54,7 +55,12 @@ __all__ = [
     "check_count",
     "current_index",
     "device_count",
+    "allocations",
     "explain",
+    "fresh_start",
+    "leftover",
+    "listen_findings",
+    "observe_findings",
     "gpu_spec",
     "hang_timeout",
     "model",
@@ -221,6 +227,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
 
             _instruments.install(patcher, count, spec.name if spec is not None else None)
             _session.forget_thread_state()
+            _hazards.reset()
             routing = _routing.push_routing()
         except BaseException:
             _session.session = None
@@ -305,6 +312,7 @@ def stop() -> None:
             _undo = None
         _session.session = None
         _session.forget_thread_state()
+        _hazards.reset()
         _launch.enabled = False
         if errors:
             raise errors[0]
@@ -469,11 +477,81 @@ def reset_peak(index: int) -> None:
         dev.allocator.reset_peak()
 
 
+def allocations() -> int:
+    """How many allocations the simulated GPUs' allocators have made or refused (out of
+    memory), all GPUs together: a count that changed says work touched a GPU. Counts since
+    start() or the last `torch.cuda.reset_accumulated_memory_stats`."""
+    sess = _session.session
+    if sess is None:
+        return 0
+    with _session.lock:
+        return sum(sum(c.allocation_total for c in (a.small_counts, a.large_counts))
+                   + a.counters["num_ooms"]
+                   for a in (d.allocator for d in sess.devices))
+
+
+def fresh_start() -> list[int]:
+    """Make the simulated GPUs as a new test expects them, without stopping the simulation
+    (tensors that are still referenced stay): wait for queued work (an error it raised is
+    dropped: it was the last test's), forget pending work the hazard checks knew of, give the
+    allocators' cached segments back (torch.cuda.empty_cache), reset peak statistics, and
+    make this thread's current device GPU 0 on its default streams. Returns the bytes still
+    allocated on each GPU (what earlier code holds)."""
+    sess = _session.session
+    if sess is None:
+        raise RuntimeError("GPU simulation is not running: call start() first")
+    _workers.drain()
+    try:
+        _workers.wait_all()
+    except Exception:  # noqa: S110 - the last test's error, reported there
+        pass
+    _hazards.reset()
+    left = leftover()
+    with _session.lock:
+        for dev in sess.devices:
+            dev.allocator.empty_cache()
+            dev.allocator.reset_peak()
+    _session.current_streams().clear()
+    _session.tls.device = 0
+    return left
+
+
+def leftover() -> list[int]:
+    """The bytes allocated on each simulated GPU once its queued work is done and cuBLAS's
+    workspaces are released (`torch._C._cuda_clearCublasWorkspaces`, as torch's own tests do
+    before they count memory): what the program's tensors still hold."""
+    sess = _session.session
+    if sess is None:
+        raise RuntimeError("GPU simulation is not running: call start() first")
+    _workers.drain()
+    with _session.lock:
+        for dev in sess.devices:
+            if dev.queued or dev.graphs:
+                dev.settle()
+            dev.clear_workspace()
+        return [dev.allocator.allocated for dev in sess.devices]
+
+
+def listen_findings(callback: Any) -> Any:
+    """Send every hazard finding (`base.hazards.Finding`: a non_blocking copy read before the
+    host waited for it, a tensor freed while another stream's work uses it) to `callback`
+    instead of a warning, until the returned function is called (the pytest plugin fails the
+    test that made one)."""
+    return _hazards.listen(callback)
+
+
+def observe_findings(callback: Any) -> Any:
+    """Also tell `callback` of every hazard finding, whoever else takes it (the placement log
+    notes each among its lines), until the returned function is called."""
+    return _hazards.observe(callback)
+
+
 def synchronize(index: int | None = None) -> None:
     """Wait for queued work on simulated GPU `index` (all GPUs if None)."""
     if index is not None:
         _device(index)
     _workers.host_sync(index)
+    _hazards.host_waited(index)
 
 
 def explain(fn: Any) -> Any:

@@ -20,6 +20,7 @@ from devlab.engine.gpu_model.caching_allocator import Block, OutOfMemory
 from devlab.engine.simulated.base import cuda_errors as _errors
 from devlab.engine.simulated.base import fork_rule as _fork
 from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import hazards as _hazards
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base.session import DeviceState, Session
 
@@ -47,6 +48,8 @@ def _release(m: Mark) -> None:
         try:
             with _session.lock:
                 if m.block is not None:
+                    if _hazards.tracking:
+                        _hazards.freed(m.index, m.block)
                     sess.devices[m.index].allocator.free(m.block)
                     m.block = None
         finally:

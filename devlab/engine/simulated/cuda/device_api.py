@@ -23,6 +23,7 @@ from devlab.engine.simulated.base import cuda_errors as _errors
 from devlab.engine.simulated.base import device_args as _devices
 from devlab.engine.simulated.base import fork_rule as _fork
 from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import hazards as _hazards
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base.cuda_errors import entry
 from devlab.engine.simulated.base.session import inside
@@ -207,6 +208,8 @@ def synchronize(device: Any = None) -> None:
     """
     index = _devices.cuda_index(device)
     _workers.host_sync(None if device is None else index)
+    # For the hazard checks, CUDA's rule: the current device's work only (`base.hazards`).
+    _hazards.host_waited(index)
 
 
 @entry

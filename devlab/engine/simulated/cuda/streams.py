@@ -15,11 +15,12 @@ from devlab.engine.simulated.base import cuda_errors as _errors
 from devlab.engine.simulated.base import device_args as _devices
 from devlab.engine.simulated.base import fork_rule as _fork
 from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import hazards as _hazards
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base.cuda_errors import entry
 from devlab.engine.simulated.base.patcher import Patcher
 from devlab.engine.simulated.base.session import inside
-from devlab.engine.simulated.cuda.device_api import initializes
+from devlab.engine.simulated.cuda.device_api import initializes, set_device
 
 # CUDA's stream ids, as c10/cuda/CUDAStream.cpp numbers them (Note [StreamId assignment]): the
 # default stream is 0; a stream from a pool is (index << 5) | (type << 1) | 1, where type is
@@ -107,6 +108,7 @@ class Stream(torch._C.Stream):
         sess = _session.session
         if sess is not None:
             sess.charges.sync_stream(self.device_index, self.stream_id)
+        _hazards.host_waited(self.device_index, self.stream_id)
 
     @inside
     def query(self) -> bool:
@@ -115,9 +117,11 @@ class Stream(torch._C.Stream):
         polling loop ends); otherwise whether the GPU's queue is idle."""
         sess = _session.session
         at = sess.charges.reached(self.device_index, self.stream_id) if sess is not None else None
-        if sess is not None and at is not None:
-            return sess.charges.poll(at)
-        return _workers.idle(self.device_index)
+        done = (sess.charges.poll(at) if sess is not None and at is not None
+                else _workers.idle(self.device_index))
+        if done:
+            _hazards.host_waited(self.device_index, self.stream_id)
+        return done
 
     @entry
     @initializes
@@ -128,6 +132,8 @@ class Stream(torch._C.Stream):
             raise _errors.user_error(TypeError(
                 f"wait_stream expects a CUDA stream, got {type(stream).__name__}"))
         sess = _session.session
+        if stream != self and stream.device_index == self.device_index:
+            _hazards.stream_waited(self.device_index, self.stream_id, stream.stream_id)
         if sess is not None and stream != self:
             sess.charges.wait_for(self.device_index, self.stream_id,
                                   sess.charges.reached(stream.device_index, stream.stream_id))
@@ -140,6 +146,9 @@ class Stream(torch._C.Stream):
         if not isinstance(event, Event):
             raise _errors.user_error(TypeError(
                 f"wait_event expects a torch.cuda.Event, got {type(event).__name__}"))
+        at = event.position
+        if at is not None and at[0] == self.device_index:
+            _hazards.stream_waited(self.device_index, self.stream_id, at[1], at[2])
         sess = _session.session
         if sess is not None and event.time is not None and event.modeled:
             sess.charges.wait_for(self.device_index, self.stream_id, event.time)
@@ -221,6 +230,7 @@ class Event:
         self.time: float | None = None
         self.modeled = False  # `time` is the modeled clock's, not this machine's
         self.device_index: int | None = None
+        self.position: tuple[int, int, int] | None = None  # (GPU, stream, its work): hazards
 
     @entry
     @initializes
@@ -235,6 +245,7 @@ class Event:
             raise _errors.user_error(TypeError(
                 f"Event.record expects a CUDA stream, got {type(stream).__name__}"))
         self.device_index = i
+        self.position = (i, sid, _hazards.mark(i, sid))
         self.time = None
         sess = _session.session
         self.time = sess.charges.reached(i, sid) if sess is not None else None
@@ -254,9 +265,11 @@ class Event:
         if self.device_index is None:
             return True
         sess = _session.session
-        if self.modeled and sess is not None:
-            return sess.charges.poll(self.time)
-        return self.time is not None
+        done = (sess.charges.poll(self.time) if self.modeled and sess is not None
+                else self.time is not None)
+        if done and self.position is not None:
+            _hazards.host_waited(*self.position)
+        return done
 
     @entry
     @inside
@@ -268,6 +281,8 @@ class Event:
         sess = _session.session
         if sess is not None and self.modeled:
             sess.charges.host_wait(self.time)
+        if self.position is not None:
+            _hazards.host_waited(*self.position)
 
     @entry
     def wait(self, stream: Any = None) -> None:
@@ -409,6 +424,8 @@ def set_stream(stream: Any) -> None:
     _fork.initialize()
     _session.current_streams()[index] = stream.stream_id
     _session.tls.device = index
+    if stream.stream_id:
+        _hazards.left_default_stream()
 
 
 CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
@@ -423,9 +440,28 @@ CUDA_FUNCS: dict[str, Callable[..., Any] | type] = {
 }
 
 
+def _c_set_stream(stream_id: int = 0, device_index: int = 0, device_type: int = _CUDA) -> None:
+    """`torch._C._cuda_setStream`, which torch's own test harness calls
+    (common_utils.CudaNonDefaultStream) where Python code would call torch.cuda.set_stream."""
+    set_stream(Stream(stream_id=stream_id, device_index=device_index, device_type=device_type))
+
+
+def _c_set_device(device: int) -> None:
+    """`torch._C._cuda_setDevice` (a function of its own: torch.compile's tracing rules name
+    each torch function once)."""
+    set_device(device)
+
+
+# torch._C's entry points for the current stream and device, as torch's own Python code calls
+# them (a CPU build has none).
+_C_FUNCS = {"_cuda_setStream": entry(_c_set_stream), "_cuda_setDevice": entry(_c_set_device)}
+
+
 def install(p: Patcher) -> None:
     """torch.Event/torch.Stream while simulating; a new simulation's GPUs hand out their
     pools from the start."""
+    for name, fn in _C_FUNCS.items():
+        p.set(torch._C, name, fn)
     _pool_counters.clear()
     if _orig_event is not None and _orig_stream is not None:
         p.set(torch, "Event", AcceleratorEvent)

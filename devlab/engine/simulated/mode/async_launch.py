@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import hazards as _hazards
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base import storage_marks as _marks
 from devlab.engine.simulated.base.storage_marks import index_of, live_mark
@@ -106,6 +107,8 @@ def launch(func: Callable, args: tuple, kwargs: dict) -> Any:
     out = torch.empty(shape.shape, dtype=shape.dtype)
     _marks.mark_outputs(out, index)
     _ops.take_workspace(func, index)  # as a product run here takes it
+    if _hazards.tracking:
+        _ops.note_streams(func, index, args, kwargs)
     _session.session.charges.call(func, args, kwargs, out, index, True)  # type: ignore[union-attr]
     # The worker holds tensors of its own on the user's storages, never the user's tensors.
     # See Note [Why queued work's storages are uncounted] in base/session.py.

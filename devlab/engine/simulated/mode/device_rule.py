@@ -15,6 +15,7 @@ import torch
 from devlab.engine.gpu_model import ops_catalog
 from devlab.engine.simulated.base import cuda_errors as _errors
 from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import hazards as _hazards
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base.session import tls
 from devlab.engine.simulated.base.storage_marks import (
@@ -234,7 +235,34 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     else:
         out = call(index, func, args, kwargs)
     fresh = mark_outputs(out, index, host)
+    if _hazards.tracking or _hazards.armed:
+        note_streams(func, index, args, kwargs)
     take_workspace(func, index)
     # A GPU op: a session runs. A modeled GPU's clock is charged for it.
     _session.session.charges.call(func, args, kwargs, out, index, fresh)  # type: ignore[union-attr]
     return out
+
+
+# GPU calls that copy a value to the host and wait for it on the current stream, as `.item()`
+# does (a blocking cudaMemcpy, then that stream's synchronize).
+_HOST_READS = frozenset({Tensor.item, Tensor.__bool__, Tensor.__float__, Tensor.__int__,
+                         Tensor.__index__, Tensor.__complex__})
+
+
+def note_streams(func: Callable, index: int, args: tuple, kwargs: dict) -> None:
+    """Tell `hazards` which stream this GPU op was queued on and which tensors' blocks it used
+    (a block used on a stream other than its own must outlive that stream's work), and that a
+    host read waited for the stream (only asked once a program copies non-blocking to the
+    host or leaves the default stream)."""
+    stream = _session.current_stream(index)
+    if func in _HOST_READS:
+        _hazards.host_waited(index, stream)
+        return
+    if not _hazards.tracking:
+        return
+    blocks = []
+    for t in tensors_of(args, kwargs):
+        m = mark_of(t)
+        if m is not None and getattr(m, "block", None) is not None:
+            blocks.append(m.block)
+    _hazards.used_on(index, stream, blocks)

@@ -22,6 +22,7 @@ from torch.overrides import TorchFunctionMode, _pop_mode, _push_mode
 
 from devlab.engine.simulated.base import cuda_errors as _errors
 from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import hazards as _hazards
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base import storage_marks as _marks
 from devlab.engine.simulated.base.storage_marks import mark_of
@@ -129,6 +130,8 @@ class SimulationMode(TorchFunctionMode):
             charges = self.session.charges
             charges.enter()
             try:
+                if _hazards.armed and func not in _METADATA:
+                    _check_host_reads(func, args, kwargs)
                 h = HANDLERS.get(func)
                 if h is not None:
                     return h(func, args, kwargs)
@@ -156,6 +159,38 @@ class SimulationMode(TorchFunctionMode):
             _errors.let_go(e)
             args = kwargs = None  # noqa: F841
             raise
+
+
+# Calls that read a tensor's metadata, not its values: no read of a copy still pending.
+_METADATA = frozenset({
+    Tensor.size, Tensor.dim, Tensor.numel, Tensor.stride, Tensor.is_pinned, Tensor.data_ptr,
+    Tensor.untyped_storage, Tensor.element_size, Tensor.storage_offset, Tensor.is_contiguous,
+    Tensor.__len__, Tensor.record_stream, Tensor.get_device, Tensor.nelement,
+    Tensor.__hash__, Tensor.is_floating_point, Tensor.is_complex,
+})
+
+
+# Copies to a GPU queue on a stream, behind the pending copy when it is the same stream: no host
+# read (a pinned staging buffer passed on to another GPU is correct code).
+_MOVES = frozenset({Tensor.to, Tensor.cuda})
+
+
+def _check_host_reads(func: Callable, args: tuple, kwargs: dict) -> None:
+    """A call is about to read these tensors: `hazards` checks the host storages a
+    non-blocking copy may still be writing (only while one is pending)."""
+    if func in _MOVES or (func is Tensor.copy_ and args and isinstance(args[0], Tensor)
+                          and _marks.index_of(args[0]) is not None):
+        return
+    storages = []
+    for t in _marks.tensors_of(args, kwargs):
+        try:
+            s = t.untyped_storage()
+        except Exception:  # noqa: S112 - a tensor without storage reads no pending copy
+            continue
+        if getattr(s, _hazards.PENDING, None) is not None:
+            storages.append(s)
+    if storages:
+        _hazards.check_read(storages)
 
 
 def push_routing() -> SimulationMode:

@@ -18,6 +18,7 @@ import torch.utils._device as _torch_device
 from devlab.engine.simulated.base import cuda_errors as _errors
 from devlab.engine.simulated.base import device_args as _devices
 from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import hazards as _hazards
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base import storage_marks as _marks
 from devlab.engine.simulated.base.storage_marks import index_of, is_pinned, pin
@@ -45,6 +46,9 @@ def copy_to(t: Tensor, target: int | None, dtype: Any = None, non_blocking: bool
         _marks.mark_outputs(out, target)
     elif non_blocking and src is not None:
         pin(out.untyped_storage())  # as CUDA's _to_copy: a non-blocking copy to the host
+        _hazards.queued_to_host(out.untyped_storage(), src, _session.current_stream(src))
+    elif src is not None and (_hazards.armed or _hazards.tracking):
+        _hazards.host_waited(src, _session.current_stream(src))  # a blocking copy waits
     sess = _session.session
     if sess is not None:
         # From pageable host memory the host waits even for a non-blocking copy (CUDA stages
@@ -119,6 +123,8 @@ def to(func: Callable, args: tuple, kwargs: dict) -> Any:
                 _workers.wait(src)
             return _ops.call(None, func, args, kwargs)
     if target == src and not copy:
+        if src is None:  # a host or meta tensor staying where it is: torch's own conversion
+            return _ops.call(None, func, args, kwargs)
         kw: dict[str, Any] = {"dtype": dtype or self.dtype, "non_blocking": non_blocking}
         if memory_format is not None:
             kw["memory_format"] = memory_format
@@ -177,6 +183,12 @@ def copy_(func: Callable, args: tuple, kwargs: dict) -> Any:
         pinned = isinstance(host, Tensor) and is_pinned(host)
         sess.charges.copy(i_src, i_dst, src.nbytes if isinstance(src, Tensor) else 0,
                           not non_blocking, "aten::copy_", pinned)
+        if i_dst is None and i_src is not None:
+            stream = _session.current_stream(i_src)
+            if non_blocking and is_pinned(dst):  # into pageable memory the host waits
+                _hazards.queued_to_host(dst.untyped_storage(), i_src, stream)
+            elif _hazards.armed or _hazards.tracking:
+                _hazards.host_waited(i_src, stream)
     return out
 
 
