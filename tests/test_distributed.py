@@ -28,19 +28,31 @@ pytestmark = pytest.mark.usefixtures("no_simulation")
 
 def _ranks_left() -> list[psutil.Process]:
     """Child processes still alive, but multiprocessing's resource tracker (a helper spawn
-    starts once per process, not a rank)."""
+    starts once per process, not a rank) and the watcher of this process's entry in the
+    simulated machine's register (it lives as long as the simulation, which a fixture ends)."""
     return [p for p in psutil.Process().children(recursive=True)
-            if "resource_tracker" not in " ".join(p.cmdline())]
+            if "resource_tracker" not in " ".join(p.cmdline())
+            and "devlab-gpus-" not in " ".join(p.cmdline())]
+
+
+def _environment() -> dict[str, str]:
+    """The environment, but what a running simulation keeps there until it stops: its
+    machine's group (inherited by children) and the nvidia-smi launcher first on PATH."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTEST_CURRENT_TEST", "DEVLAB_SIMULATED_MACHINE")}
+    env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep)
+                                  if "devlab-nvidia-smi-" not in d)
+    return env
 
 
 @pytest.fixture
 def state_kept():
     """The test leaves signal handlers, environment and torch.distributed as it found them."""
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env = _environment()
     yield
     assert {s: signal.getsignal(s) for s in handlers} == handlers
-    assert {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"} == env
+    assert _environment() == env
     assert not dist.is_initialized()
     assert _ranks_left() == []
 
