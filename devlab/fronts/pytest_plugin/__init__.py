@@ -41,11 +41,11 @@ PLUGIN_NAME = "devlab-simulated-gpus"
 def _simulate(settings: Settings) -> None:
     """Environment first (the processes tests start), then this process's GPUs."""
     os.environ.update(settings.environment())
-    import devlab
+    from devlab.core import config
 
     try:
-        devlab.config.simulate_gpus(settings.count, memory_limit=settings.memory_mb,
-                                    model=settings.model, topology=settings.topology)
+        config.simulate_gpus(settings.count, memory_limit=settings.memory_mb,
+                             model=settings.model, topology=settings.topology)
     except (RuntimeError, ValueError) as e:
         raise pytest.UsageError(f"devlab could not simulate GPUs: {e}") from None
 
@@ -98,7 +98,7 @@ class SimulatedGpus:
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         import torch
 
-        from devlab import simulated
+        from devlab.engine import simulated
 
         self.config = config
         self.settings = settings
@@ -163,7 +163,7 @@ class SimulatedGpus:
     def _fresh(self) -> None:
         import torch
 
-        from devlab import simulated
+        from devlab.engine import simulated
 
         self.findings.clear()
         if torch.get_default_device() != self._default_device:
@@ -173,15 +173,15 @@ class SimulatedGpus:
     def _switch(self, settings: Settings) -> None:
         """Run on other GPUs (a marker's model or memory): a new simulation, as a new
         process would start it, with the environment to match."""
-        import devlab
+        from devlab.core import config
 
-        devlab.config.stop_simulation()
+        config.stop_simulation()
         _simulate(settings)
         self.current = settings
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Any:
-        from devlab import simulated
+        from devlab.engine import simulated
 
         state = item.stash.get(_ITEM, {})
         state["before"] = _allocated(simulated)
@@ -206,7 +206,7 @@ class SimulatedGpus:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: Any) -> Any:
-        from devlab import simulated
+        from devlab.engine import simulated
 
         result = yield
         state = item.stash.get(_ITEM, {})

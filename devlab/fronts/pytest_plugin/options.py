@@ -72,7 +72,7 @@ def parse_count(text: object, what: str = "--simulate-gpus") -> int:
             raise OptionError(f"{what} is the number of GPUs to simulate, a whole number of at "
                               f"least 1 (such as --simulate-gpus 2); got {text!r}.")
         value = int(raw)
-    from devlab import simulated
+    from devlab.engine import simulated
 
     try:
         return simulated.check_count(value, what)
@@ -81,7 +81,7 @@ def parse_count(text: object, what: str = "--simulate-gpus") -> int:
 
 
 def parse_model(name: str) -> str:
-    from devlab import simulated
+    from devlab.engine import simulated
 
     try:
         return simulated.gpu_spec(name).name
@@ -93,7 +93,7 @@ def parse_topology(name: str, model: str | None) -> str:
     if model is None:
         raise OptionError("--gpu-topology times a modeled GPU's collectives: give --gpu-model "
                           "too, e.g. --gpu-model T4 --gpu-topology pcie3-p2p")
-    from devlab import simulated
+    from devlab.engine import simulated
     from devlab.engine.gpu_model.links import topology
 
     try:

@@ -25,7 +25,7 @@ def describe(settings: Settings) -> str:
     if settings.memory_mb is not None:
         text += f", {format_bytes(settings.memory_mb * 1024 * 1024)} each"
     elif settings.model:
-        from devlab import simulated
+        from devlab.engine import simulated
         from devlab.engine.gpu_model import capacity
 
         text += (f", {format_bytes(capacity.total_memory(simulated.gpu_spec(settings.model)))}"
