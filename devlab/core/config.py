@@ -430,7 +430,7 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     if real:
         # Refused rather than simulated beside the real ones: a simulated cuda:0 next to the
         # real cuda:0 would be two devices with one name, with real and simulated speeds and
-        # memory mixed in one lesson (docs/architecture.md, "Real GPUs beside simulated ones").
+        # memory mixed in one lesson (See Note [Real GPUs beside simulated ones], below).
         raise RuntimeError(
             f"This machine has {real} real GPU{'s' if real != 1 else ''}, so devlab does not "
             "simulate GPUs: simulated ones would take the real ones' CUDA names. To simulate, "
@@ -620,3 +620,18 @@ def simulate_from_environment() -> bool:
         )
         return False
     return True
+
+
+# Note [Real GPUs beside simulated ones]
+# `simulate_gpus` refuses on a machine where torch sees a real CUDA GPU (`simulated.start`
+# refuses on its own too, and `DEVLAB_SIMULATE_GPUS` is then ignored with a warning). Simulating
+# beside one was rejected: simulated GPUs take CUDA's names (`cuda:0`,
+# `torch.cuda.device_count()`), so a simulated `cuda:0` beside the real `cuda:0` would be two
+# devices with one name, torch's own C++ paths would still reach the real one, and a lesson would
+# mix real and simulated speeds and memory in one chart. A lesson that needs two GPUs on a
+# one-GPU machine (Colab's GPU runtime) splits the real one into logical GPUs instead
+# (`lesson.setup`, `set_logical_device_configuration`: TensorFlow's way of running multi-GPU code
+# on one GPU); both are `cuda:0` to torch, so the lessons use `lab.gpus` and TensorFlow names,
+# never a literal `cuda:1`. The real path stays thin: counts from `torch.cuda.device_count()`,
+# memory from NVML (asking torch would initialize CUDA, after which nothing can be split);
+# tests/test_real_gpu.py fakes torch.cuda's device queries and NVML at that boundary.

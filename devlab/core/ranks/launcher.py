@@ -415,3 +415,18 @@ def _store_on(sock: socket.socket) -> Any:
                      master_listen_fd=sock.fileno(), use_libuv=False)
     sock.detach()
     return store
+
+
+# Note [Why devlab starts its ranks itself]
+# devlab's first launcher ran torch's elastic agent (`elastic_launch`, torchrun's) in the
+# notebook's process. Its c10d rendezvous made two TCPStores listening on every interface (for
+# `localhost:0` too) and a `RendezvousKeepAliveTimer` thread that unpickles what the store holds,
+# and an interrupt left both behind (issue 16: code execution from the network); its clean-up
+# cannot be made interrupt-safe from outside, nor its reference cycles (26 descriptors per failed
+# cell) broken. Those cycles also made issue 16's segfault: they held torchelastic's TCPStore
+# servers, a rank forked later inherited them, its cycle collector destroyed them, and
+# `~LibUVStoreDaemon` joined a thread that existed only in the parent (`pthread_join`: SIGSEGV,
+# "Garbage-collecting"; reproduced 2 of 2 times with the old launcher, gone with this one). So a
+# launch here keeps no such object (the store is dropped once the ranks are reaped, nothing of a
+# launch sits in a cycle), and `gc.freeze()` around the forks keeps the notebook's own garbage out
+# of the ranks' collector.

@@ -410,3 +410,12 @@ def _refuse_storageless(t: Tensor) -> None:
         raise _errors.not_simulated(
             f"a {t.layout} tensor", "they hold dense (strided) tensors only: keep this tensor "
             "on the CPU (or stop the simulation)")
+
+
+# Note [Tensors under torch.func's transforms]
+# vmap's BatchedTensor and grad's TensorWrapper have no storage of their own, so no mark can sit
+# on them: their storage is the innermost wrapped tensor's (`transformed_storage`), and what a
+# transform returns (vmap, grad, jacrev, jacfwd, hessian, `functional_call` ensembles) is what its
+# ops wrote there, on that tensor's GPU. `torch.func.functionalize` is not covered: its wrapper
+# has a storage of its own, which nothing marks, so what it returns says `cpu` (with the right
+# values) where CUDA would say the GPU.

@@ -287,3 +287,17 @@ HANDLERS: dict[Callable, Callable] = {
     torch.autograd.grad: grad,
     Tensor.register_hook: register_hook,
 }
+
+
+# Note [Gradients a hook on a C++ node receives]
+# The C++ engine makes a backward pass's gradients unmarked; whether Python code sees them on
+# their GPU depends on how the pass runs (`_watch`; See Note [Why ops run watched]). A pass all
+# on one GPU (`OneGpu`) or across GPUs with no leaf on the host and no process group running
+# (`Marking`), outside torch.func's transforms, marks each op's outputs as it returns, so every
+# hook inside it receives gradients on their GPU. The other passes run unwatched, for the reasons `_watch` gives, and mark only
+# their leaves' gradients when they end; the Python code found in the graph is still served: an
+# autograd Function's backward or a leaf's post-accumulate-grad hook makes the pass watched
+# (`_python_inside`), a tensor's hook gets its gradient marked (`register_hook`). A hook
+# registered by hand on a C++ node (`t.grad_fn.register_prehook`, `register_hook`) is neither:
+# in an unwatched pass (say, from a leaf on the host) its gradients say `cpu`, with the right
+# values, unless the placement log, whose dispatch mode marks every op, is on.

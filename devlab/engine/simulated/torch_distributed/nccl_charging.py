@@ -256,3 +256,34 @@ class NCCLCharges:
         placed = charges.collective("send_recv", _total(tensors), 2, index, exchange, None,
                                     join=False, now=True)
         _charged.placing = (placed, charges, index, False, False)
+
+
+# Note [Collectives on modeled GPUs]
+# Each modeled GPU has, beside its queue (the compute stream), a communication stream, NCCL's
+# own. A collective is timed by `gpu_model.collective_time` (`coalesced_time` for a coalesced
+# group, charged once as one NCCL group) on the machine the GPUs are in (the GPU's
+# `default_topology`, or the one `simulate_gpus(..., topology=)` names). Each rank is a process
+# with its own clock, and NCCL's kernels wait for each other: a collective starts when every
+# rank has launched it and its stream is free. The ranks agree on that time with one small
+# all-reduce (MAX) of their clocks (`_latest`), issued before the collective's own transfer and
+# waited for once that is issued, so the two round trips overlap; a send carries the sender's
+# clock ahead of its message on the same peer and tag (`_charge_p2p`), so a receive starts no
+# earlier than its send. A blocking call makes the GPU's queue wait for its end; an asynchronous
+# one returns a `TimedWork`, whose `wait()` does (as NCCL's work makes the current stream wait),
+# and the queue runs on beside it meanwhile.
+#
+# A collective launched during a backward pass (DDP's buckets, launched by its Reducer as their
+# gradients are written) cannot be placed then, since the pass's kernels are charged only after
+# the engine returns (`Charges.backward`). The clock keeps it, and once the pass's nodes are
+# charged each starts when the gradients it carries were written (the next leaves, in order,
+# holding as many elements as it: `Charges._place`), the ranks agreeing on all the pass's start
+# times in one all-reduce; at the pass's end the queue waits for them, as DDP's Reducer makes the
+# stream wait in `finalize_backward`. A DDP step's modeled time is then compute plus the
+# communication the backward pass does not hide, which `gpu_model.data_parallel_step` predicts
+# (tests/test_modeled_collectives.py compares the two; benchmarks/ddp_modeled.py prints both).
+#
+# Left out: a collective inside a backward pass that the program never waits for is waited for
+# at the pass's end all the same; using an asynchronous collective's output without `wait()`
+# does not wait for it (a race on a real GPU too); what C++ sends straight to the gloo backend
+# (functional collectives' all-gather and reduce-scatter) and `recv` from any source are not
+# charged; compute and communication are taken not to slow each other.
