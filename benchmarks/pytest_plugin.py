@@ -13,6 +13,7 @@ Run: .venv/bin/python benchmarks/pytest_plugin.py [--tests 40] [--repeats 3]
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import statistics
 import subprocess
@@ -72,7 +73,12 @@ def _pytest(project: Path, *args: str) -> tuple[float, float]:
     """(sum of the tests' durations, the whole run's wall time), seconds."""
     xml = project / "out.xml"
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "_devlab_pytest",
+    # pytest loads the plugin itself where devlab's wheel registered its entry point; naming
+    # it again with -p would register it twice.
+    installed = any(ep.value == "_devlab_pytest"
+                    for ep in importlib.metadata.entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "_devlab_pytest"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", *plugin,
                            "-p", "no:cacheprovider", "-q", f"--junitxml={xml}", *args],
                           cwd=project, env=_env(), capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0

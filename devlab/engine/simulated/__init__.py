@@ -485,9 +485,8 @@ def allocations() -> int:
     if sess is None:
         return 0
     with _session.lock:
-        return sum(sum(c.allocation_total for c in (a.small_counts, a.large_counts))
-                   + a.counters["num_ooms"]
-                   for a in (d.allocator for d in sess.devices))
+        return sum(s.small.allocation_total + s.large.allocation_total + s.counters["num_ooms"]
+                   for s in (d.allocator.stats for d in sess.devices))
 
 
 def fresh_start() -> list[int]:
