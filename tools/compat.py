@@ -51,7 +51,7 @@ NOTEBOOK_TESTS = ["tests/test_lessons.py::test_lesson[05-d2l-gpus-chapter-plain]
 # together: the job stopped at collection once a tool the tests import, polib, was added to the
 # extra and not here).
 TEST_TOOLS = ["pytest>=7", "hypothesis>=6", "nbclient>=0.9", "nbformat>=5.9", "nbconvert>=7",
-              "ipykernel>=6", "setuptools>=70.1", "polib>=1.2", "babel>=2.10"]
+              "ipykernel>=6", "setuptools>=70.1", "polib>=1.2", "expecttest>=0.2", "babel>=2.10"]
 LEFT_OUT = {
     "pytest-xdist": "the job runs pytest in one process",
     "jupyterlab": "the browser test", "playwright": "the browser test",
