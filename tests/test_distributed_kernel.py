@@ -233,7 +233,7 @@ def _look_from_outside(kernel_pid: int) -> dict[str, object]:
     """What a neighbour finds while the ranks run: every port the kernel and its ranks
     listen on, and whether connecting to it through the machine's outside address works."""
     kernel = psutil.Process(kernel_pid)
-    ranks = kernel.children(recursive=True)
+    ranks = [p for p in kernel.children(recursive=True) if not hygiene._register_watcher(p)]
     ports = {"kernel": hygiene.listeners(kernel_pid),
              "ranks": [hygiene.listeners(p.pid) for p in ranks]}
     outside = hygiene.beyond_loopback()

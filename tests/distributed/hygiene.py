@@ -70,5 +70,16 @@ def state(pid: int | None = None) -> dict[str, object]:
         "threads": sorted(t.name for t in threading.enumerate()) if pid is None else None,
         "descriptors": descriptors(pid),
         "listeners": listeners(pid),
-        "children": sorted(p.pid for p in proc.children(recursive=True)),
+        # The watcher of this process's entry in the simulated machine's register lives as long
+        # as the simulation (devlab.engine.simulated.base.machine), not as a launch.
+        "children": sorted(p.pid for p in proc.children(recursive=True)
+                           if not _register_watcher(p)),
     }
+
+
+def _register_watcher(p: psutil.Process) -> bool:
+    """Whether `p` is the simulated machine's register watcher of its parent."""
+    try:
+        return "devlab-gpus-" in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
