@@ -237,7 +237,9 @@ class _Observer:
         # Which launch of a program launched twice in one folder (the runner's relaunch).
         record["launch"] = os.environ.get("CONFORMANCE_LAUNCH")
         devlab = sys.modules.get("devlab")
-        if devlab is None and not record["steps"]:
+        # A process without torch is no rank's: a tool a rank ran, such as the nvidia-smi that
+        # accelerate asks about the GPUs (it inherits RANK, and stubs devlab's packages).
+        if (devlab is None or "torch" not in sys.modules) and not record["steps"]:
             return
         if devlab is not None:
             try:

@@ -340,14 +340,16 @@ def _packages() -> dict[str, list[str]]:
 
 def launcher_script(python: str, machine_file: str) -> str:
     """The `sh` script that runs this module without importing devlab's package (or torch):
-    its parent packages are stubbed as namespaces over their folders."""
+    its parent packages are stubbed as namespaces over their folders. `-S`: it needs only the
+    standard library, so site-packages' start-up hooks (devlab's own, a sitecustomize) do not
+    run in it, and libraries that call nvidia-smi in a loop (accelerate) do not pay for them."""
     boot = ("import sys,types\n"
             f"for n,p in {sorted(_packages().items())!r}:\n"
             "    m=types.ModuleType(n); m.__path__=p; sys.modules[n]=m\n"
             f"from {__spec__.name} import main\n"
             "sys.exit(main(sys.argv[1:]))\n")
     return ("#!/bin/sh\n# devlab: nvidia-smi for the simulated GPUs (removed when they stop)\n"
-            f"exec {shlex.quote(python)} -c {shlex.quote(boot)} {shlex.quote(machine_file)} "
+            f"exec {shlex.quote(python)} -S -c {shlex.quote(boot)} {shlex.quote(machine_file)} "
             '"$@"\n')
 
 
