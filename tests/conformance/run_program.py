@@ -395,15 +395,17 @@ def _run_in_kernel(program: corpus.Program, entry: Path, workdir: Path) -> list[
 
 
 def _wait_for_ranks(timeout: float = 120.0) -> None:
-    """Wait for the processes this one started to end (but multiprocessing's resource tracker,
-    which lives as long as its parent): a framework that runs rank 0 in the script's process
-    (Lightning) lets the script end without waiting for the other ranks, which write their
-    records as they exit."""
+    """Wait for the processes this one started to end (but multiprocessing's resource tracker
+    and the simulated machine's register watcher, which live as long as their parent: waiting
+    for them cost every simulated run the whole timeout): a framework that runs rank 0 in the
+    script's process (Lightning) lets the script end without waiting for the other ranks, which
+    write their records as they exit."""
     import psutil
 
     def ours(p: psutil.Process) -> bool:
         with contextlib.suppress(psutil.Error):
-            return "resource_tracker" not in " ".join(p.cmdline())
+            line = " ".join(p.cmdline())
+            return "resource_tracker" not in line and "devlab-gpus-" not in line
         return False
 
     children = [p for p in psutil.Process().children(recursive=True) if ours(p)]
