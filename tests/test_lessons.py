@@ -592,6 +592,26 @@ def claims_06(nb: nbformat.NotebookNode, env: Env) -> None:
     assert re.search(r"^same as one process on batches of 32: True \(largest difference "
                      r"\d\.\de-\d\d\)$", same, re.M), same
     claims_ddp_scaling(nb)
+    claims_pytest_plugin(nb)
+
+
+def claims_pytest_plugin(nb: nbformat.NotebookNode) -> None:
+    """Lesson 06's pytest cell: CPU-only CI skips the gated test; the plugin runs it on two
+    simulated GPUs and fails it on the plain attribute left on the CPU, saying what simulated
+    GPUs cannot check (in every environment: pytest runs in fresh processes)."""
+    out = stream(cell_with(nb, "def run_pytest("))
+    plain, _, plugin = out.partition("\nwith the plugin, pytest --simulate-gpus 2:\n")
+    assert re.fullmatch(r"CPU-only CI \(no GPU visible\):\n"
+                        r"SKIPPED \[1\] test_scaled\.py:\d+: needs a GPU\n"
+                        r"=+ 1 skipped in [0-9.]+s =+\n", plain), out
+    lines = plugin.splitlines()
+    assert lines[0].startswith("devlab: 2 simulated GPUs (no GPU model)"), out
+    (cannot,) = [ln for ln in lines if ln.startswith("devlab cannot check:")]
+    assert all(word in cannot for word in ("Triton", "TF32", "timing")), out
+    assert ("E       RuntimeError: Expected all tensors to be on the same device, but found at "
+            "least two devices, cuda:0 and cpu!") in lines, out
+    assert "1 of 1 tests ran on simulated GPUs (made a tensor on one)" in lines, out
+    assert re.fullmatch(r"=+ 1 failed in [0-9.]+s =+", lines[-1]), out
 
 
 CLAIMS: dict[str, Callable[[nbformat.NotebookNode, Env], None]] = {
