@@ -45,7 +45,7 @@ def memory_trace(entries: int, seed: int = 3) -> dict:
 
 def step_timeline():
     """Two GPUs, 400 kernels each and 8 all-reduces overlapping the second half."""
-    from devlab.engine.simulated.clock import modeled_clock as clk
+    from devlab.engine.gpu_model import modeled_clock as clk
     from devlab.engine.simulated.clock.step_timeline import Timeline
 
     spans = []

@@ -56,5 +56,5 @@ def test_old_style_imports_work_in_a_fresh_process():
             "print(c is devlab.config, run_fresh.__module__, Clock.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "devlab.core.memory_watch.fresh_process",
-                                  "devlab.engine.simulated.clock.modeled_clock"]
+                                  "devlab.engine.gpu_model.modeled_clock"]
     assert devlab.config is importlib.import_module("devlab.core.config")

@@ -216,7 +216,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
                 module.install(patcher)
             charges = _session.NO_CHARGES
             if spec is not None:
-                from devlab.engine.simulated.clock.modeled_clock import (  # only a modeled simulation loads it
+                from devlab.engine.simulated.clock.charges import (  # only a modeled simulation loads it
                     Charges,
                     Clock,
                 )

@@ -28,8 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from html import escape
 from typing import Any, NamedTuple
 
-from devlab.engine.simulated.clock.explain import machine
-from devlab.engine.simulated.clock.modeled_clock import (
+from devlab.engine.gpu_model.modeled_clock import (
     COLLECTIVE,
     COMM,
     COMPUTE,
@@ -39,8 +38,9 @@ from devlab.engine.simulated.clock.modeled_clock import (
     WAIT_HOST,
     WAIT_RANKS,
     Span,
-    record,
 )
+from devlab.engine.simulated.clock.charges import record
+from devlab.engine.simulated.clock.explain import machine
 
 
 def _ms(seconds: float) -> str:
