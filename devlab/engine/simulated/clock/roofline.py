@@ -8,8 +8,8 @@ matmuls and the GPU has it), and which inputs need gradients. `OpTime` (the pure
 it: the host's launch latency, then the model's kernel time on the GPU, queued behind the GPU's
 earlier work.
 
-The simulation costs each torch call its routing mode sees (`charges.Charges`): a dispatch mode
-would see every aten op, but costs more per op than the whole simulation may. `op_time` costs
+The simulation costs each torch call its routing mode sees (`charges.Charges`; See Note [Why the
+clock charges torch calls]). `op_time` costs
 one aten op (benchmarks/gpu_model.py sets the model beside published measurements with it).
 """
 
