@@ -43,8 +43,7 @@ from devlab.engine.gpu_model.calibration import (  # noqa: E402
     Calibration,
     DatasheetRule,
 )
-from devlab.engine.simulated.clock.modeled_clock import Clock  # noqa: E402
-from devlab.engine.simulated.clock.roofline import OpTime  # noqa: E402
+from devlab.engine.gpu_model.modeled_clock import Clock, OpTime  # noqa: E402
 
 aten = torch.ops.aten
 

@@ -92,3 +92,47 @@ def test_byte_ticks_are_round_in_the_unit_shown():
     assert figures.ticks_in_unit(900) == [0, 200, 400, 600, 800]
     assert [format_bytes(t) for t in figures.ticks_in_unit(12 << 30)] == [
         "0 B", "2.5 GiB", "5.0 GiB", "7.5 GiB", "10.0 GiB"]
+
+
+def _memory_timeline(blocks: int):
+    from devlab.core.memory_watch import timeline
+
+    frames = [{"filename": "/tmp/ipykernel_1/2.py", "line": 3, "name": "<module>"}]
+    trace = [{"action": "alloc", "addr": 4096 * k, "size": (k + 1) * MiB, "frames": frames}
+             for k in range(blocks)]
+    trace += [{"action": "free_completed", "addr": 0, "size": MiB, "frames": frames}]
+    return timeline({"segments": [], "device_traces": [trace]})
+
+
+def _step_timeline(kernels: int):
+    from devlab.engine.gpu_model import modeled_clock as clk
+    from devlab.engine.simulated.clock.step_timeline import Timeline
+
+    spans = [clk.Span(d, clk.COMPUTE, clk.KERNEL, f"k{k}", k * 1e-4, k * 1e-4 + 8e-5)
+             for d in (0, 1) for k in range(kernels)]
+    spans.append(clk.Span(0, clk.COMM, clk.COLLECTIVE, "all_reduce", 1e-4, 5e-4))
+    return Timeline("NVIDIA T4 (16 GB, PCIe)", spans, 0.0)
+
+
+def test_kept_axes_draw_what_fresh_axes_draw():
+    # Note [Axes kept between drawings]: what one drawing set on the axes never shows in the
+    # next one's, whatever drew in between (two timelines of one size share their axes).
+    pictures = [_memory_timeline(2), _memory_timeline(7), _step_timeline(5), _step_timeline(9)]
+    fresh = []
+    for p in pictures:
+        figures._KEPT.clear()
+        fresh.append(p._repr_html_())
+    assert fresh[0] != fresh[1] and fresh[2] != fresh[3]
+    assert [p._repr_html_() for p in pictures * 2] == fresh * 2
+    assert len(figures._KEPT) == 2  # one pair of axes for each size drawn
+
+
+def test_axes_in_use_are_not_handed_out_again():
+    with figures.svg_axes(200, 100, (0.1, 0.1, 0.8, 0.8)) as outer:
+        outer.plot([0, 1], [0, 1])
+        with figures.svg_axes(200, 100, (0.1, 0.1, 0.8, 0.8)) as inner:
+            assert inner is not outer and not inner.lines
+            inner.plot([0, 1], [1, 0])
+        assert len(outer.lines) == 1
+    with figures.svg_axes(200, 100, (0.1, 0.1, 0.8, 0.8)) as again:
+        assert again is outer and not again.lines  # emptied for the next drawing

@@ -56,5 +56,17 @@ def test_old_style_imports_work_in_a_fresh_process():
             "print(c is devlab.config, run_fresh.__module__, Clock.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "devlab.core.memory_watch.fresh_process",
-                                  "devlab.engine.simulated.clock.modeled_clock"]
+                                  "devlab.engine.gpu_model.modeled_clock"]
     assert devlab.config is importlib.import_module("devlab.core.config")
+
+
+def test_a_former_module_leaves_its_packages_attribute_of_that_name_alone():
+    # devlab.memory.timeline was a module beside the function devlab.memory.timeline; importing
+    # the module by its former name must not bind it over the function (nor did it before).
+    code = ("import importlib, devlab.memory.timeline; import devlab.core.memory_watch as m; "
+            "t = importlib.import_module('devlab.memory.timeline'); "
+            "from devlab.memory.timeline import AllocationTimeline; "
+            "print(t.__name__, type(m.timeline).__name__, AllocationTimeline.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["devlab.core.memory_watch.allocation_timeline", "function",
+                                  "devlab.core.memory_watch.allocation_timeline"]

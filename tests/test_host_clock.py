@@ -1,4 +1,4 @@
-"""The host's modeled time (Note [The host's modeled time] in devlab/engine/simulated/clock/modeled_clock.py):
+"""The host's modeled time (Note [The host's modeled time] in devlab/engine/gpu_model/modeled_clock.py):
 at the wall clock's pace outside the simulation, by the modeled costs inside it, never at the
 CPU's time to compute the GPUs' values. So CUDA events around a sleep read the sleep, an input
 stall is an idle GPU in explain() and the step timeline, and a loop of small ops is
@@ -16,8 +16,8 @@ from torch import nn
 
 import devlab
 from devlab import gpu_model, simulated
+from devlab.engine.gpu_model.modeled_clock import WAIT_HOST, host_wall_clock
 from devlab.engine.gpu_model.specs import SPECS
-from devlab.engine.simulated.clock.modeled_clock import WAIT_HOST, host_wall_clock
 
 pytestmark = pytest.mark.usefixtures("no_simulation")
 

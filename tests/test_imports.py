@@ -181,6 +181,37 @@ def test_simulation_sub_packages_import_only_layers_below():
     assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
 
 
+def _module_level_imports(tree: ast.Module) -> set[str]:
+    """The top-level packages a module imports when it is imported (not inside a function)."""
+    found: set[str] = set()
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_the_pure_model_imports_no_torch_on_import():
+    # devlab.engine.gpu_model is pure (its docstring): the model, the allocator and the clock
+    # run on numbers alone; only ops_catalog's lookups import torch, inside the call that asks.
+    model = [(m, p) for m, p in modules().items() if layer_of(m) == 1]
+    assert any(m.endswith(".modeled_clock") for m, _ in model)
+    heavy = [m for m, p in model if "torch" in _module_level_imports(ast.parse(p.read_text()))]
+    assert not heavy, f"modules of the pure model importing torch on import: {heavy}"
+
+
+def test_module_level_imports_leave_functions_out():
+    tree = ast.parse("import os\nif True:\n    from torch import nn\n"
+                     "class A:\n    import json\n    def f(self):\n        import numpy\n")
+    assert _module_level_imports(tree) == {"os", "torch", "json"}
+
+
 def test_no_two_rooms_share_a_name():
     rooms: dict[str, list[str]] = {}
     for name in modules(ROOT, ("devlab",)):

@@ -15,7 +15,8 @@ from torch import nn
 
 import devlab
 from devlab.engine import gpu_model, simulated
-from devlab.engine.simulated.clock.modeled_clock import Charges, Clock
+from devlab.engine.gpu_model.modeled_clock import Clock
+from devlab.engine.simulated.clock.charges import Charges
 from devlab.engine.simulated.torch_distributed import nccl
 
 pytestmark = pytest.mark.usefixtures("no_simulation")

@@ -15,7 +15,7 @@ from devlab.core import placement_log as _placement_log
 from devlab.engine import aten_overloads as aten_ops
 from devlab.engine.gpu_model import kernels, ops_catalog
 from devlab.engine.gpu_model import op_costs as _gpu_ops
-from devlab.engine.simulated.clock import modeled_clock as _clock
+from devlab.engine.simulated.clock import charges as _clock
 from devlab.engine.simulated.clock import roofline as _roofline
 from devlab.engine.simulated.mode import device_rule as _mode_ops
 from devlab.engine.simulated.mode import factories as _factories

@@ -14,8 +14,8 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 import devlab
+from devlab.engine.gpu_model.modeled_clock import KERNEL, WAIT_HOST
 from devlab.engine.simulated.base import session as sim_session
-from devlab.engine.simulated.clock.modeled_clock import KERNEL, WAIT_HOST
 from devlab.engine.simulated.instruments import kineto_trace
 from devlab.engine.simulated.instruments.profiler_kineto import DEFAULT_STREAM, MODELED, NCCL_STREAM
 

@@ -394,3 +394,26 @@ def test_queries_answer_from_the_modeled_clock() -> None:
     assert s.query() and not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
     assert torch.cuda.current_stream().query()
+
+
+def test_the_pure_clock_queues_work_on_the_stream_its_caller_names() -> None:
+    # The pure clock (gpu_model.modeled_clock) knows no thread: the simulation passes the
+    # current stream; a GPU its caller does not name runs on its default stream.
+    from devlab.engine import gpu_model
+    from devlab.engine.gpu_model.modeled_clock import Clock, OpTime
+
+    spec = gpu_model.gpu("T4")
+    clock = Clock(spec, 2)
+    launch = spec.launch_latency_us * 1e-6
+    k = OpTime("k", 0, launch, 0.0, 1e-3, 0, 0)
+    clock.kernels((k,), 7)  # GPU 0's stream 7
+    assert clock.reached(0, 7) == pytest.approx(launch + k.gpu)
+    assert clock.reached(0) == clock.now() == pytest.approx(launch)  # the default: idle
+    clock.kernel(k, {0: 7, 1: 3})  # each kernel on its GPU's stream in the mapping
+    assert clock.reached(0, 7) == pytest.approx(launch + 2 * k.gpu)
+    assert clock.reached(1, 3) == clock.reached(1) == clock.now()  # GPU 1 ran nothing
+    clock.kernel(k)  # no streams named: the default stream, behind stream 7 on the compute
+    assert clock.reached(0) == pytest.approx(launch + 3 * k.gpu)
+    copied = clock.now()
+    clock.copy(None, 1, 1 << 20, False, streams={1: 3})
+    assert clock.reached(1, 3) > clock.now() > copied and clock.reached(1) == clock.now()

@@ -12,8 +12,9 @@ from torch import nn
 
 import devlab
 from devlab.engine import gpu_model, simulated
-from devlab.engine.simulated.clock import modeled_clock as clk
-from devlab.engine.simulated.clock.modeled_clock import Charges, Clock, Span
+from devlab.engine.gpu_model import modeled_clock as clk
+from devlab.engine.gpu_model.modeled_clock import Clock, Span
+from devlab.engine.simulated.clock.charges import Charges
 from devlab.engine.simulated.clock.step_timeline import Timeline
 
 pytestmark = pytest.mark.usefixtures("no_simulation")

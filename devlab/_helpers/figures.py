@@ -7,7 +7,9 @@ or as inline SVG with hover text; and the one tick rule every axis uses.
 - `figure_png(fig)`: PNG bytes (Agg).
 - `svg_figure(width, height)` and `svg_markup(fig, tips)`: a figure sized in CSS pixels and its
   SVG as one self-contained `<svg>` element for an HTML output, each artist of `tips` showing
-  its text on hover (See Note [Hover text in matplotlib's SVG]).
+  its text on hover (See Note [Hover text in matplotlib's SVG]). `svg_axes(width, height,
+  rect)`: axes on such a figure, kept for the next drawing of that size (See Note [Axes kept
+  between drawings]).
 - `nice_ticks` / `ticks_in_unit` / `byte_axis`: ticks at 1-2-2.5-5 steps (matplotlib's own
   `MaxNLocator` rule), bytes at round numbers of the unit `format_bytes` shows.
 """
@@ -17,12 +19,14 @@ from __future__ import annotations
 import html
 import io
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Any
 
-__all__ = ["new_figure", "figure_png", "ensure_figure_formatter", "svg_figure", "svg_markup",
-           "nice_ticks", "ticks_in_unit", "byte_axis"]
+__all__ = ["new_figure", "figure_png", "ensure_figure_formatter", "svg_figure", "svg_axes",
+           "svg_markup", "nice_ticks", "ticks_in_unit", "byte_axis"]
 
 # The one tick rule: matplotlib's default locator's steps.
 _STEPS = (1, 2, 2.5, 5, 10)
@@ -150,10 +154,89 @@ def svg_figure(width: int, height: int) -> Iterator[Any]:
         yield fig
 
 
+# Note [Axes kept between drawings]
+# Making a matplotlib Axes (its two axes, their ticks, four spines, three titles, each a few
+# artists with their own properties) costs more than drawing most of devlab's figures on it:
+# for the allocation timeline of a dozen entries, about a third of the whole. So `svg_axes`
+# keeps the axes a drawing used, emptied of what the drawing added (its artists, titles and
+# labels), and hands them to the next drawing of the same size and place. What the drawing
+# set on the axes themselves (limits, ticks and their labels, the grid, tick lengths, which
+# spines show) stays: a drawing through `svg_axes` sets all of it every time, as the two
+# timelines do, and tests/test_figures.py checks that kept axes draw exactly the SVG fresh ones
+# draw. Axes in use (another thread's drawing, or a drawing inside one) are not shared: the
+# second gets fresh ones. The tick labels' text is laid out again each time (the SVG renderer
+# is new for each drawing), which is most of what drawing a small figure still costs.
+
+_KEPT: dict[tuple, tuple[threading.Lock, Any]] = {}
+_KEPT_LOCK = threading.Lock()
+_KEPT_MAX = 16  # sizes kept; past it, the oldest goes
+
+
+def _kept_axes(key: tuple) -> tuple[threading.Lock, Any]:
+    from matplotlib.figure import Figure
+
+    with _KEPT_LOCK:
+        entry = _KEPT.get(key)
+        if entry is None:
+            width, height, rect = key
+            import matplotlib
+
+            with matplotlib.rc_context(_SVG_RC):
+                fig = Figure(figsize=(width / 72, height / 72), dpi=72)
+                fig.patch.set_visible(False)
+                entry = (threading.Lock(), fig.add_axes(rect))
+            if len(_KEPT) >= _KEPT_MAX:
+                del _KEPT[next(iter(_KEPT))]
+            _KEPT[key] = entry
+        return entry
+
+
+def _empty(ax: Any) -> None:
+    """Take away what a drawing added to `ax`: its artists, legend, titles and labels."""
+    for artist in (*ax.collections, *ax.patches, *ax.lines, *ax.texts, *ax.artists,
+                   *ax.images, *ax.tables):
+        artist.remove()
+    if ax.legend_ is not None:
+        ax.legend_.remove()
+    for loc in ("center", "left", "right"):
+        ax.set_title("", loc=loc)
+    ax.set_xlabel("")
+    ax.set_ylabel("")
+
+
+@contextmanager
+def svg_axes(width: int, height: int, rect: tuple[float, float, float, float]
+             ) -> Iterator[Any]:
+    """Axes at `rect` (fractions of the figure: left, bottom, width, height) on an
+    `svg_figure(width, height)`, kept for the next drawing of that size (See Note [Axes kept
+    between drawings]): draw on them and `svg_markup(ax.figure, ...)` inside the `with` block,
+    setting the limits, ticks and labels the drawing uses every time."""
+    import matplotlib
+
+    key = (int(width), int(height), tuple(float(v) for v in rect))
+    lock, ax = _kept_axes(key)
+    if not lock.acquire(blocking=False):  # in use: fresh axes for this drawing
+        with svg_figure(width, height) as fig:
+            yield fig.add_axes(key[2])
+        return
+    try:
+        with matplotlib.rc_context(_SVG_RC):
+            yield ax
+    finally:
+        try:
+            _empty(ax)
+        except Exception:  # axes that cannot be emptied are not kept
+            with _KEPT_LOCK:
+                if _KEPT.get(key, (None,))[0] is lock:
+                    del _KEPT[key]
+        lock.release()
+
+
 _PATH_TOKEN = re.compile(r"[MLQCz]|-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 _GROUP_TAG = re.compile(r"<g\b[^>]*>|</g>")
 
 
+@lru_cache(maxsize=65536)  # a figure repeats its coordinates (rows, columns, edges)
 def _num(text: str) -> str:
     v = round(float(text), 1)
     return f"{v:.1f}".removesuffix(".0") if v else "0"
@@ -217,6 +300,7 @@ def _inline_markers(svg: str) -> str:
     return _USE.sub(placed, svg)
 
 
+@lru_cache(maxsize=4096)  # a figure's thousands of shapes share a few styles
 def _compact_style(style: str) -> str:
     """A style attribute without spaces, the font family (the <svg> element sets it once)
     or a zero dash offset, with #rrggbb colors as #rgb where they can be."""

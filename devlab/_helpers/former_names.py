@@ -30,6 +30,7 @@ FORMER = {
     'devlab.distributed.reports': 'devlab.core.ranks.rank_reports',
     'devlab.distributed.wire': 'devlab.core.ranks.handoff',
     'devlab.engine.gpu_model.allocator': 'devlab.engine.gpu_model.caching_allocator',
+    'devlab.engine.simulated.clock.modeled_clock': 'devlab.engine.simulated.clock.charges',
     'devlab.engine.simulated.cuda.api': 'devlab.engine.simulated.cuda.namespaces',
     'devlab.engine.simulated.torch_distributed.forks': 'devlab.engine.simulated.torch_distributed.fork_safety',
     'devlab.exercises': 'devlab.fronts.lab.exercises',
@@ -59,7 +60,7 @@ FORMER = {
     'devlab.runtime': 'devlab.engine.runtime',
     'devlab.scope': 'devlab.core.placement_scope',
     'devlab.simulated': 'devlab.engine.simulated',
-    'devlab.simulated.clock.clock': 'devlab.engine.simulated.clock.modeled_clock',
+    'devlab.simulated.clock.clock': 'devlab.engine.simulated.clock.charges',
     'devlab.simulated.clock.gpu_specs': 'devlab.engine.gpu_model.specs',
     'devlab.simulated.clock.timeline': 'devlab.engine.simulated.clock.step_timeline',
     'devlab.simulated.core': 'devlab.engine.simulated.base',
@@ -108,8 +109,9 @@ def current_name(name: str) -> str | None:
 class _Alias(importlib.abc.Loader):
     """Loads a former name as the module at its new place, leaving that module's own spec."""
 
-    def __init__(self, current: str) -> None:
+    def __init__(self, current: str, former: str = "") -> None:
         self.current = current
+        self.former = former
         self.module: ModuleType | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
@@ -119,6 +121,15 @@ class _Alias(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         module.__spec__ = self.spec  # the import system set the former name's spec on it
+        # The former modules of this former package that are loaded already take their former
+        # names now: a later import of one finds it in sys.modules, where the import system
+        # would otherwise bind it on the package, over the package's own attribute of that
+        # name (`devlab.memory.timeline`, a module then, is the function `timeline` now).
+        below = self.former + "."
+        for former, current in FORMER.items():
+            if (former.startswith(below) and "." not in former[len(below):]
+                    and current in sys.modules and former not in sys.modules):
+                sys.modules[former] = sys.modules[current]
 
 
 class FormerNames(importlib.abc.MetaPathFinder):
@@ -131,7 +142,7 @@ class FormerNames(importlib.abc.MetaPathFinder):
         current = current_name(name)
         if current is None or current == name:
             return None
-        return importlib.machinery.ModuleSpec(name, _Alias(current))
+        return importlib.machinery.ModuleSpec(name, _Alias(current, name))
 
 
 def install() -> None:

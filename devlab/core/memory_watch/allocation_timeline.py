@@ -335,10 +335,10 @@ class AllocationTimeline:
     def _svg(self, width: int, height: int) -> str:
         from devlab._helpers import figures
 
-        with figures.svg_figure(width, height) as fig:
-            ax = fig.add_axes((64 / width, 34 / height, 1 - 86 / width, 1 - 58 / height))
+        rect = (64 / width, 34 / height, 1 - 86 / width, 1 - 58 / height)
+        with figures.svg_axes(width, height, rect) as ax:
             tips = self._draw(ax, legend=False)  # hover says what the legend would
-            return figures.svg_markup(fig, tips, title=self._peak_text())
+            return figures.svg_markup(ax.figure, tips, title=self._peak_text())
 
     def _table(self) -> str:
         usage = self.top_lines("peak", 10)

@@ -1,7 +1,8 @@
 """A performance model of named real GPUs: (op, shapes, dtype, GPU) -> time, from public
 specifications (`specs`) and what GPUs achieve (`calibration`), by per-op-family rules
-(`kernels`). Pure: it imports no simulation and runs no op, so it is validated on tables of
-measured kernels (benchmarks/gpu_model.py, docs/gpu-models.md).
+(`kernels`), and the clock that queues them on a GPU's streams and the host's time
+(`modeled_clock`). Pure: it imports no simulation and runs no op, so it is validated on tables
+of measured kernels (benchmarks/gpu_model.py, docs/gpu-models.md).
 """
 
 from __future__ import annotations

@@ -232,11 +232,11 @@ class PeakWatch:
 
 
 class NoCharges:
-    """What a simulation without a GPU model charges: nothing. `clock.modeled_clock.Charges`, the
+    """What a simulation without a GPU model charges: nothing. `clock.charges.Charges`, the
     modeled one, has the same methods; every charge to a clock goes through the session's."""
 
     __slots__ = ()
-    clock = None  # the modeled clock (`clock.modeled_clock.Clock`): none
+    clock = None  # the modeled clock (`gpu_model.modeled_clock.Clock`): none
 
     def enter(self) -> None:
         """The host enters the simulation (a call on a simulated GPU, a wait for one): until
@@ -331,7 +331,7 @@ def inside(fn: _F) -> _F:
     """A stand-in that waits for the simulated GPUs or reads their clock (a sync, an event, a
     collective): while it runs the host is inside the simulation, so the wall time it takes
     (the CPU finishing queued work, another rank's) is not the host's (Note [The host's
-    modeled time] in clock/modeled_clock.py)."""
+    modeled time] in gpu_model/modeled_clock.py)."""
 
     @functools.wraps(fn)
     def bracketed(*args: Any, **kwargs: Any) -> Any:
@@ -353,7 +353,7 @@ class Session:
     """One start()..stop() run; marks and modes from an earlier run are ignored by a later one.
 
     `spec` is the real GPU the simulated ones model (None: no performance model); `charges` what
-    the simulation charges a modeled clock for, the only way to it (`clock.modeled_clock.Charges`, made
+    the simulation charges a modeled clock for, the only way to it (`clock.charges.Charges`, made
     by start(): the model's modules sit above this one), `NO_CHARGES` without a model.
     `used`: a simulated tensor was made (the configuration is fixed from then on);
     `initialized`: the simulated CUDA runtime is initialized in this process (`_fork`).

@@ -44,7 +44,7 @@ def _release(m: Mark) -> None:
     sess = m.session
     if sess is _session.session and m.block is not None:
         charges = sess.charges  # the allocator's work is not the host's (Note [The host's
-        charges.enter()  # modeled time] in clock/modeled_clock.py)
+        charges.enter()  # modeled time] in gpu_model/modeled_clock.py)
         try:
             with _session.lock:
                 if m.block is not None:

@@ -23,15 +23,10 @@ from typing import Any
 from devlab._helpers.sizes import format_bytes
 from devlab.engine.gpu_model import ALONE, CALIBRATION, QUEUED
 from devlab.engine.gpu_model.band import Band, band
+from devlab.engine.gpu_model.kernels import COMPUTE, LAUNCH, MEMORY
 from devlab.engine.gpu_model.links import Topology, nccl_topology, topologies
-from devlab.engine.simulated.clock.modeled_clock import (
-    COPY_SPAN,
-    KERNEL,
-    WAIT_HOST,
-    Recording,
-    record,
-)
-from devlab.engine.simulated.clock.roofline import COMPUTE, LAUNCH, MEMORY, OpTime
+from devlab.engine.gpu_model.modeled_clock import COPY_SPAN, KERNEL, WAIT_HOST, OpTime
+from devlab.engine.simulated.clock.charges import Recording, record
 
 
 def _us(seconds: float) -> str:

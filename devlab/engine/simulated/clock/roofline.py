@@ -3,12 +3,13 @@
 The model is a pure function of (op, shapes, dtype, GPU) (`devlab.gpu_model`); this module
 only reads those from a torch call or an aten op that ran on a simulated GPU: the op's name,
 its tensors' shapes and bytes, the dtype it computes in (float32 as TF32 when torch allows TF32
-matmuls and the GPU has it), and which inputs need gradients. `OpTime` is one kernel (or copy)
-as the modeled clock charges it: the host's launch latency, then the model's kernel time on the
-GPU, queued behind the GPU's earlier work.
+matmuls and the GPU has it), and which inputs need gradients. `OpTime` (the pure clock's,
+`devlab.engine.gpu_model.modeled_clock`) is one kernel (or copy) as the modeled clock charges
+it: the host's launch latency, then the model's kernel time on the GPU, queued behind the GPU's
+earlier work.
 
-The simulation costs each torch call its routing mode sees (`clock.Charges`): a dispatch mode
-would see every aten op, but costs more per op than the whole simulation may. `op_time` costs
+The simulation costs each torch call its routing mode sees (`charges.Charges`; See Note [Why the
+clock charges torch calls]). `op_time` costs
 one aten op (benchmarks/gpu_model.py sets the model beside published measurements with it).
 """
 
@@ -20,8 +21,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from devlab.engine.gpu_model import Kernel, gemm, memory_bound
-from devlab.engine.gpu_model.kernels import COMPUTE, EMBEDDING, GEMM, LAUNCH, MEMORY, kernel_seconds
+from devlab.engine.gpu_model import gemm, memory_bound
+from devlab.engine.gpu_model.kernels import COMPUTE, EMBEDDING, GEMM, LAUNCH, MEMORY
+from devlab.engine.gpu_model.modeled_clock import OpTime, kernel_time
 from devlab.engine.gpu_model.op_costs import BACKWARD_BYTES, family, gemm_backward, gemm_dims
 from devlab.engine.gpu_model.ops_catalog import added, overloads
 from devlab.engine.gpu_model.specs import GpuSpec
@@ -31,48 +33,6 @@ __all__ = ["COMPUTE", "LAUNCH", "MEMORY", "OpTime", "call_cost", "call_name", "l
 
 Tensor = torch.Tensor
 F = torch.nn.functional
-
-
-class OpTime(NamedTuple):
-    """One kernel or copy as the modeled clock charges it, in seconds, and why. (A tuple: one
-    is made for every op on a modeled GPU.)"""
-
-    op: str
-    device: int
-    launch: float  # the host's launch latency
-    compute: float  # the model's arithmetic time (whole waves of tiles at the achieved rate)
-    memory: float  # the model's memory time (achieved bandwidth), or a copy's link time
-    flops: int
-    nbytes: int
-    sync: float = 0.0  # the round trip of the host's wait, for a copy to the host
-    floor: float = 0.0  # the GPU-side fixed cost of a kernel
-    kernel: Kernel | None = None  # the model's terms (None for copies over a link)
-
-    @property
-    def work(self) -> float:
-        """The longer of compute and memory traffic."""
-        return kernel_seconds(0.0, self.compute, self.memory)
-
-    @property
-    def gpu(self) -> float:
-        """The device's busy time: its floor plus the longer of compute and memory."""
-        return kernel_seconds(self.floor, self.compute, self.memory)
-
-    @property
-    def total(self) -> float:
-        return self.launch + self.gpu + self.sync
-
-    @property
-    def alone(self) -> float | None:
-        """What this kernel shows timed alone with CUDA events on an idle GPU."""
-        return self.kernel.alone if self.kernel is not None else None
-
-    @property
-    def bound(self) -> str:
-        """What limits it when ops are queued: the launch, the arithmetic, or the memory."""
-        if self.launch + self.sync >= self.gpu:
-            return LAUNCH
-        return COMPUTE if self.compute >= self.memory else MEMORY
 
 
 def model_dtype(spec: GpuSpec, dtype: torch.dtype) -> str:
@@ -86,9 +46,7 @@ def model_dtype(spec: GpuSpec, dtype: torch.dtype) -> str:
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float64: "float64"}
 
 
-def _op(spec: GpuSpec, index: int, name: str, k: Kernel) -> OpTime:
-    return OpTime(name, index, spec.launch_latency_us * 1e-6, k.compute, k.memory, k.flops,
-                  k.nbytes, 0.0, k.floor, k)
+_op = kernel_time  # the model's kernel as the clock charges it
 
 
 # What an op of one kind and shape costs on one GPU, finished (`OpTime`): the same ops come back

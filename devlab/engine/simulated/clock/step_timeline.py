@@ -28,8 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from html import escape
 from typing import Any, NamedTuple
 
-from devlab.engine.simulated.clock.explain import machine
-from devlab.engine.simulated.clock.modeled_clock import (
+from devlab.engine.gpu_model.modeled_clock import (
     COLLECTIVE,
     COMM,
     COMPUTE,
@@ -39,8 +38,9 @@ from devlab.engine.simulated.clock.modeled_clock import (
     WAIT_HOST,
     WAIT_RANKS,
     Span,
-    record,
 )
+from devlab.engine.simulated.clock.charges import record
+from devlab.engine.simulated.clock.explain import machine
 
 
 def _ms(seconds: float) -> str:
@@ -212,6 +212,7 @@ class Timeline:
                 f"<ul style='margin:2px 0'>{items}</ul><i>{foot}</i></div>")
 
     def _svg(self, width: int) -> str:
+        import numpy as np
         from matplotlib.collections import PolyCollection
 
         from devlab._helpers import figures
@@ -253,17 +254,19 @@ class Timeline:
                                   "#59a14f" if hidden else "#d62728",
                                   f"{'hidden behind compute' if hidden else 'exposed'} "
                                   f"{_ms(b - a)}"))
-        with figures.svg_figure(width, height) as fig:
-            ax = fig.add_axes((ml / width, 30 / height, pw / width, rows / height))
+        with figures.svg_axes(width, height,
+                              (ml / width, 30 / height, pw / width, rows / height)) as ax:
             tips = {}
             for items, hatch in ((solid, None), (waits, "////"), (marks, None)):
                 if not items:
                     continue
                 colors = [c for _, c, _ in items]
                 # One collection per kind of fill: an artist per block would cost more than
-                # the drawing. Hatched: the lines in the block's color on white.
+                # the drawing. Hatched: the lines in the block's color on white. The blocks
+                # as one array of corners: matplotlib makes their paths from it at once.
                 drawn = PolyCollection(
-                    [r for r, _, _ in items], clip_on=False, linewidths=0, hatch=hatch,
+                    np.asarray([r for r, _, _ in items], float), clip_on=False, linewidths=0,
+                    hatch=hatch,
                     facecolors="#fff" if hatch else colors,
                     edgecolors=colors if hatch else "none")
                 ax.add_collection(drawn, autolim=False)
@@ -280,7 +283,7 @@ class Timeline:
             for side in ("top", "right", "left"):
                 ax.spines[side].set_visible(False)
             ax.set_xlabel("modeled ms from the step's start", fontsize=10, color="#444")
-            return figures.svg_markup(fig, tips,
+            return figures.svg_markup(ax.figure, tips,
                                       title=f"Step timeline, {_ms(self.seconds)}, modeled")
 
 

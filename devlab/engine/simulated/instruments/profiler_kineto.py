@@ -115,7 +115,7 @@ class _Recorder:
     """What one profile cycle saw on the modeled clock."""
 
     def __init__(self, clock: Any, spec: Any, memory: bool) -> None:
-        from devlab.engine.simulated.clock import modeled_clock as _clock  # a model's only
+        from devlab.engine.gpu_model import modeled_clock as _clock  # a model's only
 
         self.clock, self.spec, self.memory = clock, spec, memory
         self.comm, self.kinds = _clock.COMM, _clock
