@@ -261,7 +261,7 @@ def claims_02(nb: nbformat.NotebookNode, env: Env) -> None:
     # NVML (pynvml's per-process figure, in a fresh process on a modeled T4) counts the CUDA
     # context plus the allocator's reserved memory, not what the tensors use; nvidia-smi prints
     # the board's used memory (the context alone at the end) and NVML's total for a T4.
-    nvml = text(cell_with(nb, "def nvml_beside_torch("))
+    nvml = stream(cell_with(nb, "def nvml_beside_torch("))
     context_mib = capacity.context_bytes(t4) >> 20
     rows = {when: tuple(map(int, numbers)) for when, *numbers in re.findall(
         r"^(before the first tensor|with x|after del x|after empty_cache) +(\d+) MiB +(\d+) MiB "
@@ -368,7 +368,7 @@ def claims_03(nb: nbformat.NotebookNode, env: Env) -> None:
     # counts wall time outside the simulation, and a loaded machine only adds to it); with two
     # workers loading ahead it waits at most about half that (each worker loads every other
     # batch), and the kernels are the same either way.
-    stalled = text(cell_with(nb, "def gpu_during_epoch("))
+    stalled = stream(cell_with(nb, "def gpu_during_epoch("))  # stdout: torch may warn of workers
     got = re.findall(r"^(loading in the training process|2 workers, pinned, non_blocking): GPU "
                      r"busy ([0-9.]+) ms, waited ([0-9.]+) ms for the host \(([0-9.]+) ms per "
                      r"step\)$", stalled, re.M)
