@@ -258,6 +258,23 @@ def claims_02(nb: nbformat.NotebookNode, env: Env) -> None:
     held = int(re.search(r"after del x: +allocated +0 MiB, reserved +(\d+) MiB", cached)[1])
     assert held >= 64
     assert re.search(r"after empty_cache: +allocated +0 MiB, reserved +0 MiB", cached)
+    # NVML (pynvml's per-process figure, in a fresh process on a modeled T4) counts the CUDA
+    # context plus the allocator's reserved memory, not what the tensors use; nvidia-smi prints
+    # the board's used memory (the context alone at the end) and NVML's total for a T4.
+    nvml = stream(cell_with(nb, "def nvml_beside_torch("))
+    context_mib = capacity.context_bytes(t4) >> 20
+    rows = {when: tuple(map(int, numbers)) for when, *numbers in re.findall(
+        r"^(before the first tensor|with x|after del x|after empty_cache) +(\d+) MiB +(\d+) MiB "
+        r"+(\d+) MiB$", nvml, re.M)}
+    assert rows == {"before the first tensor": (0, 0, 0),
+                    "with x": ((capacity.context_bytes(t4) + 64 * 2**20) >> 20, 64, 64),
+                    "after del x": ((capacity.context_bytes(t4) + 64 * 2**20) >> 20, 64, 0),
+                    "after empty_cache": (context_mib, 0, 0)}, nvml
+    nvml_total_mib = capacity.nvml_total_memory(t4) >> 20
+    assert f"memory.used [MiB], memory.total [MiB]\n{context_mib} MiB, {nvml_total_mib} MiB\n" \
+        in nvml, nvml
+    assert nvml.rstrip().endswith("(a modeled T4: its CUDA context as devlab models it, from "
+                                  "published measurements)"), nvml
     # Fragmentation: half of 240 MiB free in 4 MiB holes, and 24 MiB do not fit.
     pieces = cell_with(nb, "%%memwatch --device /GPU:0\npieces")
     assert re.search(r"every other freed: +allocated 120 MiB, reserved 240 MiB", text(pieces))
@@ -346,6 +363,28 @@ def claims_03(nb: nbformat.NotebookNode, env: Env) -> None:
     assert ran and int(ran[3]) < 50, profiled
     assert ("trace.json: {'cpu_op': 500, 'cuda_runtime': 100, 'kernel': 100, 'ac2g': 200}"
             in profiled), profiled
+    # 9. A data loader that stalls the GPU: loading in the training process, the modeled T4
+    # waits for the host before each step at least the loader's 40 ms sleep (the host clock
+    # counts wall time outside the simulation, and a loaded machine only adds to it); with two
+    # workers loading ahead it waits at most about half that (each worker loads every other
+    # batch), and the kernels are the same either way.
+    stalled = stream(cell_with(nb, "def gpu_during_epoch("))  # stdout: torch may warn of workers
+    got = re.findall(r"^(loading in the training process|2 workers, pinned, non_blocking): GPU "
+                     r"busy ([0-9.]+) ms, waited ([0-9.]+) ms for the host \(([0-9.]+) ms per "
+                     r"step\)$", stalled, re.M)
+    assert [g[0] for g in got] == ["loading in the training process",
+                                   "2 workers, pinned, non_blocking"], stalled
+    (_, busy_before, waited_before, _), (_, busy_after, waited_after, _) = got
+    steps, sleep_ms = 10, 40
+    # nine batches are loaded after the timed epoch's start (the first one is not timed), and
+    # the GPU's step is far shorter than the sleep
+    assert float(busy_before) < 0.1 * sleep_ms * steps, stalled
+    assert float(waited_before) >= (steps - 1) * (sleep_ms - float(busy_before) / steps), stalled
+    assert float(waited_after) < 0.6 * float(waited_before), stalled
+    # pinned copies are faster than pageable ones; everything else the GPU ran is the same
+    assert 0.5 * float(busy_before) < float(busy_after) <= float(busy_before), stalled
+    assert re.search(r"\nGPU times: modeled on NVIDIA T4 \(16 GB, PCIe\) \(from [^)]*not measured\); "
+                     r"the loader's times are this machine's\n$", stalled), stalled
     scaling = html(cell_with(nb, "exercises.two_gpu_scaling("))
     if env.physical_gpus(2) >= 2:
         # 4. Two modeled GPUs, two queues, whatever this machine's cores.

@@ -281,6 +281,35 @@ def test_nvidia_smi_prints_nvmls_numbers(no_simulation, key):
     assert launcher not in os.environ["PATH"]
 
 
+@pytest.mark.parametrize("model", ["T4", None])
+def test_torch_nvml_and_nvidia_smi_name_each_gpu_alike(no_simulation, key, monkeypatch, model):
+    # On a real GPU torch's uuid is NVML's without "GPU-", and its pci_bus_id NVML's bus.
+    pynvml = _fresh_pynvml()
+    seen = {}
+    for group in (key, key + "-other"):  # another machine: other boards, other UUIDs
+        monkeypatch.setenv(machine.ENV, group)
+        devlab.config.simulate_gpus(2, model=model)
+        try:
+            pynvml.nvmlInit()
+            smi = _smi("--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader")
+            assert smi.returncode == 0, smi.stderr
+            listed = [[c.strip() for c in line.split(",")] for line in smi.stdout.splitlines()]
+            for i in range(2):
+                p = torch.cuda.get_device_properties(i)
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                assert pynvml.nvmlDeviceGetUUID(h) == f"GPU-{p.uuid}"
+                bus = pynvml.nvmlDeviceGetPciInfo(h).busId
+                bus = bus.decode() if isinstance(bus, bytes) else bus
+                assert int(bus.split(":")[1], 16) == p.pci_bus_id == i + 1
+                assert listed[i] == [str(i), f"GPU-{p.uuid}", bus]
+            seen[group] = [str(torch.cuda.get_device_properties(i).uuid) for i in range(2)]
+            pynvml.nvmlShutdown()
+        finally:
+            devlab.simulated.stop()
+    first, second = seen.values()
+    assert len({*first, *second}) == 4
+
+
 def test_a_second_process_on_the_machine_sees_the_first(no_simulation, key):
     devlab.config.simulate_gpus(1, model="T4")
     try:

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -75,6 +76,26 @@ def machine_key(count: int, model: str | None) -> str:
     is on a machine of its own."""
     group = os.environ.get(ENV, "").strip() or DEFAULT_GROUP
     return f"{group}-{count}x{model or 'unmodeled'}"
+
+
+def board_uuid(key: str, index: int) -> uuid.UUID:
+    """Simulated GPU `index`'s UUID on machine `key`, the one identity torch's device
+    properties, NVML and `nvidia-smi` all give it (NVML and `nvidia-smi` write it after "GPU-"),
+    as on a real GPU: the same in every process of the machine and on every call (a name-based
+    UUID, so nothing random is stored), another on another machine."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"devlab-simulated-gpu:{key}:{index}")
+
+
+def pci_bus(index: int) -> int:
+    """Simulated GPU `index`'s PCI bus number (torch's `pci_bus_id`): `index + 1`, as a
+    machine numbers its GPUs' slots, in domain 0, device 0."""
+    return index + 1
+
+
+def pci_bus_id(index: int) -> str:
+    """The same bus as NVML and `nvidia-smi` write it: domain:bus:device.function,
+    "00000000:01:00.0"."""
+    return f"00000000:{pci_bus(index):02X}:00.0"
 
 
 def _safe(key: str) -> str:

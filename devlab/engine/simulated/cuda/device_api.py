@@ -24,6 +24,7 @@ from devlab.engine.simulated.base import device_args as _devices
 from devlab.engine.simulated.base import fork_rule as _fork
 from devlab.engine.simulated.base import gpu_workers as _workers
 from devlab.engine.simulated.base import hazards as _hazards
+from devlab.engine.simulated.base import machine
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base.cuda_errors import entry
 from devlab.engine.simulated.base.session import inside
@@ -99,17 +100,20 @@ class SimulatedDeviceProperties:
                 f"L2_cache_size={self.L2_cache_size // (1024 * 1024)}MB, simulated=True)")
 
 
-def board_uuid(index: int, spec: GpuSpec | None) -> uuid_module.UUID:
-    """Simulated GPU `index`'s UUID: the same on every call and in every process of one
-    machine's simulation (a name-based UUID, so nothing random is stored)."""
-    board = spec.name if spec is not None else "unmodeled"
-    return uuid_module.uuid5(uuid_module.NAMESPACE_URL, f"devlab-simulated-gpu:{board}:{index}")
+def board_uuid(index: int) -> uuid_module.UUID:
+    """Simulated GPU `index`'s UUID: the one NVML and `nvidia-smi` give it on the machine this
+    simulation is (`machine.board_uuid`; the machine's key, as the instruments name it, from
+    the GPU count and model)."""
+    sess = _session.session
+    count = sess.count if sess is not None else 0
+    model = sess.spec.name if sess is not None and sess.spec is not None else None
+    return machine.board_uuid(machine.machine_key(count, model), index)
 
 
 def board_properties(index: int, spec: GpuSpec, total: int) -> SimulatedDeviceProperties:
-    """What CUDA's device properties hold on the board `spec` models (pure): its SMs, L2, memory
-    bus and clocks from the datasheets (`devlab.gpu_model.specs`), the per-SM limits of its
-    compute capability; PCI bus `index + 1`, as a machine numbers its GPUs' slots."""
+    """What CUDA's device properties hold on the board `spec` models: its SMs, L2, memory bus
+    and clocks from the datasheets (`devlab.gpu_model.specs`), the per-SM limits of its compute
+    capability; its UUID and PCI bus as NVML gives them (`machine.board_uuid`, `pci_bus`)."""
     major, minor = (int(x) for x in spec.compute_capability.split("."))
     arch = specs.ARCH[spec.compute_capability]
     return SimulatedDeviceProperties(
@@ -121,7 +125,7 @@ def board_properties(index: int, spec: GpuSpec, total: int) -> SimulatedDevicePr
         memory_clock_rate=specs.memory_clock_mhz(spec) * 1000,
         memory_bus_width=spec.memory_bus_bits, shared_memory_per_block=48 * 1024,
         shared_memory_per_multiprocessor=arch["shared_kib_per_sm"] * 1024,
-        uuid=board_uuid(index, spec), pci_bus_id=index + 1, modeled=spec.name)
+        uuid=board_uuid(index), pci_bus_id=machine.pci_bus(index), modeled=spec.name)
 
 
 @entry
@@ -175,7 +179,7 @@ def get_device_properties(device: Any = None) -> SimulatedDeviceProperties:
         return board_properties(i, spec, total_memory(i))
     return SimulatedDeviceProperties(name=device_name(i), total_memory=total_memory(i),
                                      multi_processor_count=cpu_cores(),
-                                     uuid=board_uuid(i, None), pci_bus_id=i + 1)
+                                     uuid=board_uuid(i), pci_bus_id=machine.pci_bus(i))
 
 
 @entry

@@ -22,7 +22,6 @@ import json
 import os
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -172,8 +171,8 @@ def _boards(text: str) -> tuple[Board, ...]:
     spec = _spec(description)
     out = []
     for i in range(description.count):
-        ident = str(uuid.uuid5(uuid.NAMESPACE_URL, f"devlab-simulated-gpu:{description.key}:{i}"))
-        bus = f"00000000:{i + 1:02X}:00.0"
+        ident = machine.board_uuid(description.key, i)
+        bus = machine.pci_bus_id(i)
         limit = description.limits[i] if i < len(description.limits) else None
         if spec is None:
             total = limit if limit is not None else description.host_memory
