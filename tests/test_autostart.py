@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -136,11 +137,60 @@ def test_a_module_run_with_dash_m_and_a_script_run_through_runpy(tmp_path: Path)
 
 
 def test_torch_first_imported_in_a_thread(tmp_path: Path) -> None:
+    # Every thread runs routed, not the importing one alone: the main thread, waiting for it,
+    # and a thread started before torch's import that uses torch only afterwards.
     program = ("import threading\n"
+               "go = threading.Event()\n"
+               f"def older():\n    go.wait()\n    {REPORT}\n"
                f"def work():\n    {ASK_FIRST.strip()}\n    {REPORT}\n"
-               "t = threading.Thread(target=work)\nt.start()\nt.join()\n")
+               "o = threading.Thread(target=older)\no.start()\n"
+               "t = threading.Thread(target=work)\nt.start()\nt.join()\n"
+               f"go.set()\no.join()\n{REPORT}\n")
     out = _run(["-c", program], tmp_path)
-    assert SIMULATED in out, out
+    assert out.count(SIMULATED) == 3, out
+
+
+def test_a_call_arranged_in_running_threads_runs_there_once() -> None:
+    # What routes the threads running when torch is first imported in another one: the main
+    # thread (waiting in join) and a waiting thread run the call at their next Python call;
+    # a thread with a profile function of its own (a profiler's) is left alone, and keeps it.
+    from devlab._helpers.thread_calls import call_in_threads
+
+    ran: list[tuple[str, bool]] = []
+    go = threading.Event()
+    kept: list[bool] = []
+
+    def waiting() -> None:
+        go.wait(30)
+
+    def profiled() -> None:
+        def own(*_: object) -> None:
+            return None
+
+        sys.setprofile(own)
+        go.wait(30)
+        kept.append(sys.getprofile() is own)
+        sys.setprofile(None)
+
+    others = [threading.Thread(target=f, name=f.__name__) for f in (waiting, profiled)]
+    for t in others:
+        t.start()
+    idents = [threading.main_thread().ident, *(t.ident for t in others)]
+    arranged: list[int] = []
+
+    def arrange() -> None:
+        arranged.extend(call_in_threads(idents, lambda ident: lambda: ran.append(
+            (threading.current_thread().name, threading.get_ident() == ident))))
+
+    arranger = threading.Thread(target=arrange)
+    arranger.start()
+    arranger.join()
+    go.set()
+    for t in others:
+        t.join()
+    assert sorted(arranged) == sorted(idents[:2])
+    assert sorted(ran) == [(threading.main_thread().name, True), ("waiting", True)]
+    assert kept == [True] and sys.getprofile() is None
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
