@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from devlab._helpers.host import cpu_cores
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # What the hook imported before issue 16 only to declare types and subclass an ABC: typing
@@ -110,11 +112,12 @@ def _run(args: list[str], tmp_path: Path, files: dict[str, str] | None = None,
 
 def _run_each(runs: dict[str, tuple[list[str], dict[str, str], dict[str, str]]],
               tmp_path: Path) -> dict[str, str]:
-    """`_run` each of `runs` (name: args, files, environment) at once, each in a fresh Python
-    of its own in a folder of its own: a process imports torch once, so no two import orders
-    can share one, but nothing keeps them from running side by side (each waits mostly on its
-    imports). Their outputs, by name."""
-    with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+    """`_run` each of `runs` (name: args, files, environment) side by side, each in a fresh
+    Python of its own in a folder of its own: a process imports torch once, so no two import
+    orders can share one, but nothing keeps them from running at the same time. As many at once
+    as this machine has cores (each holds a few hundred MB while it imports). Their outputs,
+    by name."""
+    with concurrent.futures.ThreadPoolExecutor(max(2, cpu_cores())) as pool:
         futures = {}
         for name, (args, files, env) in runs.items():
             folder = tmp_path / f"run{len(futures)}"
