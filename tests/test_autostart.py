@@ -182,8 +182,9 @@ def test_torch_first_imported_in_a_thread(tmp_path: Path) -> None:
 
 
 def test_a_call_arranged_in_running_threads_runs_there_once() -> None:
-    # What routes the threads running when torch is first imported in another one: the main
-    # thread (waiting in join) and a waiting thread run the call at their next Python call;
+    # What routes the threads running when torch is first imported in another one: this thread
+    # (waiting in join, as the main one does) and a waiting thread run the call at their next
+    # Python call;
     # a thread with a profile function of its own (a profiler's) is left alone, and keeps it.
     from devlab._helpers.thread_calls import call_in_threads
 
@@ -206,7 +207,8 @@ def test_a_call_arranged_in_running_threads_runs_there_once() -> None:
     others = [threading.Thread(target=f, name=f.__name__) for f in (waiting, profiled)]
     for t in others:
         t.start()
-    idents = [threading.main_thread().ident, *(t.ident for t in others)]
+    # This thread stands for the main one (pytest-xdist may run tests in another thread).
+    idents = [threading.get_ident(), *(t.ident for t in others)]
     arranged: list[int] = []
 
     def arrange() -> None:
@@ -220,7 +222,7 @@ def test_a_call_arranged_in_running_threads_runs_there_once() -> None:
     for t in others:
         t.join()
     assert sorted(arranged) == sorted(idents[:2])
-    assert sorted(ran) == [(threading.main_thread().name, True), ("waiting", True)]
+    assert sorted(ran) == sorted([(threading.current_thread().name, True), ("waiting", True)])
     assert kept == [True] and sys.getprofile() is None
 
 
