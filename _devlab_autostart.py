@@ -7,7 +7,8 @@ variable is set, so other processes pay for a look at os.environ and nothing mor
 module imports nothing itself (`os` and `sys` are loaded at start-up already; its type hints
 are never evaluated): it waits for torch's module to be executed, however the program reaches it
 (Note [Every spec for torch]), then imports devlab,
-which starts the simulation (`devlab.config.simulate_from_environment`). So a script written
+which starts the simulation (`devlab.config.simulate_from_environment`) in every thread of the
+process, whichever imported torch (`devlab.simulated.route_running_threads`). So a script written
 for real GPUs, and every process it starts (torch.multiprocessing.spawn, multiprocessing with
 spawn, fork or forkserver, torchrun's workers, DataLoader workers), sees the simulated GPUs:
 the way coverage.py measures subprocesses. A process that never imports torch pays for

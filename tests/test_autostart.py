@@ -7,12 +7,16 @@ here this checkout's hook is imported the way that line imports it."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+
+from devlab._helpers.host import cpu_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,13 +71,6 @@ def test_without_the_variable_the_hook_is_not_imported() -> None:
         assert "hook loaded False" in log, log
 
 
-def test_importing_torch_starts_the_simulated_gpus() -> None:
-    # Through this venv's own devlab-autostart.pth (pip's editable install of this checkout).
-    out = _python("import torch; print('gpus', torch.cuda.device_count(), torch.ones(1, "
-                  "device='cuda:1').device)", isolated=False, DEVLAB_SIMULATE_GPUS="2")
-    assert "gpus 2 cuda:1" in out, out
-
-
 def test_the_finder_is_a_meta_path_finder_without_the_abc() -> None:
     import importlib
 
@@ -113,46 +110,133 @@ def _run(args: list[str], tmp_path: Path, files: dict[str, str] | None = None,
     return out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("first", [
-    ASK_FIRST,
-    "import transformers\n",
-    "import datasets\n",
-    "import accelerate, lightning\n",  # these import torch straight away
-    "import importlib; importlib.import_module('torch')\n",
-    "from torch import nn\n",
-])
-def test_the_simulation_starts_whatever_the_program_imports_first(first: str, tmp_path: Path
-                                                                 ) -> None:
-    out = _run(["-c", first + REPORT], tmp_path)
-    assert SIMULATED in out, out
+def _run_each(runs: dict[str, tuple[list[str], dict[str, str], dict[str, str]]],
+              tmp_path: Path) -> dict[str, str]:
+    """`_run` each of `runs` (name: args, files, environment) side by side, each in a fresh
+    Python of its own in a folder of its own: a process imports torch once, so no two import
+    orders can share one, but nothing keeps them from running at the same time. As many at once
+    as this machine has cores (each holds a few hundred MB while it imports). Their outputs,
+    by name."""
+    with concurrent.futures.ThreadPoolExecutor(max(2, cpu_cores())) as pool:
+        futures = {}
+        for name, (args, files, env) in runs.items():
+            folder = tmp_path / f"run{len(futures)}"
+            folder.mkdir()
+            futures[name] = pool.submit(_run, args, folder, files, **env)
+        return {name: f.result() for name, f in futures.items()}
+
+
+def _assert_each(outs: dict[str, str], expected: str | dict[str, str]) -> None:
+    """Every run's output holds what it should (`expected`: one text for all, or per name);
+    the failure names every run that went wrong."""
+    wrong = {name: out for name, out in outs.items()
+             if (expected if isinstance(expected, str) else expected[name]) not in out}
+    assert not wrong, "\n\n".join(f"--- {name}:\n{out[-3000:]}" for name, out in wrong.items())
+
+
+# Each program's first import (through this venv's own devlab-autostart.pth, pip's editable
+# install of this checkout), then REPORT.
+FIRST_IMPORTS = {
+    "import torch": ("import torch; print('gpus', torch.cuda.device_count(), torch.ones(1, "
+                     "device='cuda:1').device)\n"),
+    "find_spec first": ASK_FIRST,
+    "import transformers": "import transformers\n",
+    "import datasets": "import datasets\n",
+    # accelerate imports torch straight away (a plain `import torch` inside its own import),
+    # as lightning does (lightning/fabric/fabric.py): lightning, the costliest import of all
+    # (~4.5 s of CPU here), would add no other way of reaching torch.
+    "import accelerate": "import accelerate\n",
+    "importlib.import_module": "import importlib; importlib.import_module('torch')\n",
+    "from torch import": "from torch import nn\n",
+}
+
+
+def test_the_simulation_starts_whatever_the_program_imports_first(tmp_path: Path) -> None:
+    outs = _run_each({name: (["-c", first + REPORT], {}, {"DEVLAB_SIMULATE_GPUS": "2"})
+                      for name, first in FIRST_IMPORTS.items()}, tmp_path)
+    _assert_each(outs, SIMULATED)
+    assert "gpus 2 cuda:1" in outs["import torch"], outs["import torch"]
 
 
 def test_a_module_run_with_dash_m_and_a_script_run_through_runpy(tmp_path: Path) -> None:
     files = {"lesson.py": ASK_FIRST + REPORT}
-    assert SIMULATED in _run(["-m", "lesson"], tmp_path, files), "python -m"
-    out = _run(["-c", "import runpy; runpy.run_path('lesson.py', run_name='__main__')"],
-               tmp_path, files)
-    assert SIMULATED in out, out
+    _assert_each(_run_each({
+        "python -m": (["-m", "lesson"], files, {}),
+        "runpy": (["-c", "import runpy; runpy.run_path('lesson.py', run_name='__main__')"],
+                  files, {}),
+    }, tmp_path), SIMULATED)
 
 
 def test_torch_first_imported_in_a_thread(tmp_path: Path) -> None:
+    # Every thread runs routed, not the importing one alone: the main thread, waiting for it,
+    # and a thread started before torch's import that uses torch only afterwards.
     program = ("import threading\n"
+               "go = threading.Event()\n"
+               f"def older():\n    go.wait()\n    {REPORT}\n"
                f"def work():\n    {ASK_FIRST.strip()}\n    {REPORT}\n"
-               "t = threading.Thread(target=work)\nt.start()\nt.join()\n")
+               "o = threading.Thread(target=older)\no.start()\n"
+               "t = threading.Thread(target=work)\nt.start()\nt.join()\n"
+               f"go.set()\no.join()\n{REPORT}\n")
     out = _run(["-c", program], tmp_path)
-    assert SIMULATED in out, out
+    assert out.count(SIMULATED) == 3, out
 
 
-@pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
-def test_torch_first_imported_in_a_child(method: str, tmp_path: Path) -> None:
+def test_a_call_arranged_in_running_threads_runs_there_once() -> None:
+    # What routes the threads running when torch is first imported in another one: this thread
+    # (waiting in join, as the main one does) and a waiting thread run the call at their next
+    # Python call;
+    # a thread with a profile function of its own (a profiler's) is left alone, and keeps it.
+    from devlab._helpers.thread_calls import call_in_threads
+
+    ran: list[tuple[str, bool]] = []
+    go = threading.Event()
+    kept: list[bool] = []
+
+    def waiting() -> None:
+        go.wait(30)
+
+    def profiled() -> None:
+        def own(*_: object) -> None:
+            return None
+
+        sys.setprofile(own)
+        go.wait(30)
+        kept.append(sys.getprofile() is own)
+        sys.setprofile(None)
+
+    others = [threading.Thread(target=f, name=f.__name__) for f in (waiting, profiled)]
+    for t in others:
+        t.start()
+    # This thread stands for the main one (pytest-xdist may run tests in another thread).
+    idents = [threading.get_ident(), *(t.ident for t in others)]
+    arranged: list[int] = []
+
+    def arrange() -> None:
+        arranged.extend(call_in_threads(idents, lambda ident: lambda: ran.append(
+            (threading.current_thread().name, threading.get_ident() == ident))))
+
+    arranger = threading.Thread(target=arrange)
+    arranger.start()
+    arranger.join()
+    go.set()
+    for t in others:
+        t.join()
+    assert sorted(arranged) == sorted(idents[:2])
+    assert sorted(ran) == sorted([(threading.current_thread().name, True), ("waiting", True)])
+    assert kept == [True] and sys.getprofile() is None
+
+
+def test_torch_first_imported_in_a_child(tmp_path: Path) -> None:
     # The parent never imports torch: the child, spawned or forked, is the first to.
-    program = ("import multiprocessing, sys\n"
-               f"def work():\n    {ASK_FIRST.strip()}\n    {REPORT}\n"
-               "if __name__ == '__main__':\n"
-               f"    p = multiprocessing.get_context({method!r}).Process(target=work)\n"
-               "    p.start(); p.join(); assert 'torch' not in sys.modules\n")
-    out = _run(["child.py"], tmp_path, {"child.py": program})
-    assert SIMULATED in out, out
+    def program(method: str) -> str:
+        return ("import multiprocessing, sys\n"
+                f"def work():\n    {ASK_FIRST.strip()}\n    {REPORT}\n"
+                "if __name__ == '__main__':\n"
+                f"    p = multiprocessing.get_context({method!r}).Process(target=work)\n"
+                "    p.start(); p.join(); assert 'torch' not in sys.modules\n")
+
+    _assert_each(_run_each({method: (["child.py"], {"child.py": program(method)}, {})
+                            for method in ("spawn", "fork", "forkserver")}, tmp_path), SIMULATED)
 
 
 def test_under_torchrun(tmp_path: Path) -> None:
@@ -209,8 +293,8 @@ def test_cuda_visible_devices_hides_simulated_gpus_as_cuda_reads_it(visible: str
 def test_cuda_visible_devices_set_inside_the_program_before_torch(tmp_path: Path) -> None:
     program = ("import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '1'\n"
                "import torch\nprint('count', torch.cuda.device_count())\n" + REPORT)
-    out = _run(["-c", program], tmp_path, DEVLAB_SIMULATE_GPUS="2")
-    assert "count 1\n" + SIMULATED in out, out
-    out = _run(["-c", "import torch; print('available', torch.cuda.is_available())"], tmp_path,
-               DEVLAB_SIMULATE_GPUS="2", CUDA_VISIBLE_DEVICES="")
-    assert "available False" in out, out
+    _assert_each(_run_each({
+        "set inside": (["-c", program], {}, {"DEVLAB_SIMULATE_GPUS": "2"}),
+        "set empty": (["-c", "import torch; print('available', torch.cuda.is_available())"],
+                      {}, {"DEVLAB_SIMULATE_GPUS": "2", "CUDA_VISIBLE_DEVICES": ""}),
+    }, tmp_path), {"set inside": "count 1\n" + SIMULATED, "set empty": "available False"})

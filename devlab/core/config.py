@@ -619,6 +619,10 @@ def simulate_from_environment() -> bool:
             stacklevel=2,
         )
         return False
+    # The variable gives the whole process its GPUs, and torch may have been imported first in
+    # any of its threads (the start-up hook starts them there): every thread runs routed, the
+    # main one included, not the importing thread alone.
+    simulated.route_running_threads()
     return True
 
 

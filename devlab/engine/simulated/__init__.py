@@ -15,7 +15,8 @@ says nothing about a real GPU (See Note [What a simulated GPU costs]). Every cha
 and stop() puts torch back exactly.
 
 Limits: a thread started before the simulation is not routed (`thread_routing()` routes it;
-without it, making a GPU tensor there fails with one line saying so).
+`route_running_threads()` routes every running one, as a start from DEVLAB_SIMULATE_GPUS does;
+without them, making a GPU tensor there fails with one line saying so).
 Compiled code (`torch.compile`d code runs uncompiled while simulating,
 `mode.compile_stance`), cuDNN, CUDA's own random streams (random ops on simulated GPUs draw from the
 CPU's generators) and sparse tensors are not simulated (sparse ones are refused; a call that
@@ -87,6 +88,7 @@ __all__ = [
     "stop",
     "synchronize",
     "thread_routing",
+    "route_running_threads",
     "timeline",
     "Timeline",
 ]
@@ -341,6 +343,18 @@ def thread_routing() -> Iterator[None]:
 
     with _routing.routing():
         yield
+
+
+def route_running_threads() -> list[threading.Thread]:
+    """Route every thread of this process running now (but daemon threads and the simulation's
+    own) from its next Python call on, as threads started while simulating are: the threads it
+    arranged that for. A start from DEVLAB_SIMULATE_GPUS calls it, as torch may have been
+    imported first in any thread of the program (`mode.thread_starts`)."""
+    if _session.session is None:
+        raise RuntimeError("GPU simulation is not running: call start() first")
+    from devlab.engine.simulated.mode import thread_starts as _threads
+
+    return _threads.route_running_threads()
 
 
 def reset_after_fork_for_rank() -> None:
