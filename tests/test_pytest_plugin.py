@@ -233,6 +233,24 @@ def test_unittest_and_instantiate_device_type_tests(tmp_path):
                               "test_add_cuda": "passed"}, after.output
 
 
+DECORATED = {"test_trainer_fits_on_gpu", "test_trainer_on_the_second_gpu", "test_fabric_bf16_mixed",
+             "test_gpt2_on_gpu_matches_cpu", "test_two_gpus", "test_on_an_accelerator",
+             "test_bf16_forward"}
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None
+                        for m in ("lightning", "transformers")),
+                    reason="the decorators sample needs lightning and transformers")
+def test_lightning_and_transformers_gpu_decorators(tmp_path):
+    before = run_sample("decorators", tmp_path)
+    assert before.outcomes == dict.fromkeys(DECORATED, "skipped"), before.output
+    assert "Requires: [GPUs>=2]" in before.messages["test_trainer_on_the_second_gpu"]
+    assert "test requires multiple CUDA GPUs" in before.messages["test_two_gpus"]
+    after = run_sample("decorators", tmp_path, "--simulate-gpus", "2")
+    assert after.outcomes == dict.fromkeys(DECORATED, "passed"), after.output
+    assert "7 of 7 tests ran on simulated GPUs" in after.output
+
+
 def test_subprocess_spawn_and_torchrun_on_nccl(tmp_path):
     before = run_sample("processes", tmp_path)
     assert set(before.outcomes.values()) == {"skipped"}, before.output
