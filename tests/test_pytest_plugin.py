@@ -161,19 +161,19 @@ def test_bad_options_are_usage_errors(tmp_path, args, says):
 
 SEEDED = ("test_plain_attribute_left_on_cpu", "test_tensor_on_the_wrong_gpu",
           "test_non_blocking_copy_read_before_sync", "test_freed_while_another_stream_uses_it",
-          "test_oom_back_off")
+          "test_offloaded_tensor_freed_before_its_copy", "test_oom_back_off")
 
 
 def test_seeded_bugs_pass_on_plain_cpu(tmp_path):
     run = run_sample("seeded", tmp_path)
-    assert len(run.outcomes) == 10 and set(run.outcomes.values()) == {"passed"}, run.output
+    assert len(run.outcomes) == 12 and set(run.outcomes.values()) == {"passed"}, run.output
 
 
 def test_seeded_bugs_fail_on_simulated_gpus_and_correct_code_passes(tmp_path):
     run = run_sample("seeded", tmp_path, "--simulate-gpus", "2", "--gpu-memory", "32MiB")
     failed = {t for t, o in run.outcomes.items() if o == "failed"}
     assert failed == set(SEEDED), run.output
-    assert len(run.outcomes) == 10
+    assert len(run.outcomes) == 12
     msg = run.messages
     mixed = "Expected all tensors to be on the same device, but found at least two devices"
     assert f"{mixed}, cuda:0 and cpu!" in msg["test_plain_attribute_left_on_cpu"]
@@ -190,6 +190,13 @@ def test_seeded_bugs_fail_on_simulated_gpus_and_correct_code_passes(tmp_path):
     assert "was freed while work queued on stream" in freed
     assert re.search(rf"queued at: \S*test_seeded.py:{line_of(sample, 'y = x * 2')} ", freed)
     assert re.search(rf"freed at: +\S*test_seeded.py:{line_of(sample, 'del x  #')} ", freed)
+    offloaded = msg["test_offloaded_tensor_freed_before_its_copy"]
+    assert ("was freed while a non_blocking copy to the host queued on stream" in offloaded
+            and "the host then reads that tensor's values" in offloaded), offloaded
+    copy_line = line_of(sample, 'saved = t.to("cpu", non_blocking=True)')
+    assert re.search(rf"queued at: \S*test_seeded.py:{copy_line} in offload", offloaded)
+    assert re.search(rf"freed at: +\S*test_seeded.py:{line_of(sample, 'del act  #')} ",
+                     offloaded)
 
 
 # -- each test afresh, the marker, leaks ------------------------------------------------------
@@ -235,7 +242,7 @@ def test_unittest_and_instantiate_device_type_tests(tmp_path):
 
 DECORATED = {"test_trainer_fits_on_gpu", "test_trainer_on_the_second_gpu", "test_fabric_bf16_mixed",
              "test_gpt2_on_gpu_matches_cpu", "test_two_gpus", "test_on_an_accelerator",
-             "test_bf16_forward"}
+             "test_bf16_forward", "test_nvidia_smi_lists_the_gpus"}
 
 
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None
@@ -246,9 +253,10 @@ def test_lightning_and_transformers_gpu_decorators(tmp_path):
     assert before.outcomes == dict.fromkeys(DECORATED, "skipped"), before.output
     assert "Requires: [GPUs>=2]" in before.messages["test_trainer_on_the_second_gpu"]
     assert "test requires multiple CUDA GPUs" in before.messages["test_two_gpus"]
+    assert "nvidia-smi not found" in before.messages["test_nvidia_smi_lists_the_gpus"]
     after = run_sample("decorators", tmp_path, "--simulate-gpus", "2")
     assert after.outcomes == dict.fromkeys(DECORATED, "passed"), after.output
-    assert "7 of 7 tests ran on simulated GPUs" in after.output
+    assert "8 of 8 tests ran on simulated GPUs" in after.output
 
 
 def test_subprocess_spawn_and_torchrun_on_nccl(tmp_path):
