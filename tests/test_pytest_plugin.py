@@ -199,6 +199,32 @@ def test_seeded_bugs_fail_on_simulated_gpus_and_correct_code_passes(tmp_path):
                      offloaded)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
+                    reason="the library copy's tests compare it with the installed Lightning")
+def test_bugs_seeded_in_a_copy_of_lightning(tmp_path):
+    cases = [f"{test}[{device}-{source}]" for test in ("test_move_data_to_device_and_back",
+                                                       "test_positional_encoding_on_the_modules_device")
+             for device in ("cpu", "cuda") for source in ("lightning", "copy")]
+    cpu = run_sample("library_copy", tmp_path)
+    assert cpu.returncode == 0, cpu.output  # CPU-only CI is green: the CUDA variants skip
+    assert cpu.outcomes == {c: "skipped" if "[cuda-" in c else "passed" for c in cases}, cpu.output
+    gpu = run_sample("library_copy", tmp_path, "--simulate-gpus", "1")
+    failed = {c for c, o in gpu.outcomes.items() if o == "failed"}
+    assert failed == {"test_move_data_to_device_and_back[cuda-copy]",
+                      "test_positional_encoding_on_the_modules_device[cuda-copy]"}, gpu.output
+    assert len(gpu.outcomes) == 8 and list(gpu.outcomes.values()).count("passed") == 6
+    moved = gpu.messages["test_move_data_to_device_and_back[cuda-copy]"]
+    assert "non_blocking copy from cuda:0 to the host was read before" in moved
+    queued = line_of("library_copy/copied_lightning/apply_func.py",
+                     "data_output = data.to(device, **kwargs)")
+    assert re.search(rf"queued at: \S*copied_lightning/apply_func.py:{queued} in batch_to", moved)
+    read = line_of("library_copy/test_copied.py", 'assert back["x"].tolist() == ')
+    assert re.search(rf"read at: +\S*test_copied.py:{read} ", moved), moved
+    assert ("Expected all tensors to be on the same device, but found at least two devices, "
+            "cuda:0 and cpu!") in gpu.messages[
+                "test_positional_encoding_on_the_modules_device[cuda-copy]"]
+
+
 # -- each test afresh, the marker, leaks ------------------------------------------------------
 
 
