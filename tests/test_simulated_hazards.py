@@ -275,6 +275,19 @@ def test_fresh_start_forgets_pending_work_and_resets_the_gpus():
         host.sum()  # forgotten: no finding
 
 
+def test_fresh_start_after_a_fresh_start_still_resets_what_ran_between():
+    devlab.simulated.fresh_start()
+    devlab.simulated.fresh_start()  # nothing ran between: the GPUs are left as they are
+    x = torch.ones(1024, 1024, device="cuda:1")
+    del x
+    assert torch.cuda.max_memory_allocated(1) > 0 and torch.cuda.memory_reserved(1) > 0
+    assert devlab.simulated.fresh_start() == [0, 0]
+    assert torch.cuda.max_memory_allocated(1) == 0 and torch.cuda.memory_reserved(1) == 0
+    torch.cuda.set_stream(torch.cuda.Stream(device=0))
+    devlab.simulated.fresh_start()
+    assert torch.cuda.current_stream(0) == torch.cuda.default_stream(0)
+
+
 def test_passing_a_pending_buffer_on_to_a_gpu_is_no_host_read():
     x = torch.arange(4.0, device="cuda:0")
 

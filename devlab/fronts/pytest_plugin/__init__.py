@@ -108,6 +108,7 @@ class SimulatedGpus:
         self.leaks: list[tuple[str, list[int]]] = []
         self.findings: list = []  # the running test's
         self._default_device = torch.get_default_device()
+        self._device_context = _default_device_context()
         self._stop_listening = simulated.listen_findings(self.findings.append)
         import _pytest
         import pluggy
@@ -166,8 +167,12 @@ class SimulatedGpus:
         from devlab.engine import simulated
 
         self.findings.clear()
-        if torch.get_default_device() != self._default_device:
-            torch.set_default_device(self._default_device)
+        # torch.set_default_device replaces this context: while it is the session's, so is
+        # the default device (and torch.get_default_device() costs more than the rest).
+        if _default_device_context() is not self._device_context:
+            if torch.get_default_device() != self._default_device:
+                torch.set_default_device(self._default_device)
+            self._device_context = _default_device_context()
         simulated.fresh_start()
 
     def _switch(self, settings: Settings) -> None:
@@ -249,6 +254,12 @@ class SimulatedGpus:
     def simulated_gpus(self) -> GpuView:
         """The simulated GPUs this test runs on, and the findings it made so far."""
         return GpuView(self.current, self.findings)
+
+
+def _default_device_context() -> Any:
+    import torch
+
+    return getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
 
 
 def _allocated(simulated: Any) -> list[int]:

@@ -127,6 +127,8 @@ def observe(callback: Callable[[Finding], None]) -> Callable[[], None]:
 def reset() -> None:
     """Forget all pending work (a simulation starts or stops, a test starts afresh)."""
     global armed, tracking
+    if not (armed or tracking or _queued or _pending or _uses or _host_reads):
+        return  # nothing was ever noted since the last reset (most tests)
     with _lock:
         for s in list(_pending):
             try:
