@@ -151,10 +151,22 @@ def test_model_memory_and_topology_in_the_header(tmp_path):
     (["--simulate-gpus", "2", "--gpu-leaks", "maybe"], "one of report, fail, off"),
     (["--gpu-model", "T4"], "add --simulate-gpus N"),
 ])
-def test_bad_options_are_usage_errors(tmp_path, args, says):
-    run = run_sample("notorch", tmp_path, *args)
-    assert run.returncode == 4, run.output  # pytest's usage error
-    assert says in run.output
+def test_bad_options_are_usage_errors(tmp_path, args, says, capsys, monkeypatch):
+    # In this process, not a pytest of its own: a bad option stops pytest before any GPU is
+    # simulated (checked below), so nothing is left to leak into this session.
+    project = tmp_path / "notorch"
+    shutil.copytree(SAMPLES / "notorch", project)
+    for name in [k for k in os.environ if k.startswith("DEVLAB_")] + ["PYTEST_ADDOPTS"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(project)
+    plugin = [] if _entry_point_installed() else ["-p", "_devlab_pytest"]
+    code = pytest.main([*plugin, "-p", "no:cacheprovider", "-s", *args, str(project)])
+    out = capsys.readouterr()
+    assert code == 4, out.out + out.err  # pytest's usage error
+    assert says in out.out + out.err
+    simulated = sys.modules.get("devlab.engine.simulated")
+    assert simulated is None or not simulated.is_active()
+    assert not [k for k in os.environ if k.startswith("DEVLAB_SIMULATE")]
 
 
 # -- the bugs CPU-only CI lets through ---------------------------------------------------------

@@ -563,7 +563,8 @@ def leftover() -> list[int]:
 
 def listen_findings(callback: Any) -> Any:
     """Send every hazard finding (`base.hazards.Finding`: a non_blocking copy read before the
-    host waited for it, a tensor freed while another stream's work uses it) to `callback`
+    host waited for it, a tensor freed while another stream's work uses it or its copy to the
+    host reads it) to `callback`
     instead of a warning, until the returned function is called (the pytest plugin fails the
     test that made one)."""
     return _hazards.listen(callback)

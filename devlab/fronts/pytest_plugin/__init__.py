@@ -15,8 +15,9 @@ package is the rest, a thin front over `devlab.config` and `devlab.simulated`:
   simulated, and runs one on GPUs of another model or memory (the `simulated_gpus` fixture
   tells a test what it runs on);
 - the simulation's findings (a non_blocking copy read before it was waited for, a tensor freed
-  while another stream uses it: `devlab.engine.simulated.base.hazards`) fail the test that made them,
-  naming the line that queued the work and the line that came too early.
+  while another stream uses it, or while another stream's copy to the host still reads it:
+  `devlab.engine.simulated.base.hazards`) fail the test that made them, naming the line that
+  queued the work and the line that came too early.
 """
 
 from __future__ import annotations
