@@ -6,7 +6,7 @@ Per-test overhead: pytest runs N empty tests and 5N empty tests, with the plugin
 (`--simulate-gpus 1`) and unasked; the difference of the two runs' test times over 4N is the
 cost of one test, so start-up (torch's import, the simulation's start) drops out.
 Test times are the sum of pytest's own per-test durations (JUnit XML), start-up excluded; the
-tests' CPU time (the main thread's, setup to teardown: a shared, loaded machine moves it less
+tests' CPU time (the process's, setup to teardown: a shared, loaded machine moves it less
 than the wall clock) is printed beside them.
 Isolation: the plugin's per-test fresh start (default device, queued work, hazards, the
 allocators' caches and peaks, streams) timed in process, after a test that touched no GPU
@@ -74,8 +74,8 @@ def _env() -> dict[str, str]:
     return env
 
 
-# A plugin the benchmark adds to the runs it times: each test's main-thread CPU time, setup to
-# teardown, summed into a file.
+# A plugin the benchmark adds to the runs it times: the process CPU time of each test (its
+# intra-op threads too), setup to teardown, summed into a file.
 CPU_CLOCK = textwrap.dedent('''
     import os, time
     import pytest
@@ -84,11 +84,11 @@ CPU_CLOCK = textwrap.dedent('''
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        t0 = time.thread_time()
+        t0 = time.process_time()
         try:
             return (yield)
         finally:
-            TOTAL[0] += time.thread_time() - t0
+            TOTAL[0] += time.process_time() - t0
 
     def pytest_unconfigure(config):
         with open(os.environ["BENCH_CPU_FILE"], "w") as f:
