@@ -228,6 +228,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             _instruments.install(patcher, count, spec.name if spec is not None else None)
             _session.forget_thread_state()
             _hazards.reset()
+            _fresh_marks.clear()
             routing = _routing.push_routing()
         except BaseException:
             _session.session = None
@@ -313,6 +314,7 @@ def stop() -> None:
         _session.session = None
         _session.forget_thread_state()
         _hazards.reset()
+        _fresh_marks.clear()
         _launch.enabled = False
         if errors:
             raise errors[0]
