@@ -221,6 +221,31 @@ def test_a_tensor_freed_while_a_copy_to_the_host_reads_it(copy):
     assert "freed at:" in str(f)
 
 
+@pytest.mark.parametrize("keep", ["nothing", "record_stream"])
+def test_a_tensor_freed_while_a_copy_within_the_gpu_on_another_stream_reads_it(keep):
+    side = torch.cuda.Stream()
+
+    def run():
+        x = torch.ones(1024, device="cuda")
+        y = torch.empty(1024, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y.copy_(x, non_blocking=True)
+        if keep == "record_stream":
+            x.record_stream(side)
+            y.record_stream(side)
+        del x
+        torch.cuda.current_stream().wait_stream(side)
+        assert y.sum().item() == 1024
+    got = findings(run)
+    if keep == "nothing":
+        (f,) = got
+        assert f.kind == FREED_WHILE_IN_USE
+        assert "y.copy_(x, non_blocking=True)" in f.queued_at and "del x" in f.early_at
+    else:
+        assert got == []
+
+
 @pytest.mark.parametrize("keep", ["record_stream", "wait_stream", "wait_event", "synchronize"])
 def test_keeping_it_for_the_copy_finds_nothing(keep):
     assert _offload_on_side(keep) == []

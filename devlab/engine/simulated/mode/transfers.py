@@ -191,6 +191,11 @@ def copy_(func: Callable, args: tuple, kwargs: dict) -> Any:
         pinned = isinstance(host, Tensor) and is_pinned(host)
         sess.charges.copy(i_src, i_dst, src.nbytes if isinstance(src, Tensor) else 0,
                           not non_blocking, "aten::copy_", pinned)
+        if _hazards.tracking and i_src is not None and i_src == i_dst:
+            # A copy within a GPU is work on its current stream that reads src and writes dst:
+            # both blocks must outlive it (the freed-while-in-use rule, as for any GPU op).
+            _hazards.used_on(i_src, _session.current_stream(i_src),
+                             [_source_block(src), _source_block(dst)])
         if i_dst is None and i_src is not None:
             stream = _session.current_stream(i_src)
             if non_blocking and is_pinned(dst):  # into pageable memory the host waits
