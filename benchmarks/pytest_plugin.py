@@ -5,9 +5,14 @@ plain CPU (the issue's target: within 2x).
 Per-test overhead: pytest runs N empty tests and 5N empty tests, with the plugin asked
 (`--simulate-gpus 1`) and unasked; the difference of the two runs' test times over 4N is the
 cost of one test, so start-up (torch's import, the simulation's start) drops out.
-Test times are the sum of pytest's own per-test durations (JUnit XML), start-up excluded.
+Test times are the sum of pytest's own per-test durations (JUnit XML), start-up excluded; the
+tests' CPU time (the process's, setup to teardown: a shared, loaded machine moves it less
+than the wall clock) is printed beside them.
+Isolation: the plugin's per-test fresh start (default device, queued work, hazards, the
+allocators' caches and peaks, streams) timed in process, after a test that touched no GPU
+and after one that made a tensor, on 1 and 8 GPUs.
 
-Run: .venv/bin/python benchmarks/pytest_plugin.py [--tests 40] [--repeats 3]
+Run: .venv/bin/python benchmarks/pytest_plugin.py [--tests 40] [--repeats 3] [--only isolation]
 """
 
 from __future__ import annotations
@@ -69,23 +74,48 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _pytest(project: Path, *args: str) -> tuple[float, float]:
-    """(sum of the tests' durations, the whole run's wall time), seconds."""
+# A plugin the benchmark adds to the runs it times: the process CPU time of each test (its
+# intra-op threads too), setup to teardown, summed into a file.
+CPU_CLOCK = textwrap.dedent('''
+    import os, time
+    import pytest
+
+    TOTAL = [0.0]
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        t0 = time.process_time()
+        try:
+            return (yield)
+        finally:
+            TOTAL[0] += time.process_time() - t0
+
+    def pytest_unconfigure(config):
+        with open(os.environ["BENCH_CPU_FILE"], "w") as f:
+            f.write(repr(TOTAL[0]))
+''')
+
+
+def _pytest(project: Path, *args: str) -> tuple[float, float, float]:
+    """(sum of the tests' durations, the whole run's wall time, the tests' CPU time), seconds."""
     xml = project / "out.xml"
+    (project / "_bench_cpu_clock.py").write_text(CPU_CLOCK)
+    cpu_file = project / "cpu.txt"
     t0 = time.perf_counter()
     # pytest loads the plugin itself where devlab's wheel registered its entry point; naming
     # it again with -p would register it twice.
     installed = any(ep.value == "_devlab_pytest"
                     for ep in importlib.metadata.entry_points(group="pytest11"))
     plugin = [] if installed else ["-p", "_devlab_pytest"]
-    proc = subprocess.run([sys.executable, "-m", "pytest", *plugin,
+    proc = subprocess.run([sys.executable, "-m", "pytest", *plugin, "-p", "_bench_cpu_clock",
                            "-p", "no:cacheprovider", "-q", f"--junitxml={xml}", *args],
-                          cwd=project, env=_env(), capture_output=True, text=True, timeout=900)
+                          cwd=project, env={**_env(), "BENCH_CPU_FILE": str(cpu_file)},
+                          capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(proc.stdout + proc.stderr)
     tests = sum(float(c.get("time", 0)) for c in ET.parse(xml).getroot().iter("testcase"))
-    return tests, wall
+    return tests, wall, float(cpu_file.read_text())
 
 
 def per_test_overhead(n: int, repeats: int) -> None:
@@ -112,22 +142,71 @@ def suite(repeats: int) -> None:
         rows = {}
         for label, args in (("plain CPU", ()), ("simulated GPU", ("--simulate-gpus", "1"))):
             runs = [_pytest(p, *args) for _ in range(repeats)]
-            rows[label] = (statistics.median(r[0] for r in runs),
-                           statistics.median(r[1] for r in runs))
+            rows[label] = tuple(statistics.median(r[k] for r in runs) for k in range(3))
             print(f"suite of 10 tests, {label:<14} tests {rows[label][0]:6.2f} s   "
-                  f"whole run {rows[label][1]:6.2f} s")
+                  f"whole run {rows[label][1]:6.2f} s   tests' CPU time {rows[label][2]:6.2f} s")
         cpu, sim = rows["plain CPU"], rows["simulated GPU"]
         print(f"ratio simulated/plain: tests {sim[0] / cpu[0]:.2f}x, "
-              f"whole run {sim[1] / cpu[1]:.2f}x")
+              f"whole run {sim[1] / cpu[1]:.2f}x, tests' CPU time {sim[2] / cpu[2]:.2f}x")
+
+
+def isolation(repeats: int) -> None:
+    """The plugin's per-test fresh start, in process (no pytest around it)."""
+    import types
+
+    import torch
+
+    from devlab.core import config
+    from devlab.fronts.pytest_plugin import Settings, SimulatedGpus
+
+    for n in (1, 8):
+        config.simulate_gpus(n)
+        plugin = SimulatedGpus(types.SimpleNamespace(), Settings(n))
+        try:
+            fresh = plugin._fresh
+
+            def clean(fresh=fresh) -> None:
+                fresh()
+
+            def touched(fresh=fresh) -> None:
+                x = torch.ones(1000, device="cuda")
+                del x
+                fresh()
+
+            def bare() -> None:
+                x = torch.ones(1000, device="cuda")
+                del x
+
+            per = {}
+            for name, f in (("clean", clean), ("touched", touched), ("bare", bare)):
+                f()
+                runs = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    for _ in range(2000):
+                        f()
+                    runs.append((time.perf_counter() - t0) / 2000 * 1e6)
+                per[name] = statistics.median(runs)
+            print(f"isolation per test, {n} GPU{'s' if n > 1 else ' '}: after a test that touched "
+                  f"no GPU {per['clean']:6.1f} us; after one that made a tensor "
+                  f"{per['touched'] - per['bare']:6.1f} us")
+        finally:
+            plugin._stop_listening()
+            config.stop_simulation()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=int, default=40, help="N: the small run's empty tests")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=("isolation", "per-test", "suite"), default=None)
     args = parser.parse_args()
-    per_test_overhead(args.tests, args.repeats)
-    suite(args.repeats)
+    if args.only in (None, "isolation"):
+        isolation(args.repeats)
+    if args.only in (None, "per-test"):
+        per_test_overhead(args.tests, args.repeats)
+    if args.only in (None, "suite"):
+        suite(args.repeats)
 
 
 if __name__ == "__main__":

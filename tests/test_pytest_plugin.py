@@ -151,29 +151,41 @@ def test_model_memory_and_topology_in_the_header(tmp_path):
     (["--simulate-gpus", "2", "--gpu-leaks", "maybe"], "one of report, fail, off"),
     (["--gpu-model", "T4"], "add --simulate-gpus N"),
 ])
-def test_bad_options_are_usage_errors(tmp_path, args, says):
-    run = run_sample("notorch", tmp_path, *args)
-    assert run.returncode == 4, run.output  # pytest's usage error
-    assert says in run.output
+def test_bad_options_are_usage_errors(tmp_path, args, says, capsys, monkeypatch):
+    # In this process, not a pytest of its own: a bad option stops pytest before any GPU is
+    # simulated (checked below), so nothing is left to leak into this session.
+    project = tmp_path / "notorch"
+    shutil.copytree(SAMPLES / "notorch", project)
+    for name in [k for k in os.environ if k.startswith("DEVLAB_")] + ["PYTEST_ADDOPTS"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(project)
+    plugin = [] if _entry_point_installed() else ["-p", "_devlab_pytest"]
+    code = pytest.main([*plugin, "-p", "no:cacheprovider", "-s", *args, str(project)])
+    out = capsys.readouterr()
+    assert code == 4, out.out + out.err  # pytest's usage error
+    assert says in out.out + out.err
+    simulated = sys.modules.get("devlab.engine.simulated")
+    assert simulated is None or not simulated.is_active()
+    assert not [k for k in os.environ if k.startswith("DEVLAB_SIMULATE")]
 
 
 # -- the bugs CPU-only CI lets through ---------------------------------------------------------
 
 SEEDED = ("test_plain_attribute_left_on_cpu", "test_tensor_on_the_wrong_gpu",
           "test_non_blocking_copy_read_before_sync", "test_freed_while_another_stream_uses_it",
-          "test_oom_back_off")
+          "test_offloaded_tensor_freed_before_its_copy", "test_oom_back_off")
 
 
 def test_seeded_bugs_pass_on_plain_cpu(tmp_path):
     run = run_sample("seeded", tmp_path)
-    assert len(run.outcomes) == 10 and set(run.outcomes.values()) == {"passed"}, run.output
+    assert len(run.outcomes) == 12 and set(run.outcomes.values()) == {"passed"}, run.output
 
 
 def test_seeded_bugs_fail_on_simulated_gpus_and_correct_code_passes(tmp_path):
     run = run_sample("seeded", tmp_path, "--simulate-gpus", "2", "--gpu-memory", "32MiB")
     failed = {t for t, o in run.outcomes.items() if o == "failed"}
     assert failed == set(SEEDED), run.output
-    assert len(run.outcomes) == 10
+    assert len(run.outcomes) == 12
     msg = run.messages
     mixed = "Expected all tensors to be on the same device, but found at least two devices"
     assert f"{mixed}, cuda:0 and cpu!" in msg["test_plain_attribute_left_on_cpu"]
@@ -190,6 +202,39 @@ def test_seeded_bugs_fail_on_simulated_gpus_and_correct_code_passes(tmp_path):
     assert "was freed while work queued on stream" in freed
     assert re.search(rf"queued at: \S*test_seeded.py:{line_of(sample, 'y = x * 2')} ", freed)
     assert re.search(rf"freed at: +\S*test_seeded.py:{line_of(sample, 'del x  #')} ", freed)
+    offloaded = msg["test_offloaded_tensor_freed_before_its_copy"]
+    assert ("was freed while a non_blocking copy to the host queued on stream" in offloaded
+            and "the host then reads that tensor's values" in offloaded), offloaded
+    copy_line = line_of(sample, 'saved = t.to("cpu", non_blocking=True)')
+    assert re.search(rf"queued at: \S*test_seeded.py:{copy_line} in offload", offloaded)
+    assert re.search(rf"freed at: +\S*test_seeded.py:{line_of(sample, 'del act  #')} ",
+                     offloaded)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
+                    reason="the library copy's tests compare it with the installed Lightning")
+def test_bugs_seeded_in_a_copy_of_lightning(tmp_path):
+    cases = [f"{test}[{device}-{source}]" for test in ("test_move_data_to_device_and_back",
+                                                       "test_positional_encoding_on_the_modules_device")
+             for device in ("cpu", "cuda") for source in ("lightning", "copy")]
+    cpu = run_sample("library_copy", tmp_path)
+    assert cpu.returncode == 0, cpu.output  # CPU-only CI is green: the CUDA variants skip
+    assert cpu.outcomes == {c: "skipped" if "[cuda-" in c else "passed" for c in cases}, cpu.output
+    gpu = run_sample("library_copy", tmp_path, "--simulate-gpus", "1")
+    failed = {c for c, o in gpu.outcomes.items() if o == "failed"}
+    assert failed == {"test_move_data_to_device_and_back[cuda-copy]",
+                      "test_positional_encoding_on_the_modules_device[cuda-copy]"}, gpu.output
+    assert len(gpu.outcomes) == 8 and list(gpu.outcomes.values()).count("passed") == 6
+    moved = gpu.messages["test_move_data_to_device_and_back[cuda-copy]"]
+    assert "non_blocking copy from cuda:0 to the host was read before" in moved
+    queued = line_of("library_copy/copied_lightning/apply_func.py",
+                     "data_output = data.to(device, **kwargs)")
+    assert re.search(rf"queued at: \S*copied_lightning/apply_func.py:{queued} in batch_to", moved)
+    read = line_of("library_copy/test_copied.py", 'assert back["x"].tolist() == ')
+    assert re.search(rf"read at: +\S*test_copied.py:{read} ", moved), moved
+    assert ("Expected all tensors to be on the same device, but found at least two devices, "
+            "cuda:0 and cpu!") in gpu.messages[
+                "test_positional_encoding_on_the_modules_device[cuda-copy]"]
 
 
 # -- each test afresh, the marker, leaks ------------------------------------------------------
@@ -231,6 +276,25 @@ def test_unittest_and_instantiate_device_type_tests(tmp_path):
     after = run_sample("frameworks", tmp_path, "--simulate-gpus", "1")
     assert after.outcomes == {"test_cuda_sum": "passed", "test_add_cpu": "passed",
                               "test_add_cuda": "passed"}, after.output
+
+
+DECORATED = {"test_trainer_fits_on_gpu", "test_trainer_on_the_second_gpu", "test_fabric_bf16_mixed",
+             "test_gpt2_on_gpu_matches_cpu", "test_two_gpus", "test_on_an_accelerator",
+             "test_bf16_forward", "test_nvidia_smi_lists_the_gpus"}
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None
+                        for m in ("lightning", "transformers")),
+                    reason="the decorators sample needs lightning and transformers")
+def test_lightning_and_transformers_gpu_decorators(tmp_path):
+    before = run_sample("decorators", tmp_path)
+    assert before.outcomes == dict.fromkeys(DECORATED, "skipped"), before.output
+    assert "Requires: [GPUs>=2]" in before.messages["test_trainer_on_the_second_gpu"]
+    assert "test requires multiple CUDA GPUs" in before.messages["test_two_gpus"]
+    assert "nvidia-smi not found" in before.messages["test_nvidia_smi_lists_the_gpus"]
+    after = run_sample("decorators", tmp_path, "--simulate-gpus", "2")
+    assert after.outcomes == dict.fromkeys(DECORATED, "passed"), after.output
+    assert "8 of 8 tests ran on simulated GPUs" in after.output
 
 
 def test_subprocess_spawn_and_torchrun_on_nccl(tmp_path):

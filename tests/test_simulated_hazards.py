@@ -1,6 +1,6 @@
 """What the simulation finds a real GPU would get wrong now and then (`base.hazards`): a
 non_blocking copy to the host read before the host waited for it, a tensor freed while another
-stream's work uses it. In the lab each is a `GpuHazardWarning` at the line that read or freed
+stream's work uses it, a tensor freed while another stream's copy to the host still reads it. In the lab each is a `GpuHazardWarning` at the line that read or freed
 too early; a listener (the pytest plugin) takes them instead. Every correctly synchronized
 form of the same code finds nothing."""
 
@@ -16,6 +16,7 @@ import devlab
 from devlab.engine.simulated.base.hazards import (
     FREED_WHILE_IN_USE,
     READ_BEFORE_SYNC,
+    READ_OF_FREED,
     GpuHazardWarning,
 )
 
@@ -181,6 +182,85 @@ def test_keeping_it_for_the_other_stream_finds_nothing(keep):
     assert _use_on_side(keep) == []
 
 
+def _offload_on_side(keep: str, copy: str = "to") -> list:
+    side = torch.cuda.Stream()
+
+    def run():
+        x = torch.ones(1024, device="cuda") * 3
+        pinned = torch.empty(1024, pin_memory=True)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            if copy == "to":
+                host = x.to("cpu", non_blocking=True)
+            else:
+                host = pinned.copy_(x, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        if keep == "record_stream":
+            x.record_stream(side)
+        elif keep == "wait_stream":
+            torch.cuda.current_stream().wait_stream(side)
+        elif keep == "wait_event":
+            torch.cuda.current_stream().wait_event(done)
+        elif keep == "synchronize":
+            side.synchronize()
+        del x
+        side.synchronize()
+        assert host.sum().item() == 3 * 1024
+    return findings(run)
+
+
+@pytest.mark.parametrize("copy", ["to", "copy_"])
+def test_a_tensor_freed_while_a_copy_to_the_host_reads_it(copy):
+    (f,) = _offload_on_side("nothing", copy)
+    assert f.kind == READ_OF_FREED
+    assert ("allocated on stream 0 was freed while a non_blocking copy to the host queued on "
+            "stream") in f.message
+    assert ("host = x.to(" if copy == "to" else "host = pinned.copy_(") in f.queued_at
+    assert "del x" in f.early_at
+    assert "freed at:" in str(f)
+
+
+@pytest.mark.parametrize("keep", ["nothing", "record_stream"])
+def test_a_tensor_freed_while_a_copy_within_the_gpu_on_another_stream_reads_it(keep):
+    side = torch.cuda.Stream()
+
+    def run():
+        x = torch.ones(1024, device="cuda")
+        y = torch.empty(1024, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y.copy_(x, non_blocking=True)
+        if keep == "record_stream":
+            x.record_stream(side)
+            y.record_stream(side)
+        del x
+        torch.cuda.current_stream().wait_stream(side)
+        assert y.sum().item() == 1024
+    got = findings(run)
+    if keep == "nothing":
+        (f,) = got
+        assert f.kind == FREED_WHILE_IN_USE
+        assert "y.copy_(x, non_blocking=True)" in f.queued_at and "del x" in f.early_at
+    else:
+        assert got == []
+
+
+@pytest.mark.parametrize("keep", ["record_stream", "wait_stream", "wait_event", "synchronize"])
+def test_keeping_it_for_the_copy_finds_nothing(keep):
+    assert _offload_on_side(keep) == []
+
+
+def test_a_copy_to_the_host_on_the_tensors_own_stream_finds_nothing():
+    def run():
+        x = torch.ones(1024, device="cuda")
+        host = x.to("cpu", non_blocking=True)
+        del x  # the copy is ahead of the next allocation on the same stream
+        torch.cuda.synchronize()
+        assert host.sum().item() == 1024
+    assert findings(run) == []
+
+
 def test_a_tensor_made_and_used_on_one_side_stream_finds_nothing():
     side = torch.cuda.Stream()
 
@@ -218,6 +298,19 @@ def test_fresh_start_forgets_pending_work_and_resets_the_gpus():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         host.sum()  # forgotten: no finding
+
+
+def test_fresh_start_after_a_fresh_start_still_resets_what_ran_between():
+    devlab.simulated.fresh_start()
+    devlab.simulated.fresh_start()  # nothing ran between: the GPUs are left as they are
+    x = torch.ones(1024, 1024, device="cuda:1")
+    del x
+    assert torch.cuda.max_memory_allocated(1) > 0 and torch.cuda.memory_reserved(1) > 0
+    assert devlab.simulated.fresh_start() == [0, 0]
+    assert torch.cuda.max_memory_allocated(1) == 0 and torch.cuda.memory_reserved(1) == 0
+    torch.cuda.set_stream(torch.cuda.Stream(device=0))
+    devlab.simulated.fresh_start()
+    assert torch.cuda.current_stream(0) == torch.cuda.default_stream(0)
 
 
 def test_passing_a_pending_buffer_on_to_a_gpu_is_no_host_read():

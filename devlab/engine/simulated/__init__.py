@@ -243,6 +243,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             _instruments.install(patcher, count, spec.name if spec is not None else None)
             _session.forget_thread_state()
             _hazards.reset()
+            _fresh_marks.clear()
             routing = _routing.push_routing()
         except BaseException:
             _session.session = None
@@ -328,6 +329,7 @@ def stop() -> None:
         _session.session = None
         _session.forget_thread_state()
         _hazards.reset()
+        _fresh_marks.clear()
         _launch.enabled = False
         if errors:
             raise errors[0]
@@ -534,12 +536,42 @@ def fresh_start() -> list[int]:
     _hazards.reset()
     left = leftover()
     with _session.lock:
-        for dev in sess.devices:
-            dev.allocator.empty_cache()
-            dev.allocator.reset_peak()
-    _session.current_streams().clear()
+        marks = _fresh_marks.get(id(sess))
+        now = []
+        for i, dev in enumerate(sess.devices):
+            # A GPU nothing allocated on, freed on or cached for since the last fresh start
+            # is fresh already: its peaks are its current values and its cache is empty.
+            mark = _allocator_mark(dev.allocator)
+            if marks is None or i >= len(marks) or marks[i] != mark:
+                dev.allocator.empty_cache()
+                dev.allocator.reset_peak()
+                mark = _allocator_mark(dev.allocator)
+            now.append(mark)
+        _fresh_marks.clear()  # one session's at a time
+        _fresh_marks[id(sess)] = now
+    streams = _session.current_streams()
+    if streams:
+        streams.clear()
     _session.tls.device = 0
     return left
+
+
+# The allocators' state at the last fresh_start, per session (by id: a new session, even at
+# the same address, brings new allocators whose marks differ from any kept here).
+_fresh_marks: dict[int, list[tuple[int, ...]]] = {}
+
+
+def _allocator_mark(allocator: Any) -> tuple[int, ...]:
+    """What changes when an allocator allocates, frees, caches or gives back memory, or its
+    statistics are reset: every allocation counts in a total, every free lowers the bytes
+    allocated, and the cache is what is reserved beyond them."""
+    stats = allocator.stats
+    small, large = stats.small, stats.large
+    return (id(allocator), small.allocation_total, large.allocation_total,
+            small.allocated_bytes + large.allocated_bytes,
+            small.reserved_bytes + large.reserved_bytes, stats.counters["num_ooms"],
+            small.allocated_bytes_peak + large.allocated_bytes_peak,
+            small.reserved_bytes_peak + large.reserved_bytes_peak)
 
 
 def leftover() -> list[int]:
@@ -560,7 +592,8 @@ def leftover() -> list[int]:
 
 def listen_findings(callback: Any) -> Any:
     """Send every hazard finding (`base.hazards.Finding`: a non_blocking copy read before the
-    host waited for it, a tensor freed while another stream's work uses it) to `callback`
+    host waited for it, a tensor freed while another stream's work uses it or its copy to the
+    host reads it) to `callback`
     instead of a warning, until the returned function is called (the pytest plugin fails the
     test that made one)."""
     return _hazards.listen(callback)

@@ -15,8 +15,9 @@ package is the rest, a thin front over `devlab.config` and `devlab.simulated`:
   simulated, and runs one on GPUs of another model or memory (the `simulated_gpus` fixture
   tells a test what it runs on);
 - the simulation's findings (a non_blocking copy read before it was waited for, a tensor freed
-  while another stream uses it: `devlab.engine.simulated.base.hazards`) fail the test that made them,
-  naming the line that queued the work and the line that came too early.
+  while another stream uses it, or while another stream's copy to the host still reads it:
+  `devlab.engine.simulated.base.hazards`) fail the test that made them, naming the line that
+  queued the work and the line that came too early.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class SimulatedGpus:
         self.leaks: list[tuple[str, list[int]]] = []
         self.findings: list = []  # the running test's
         self._default_device = torch.get_default_device()
+        self._device_context = _default_device_context()
         self._stop_listening = simulated.listen_findings(self.findings.append)
         import _pytest
         import pluggy
@@ -166,8 +168,12 @@ class SimulatedGpus:
         from devlab.engine import simulated
 
         self.findings.clear()
-        if torch.get_default_device() != self._default_device:
-            torch.set_default_device(self._default_device)
+        # torch.set_default_device replaces this context: while it is the session's, so is
+        # the default device (and torch.get_default_device() costs more than the rest).
+        if _default_device_context() is not self._device_context:
+            if torch.get_default_device() != self._default_device:
+                torch.set_default_device(self._default_device)
+            self._device_context = _default_device_context()
         simulated.fresh_start()
 
     def _switch(self, settings: Settings) -> None:
@@ -249,6 +255,12 @@ class SimulatedGpus:
     def simulated_gpus(self) -> GpuView:
         """The simulated GPUs this test runs on, and the findings it made so far."""
         return GpuView(self.current, self.findings)
+
+
+def _default_device_context() -> Any:
+    import torch
+
+    return getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
 
 
 def _allocated(simulated: Any) -> list[int]:

@@ -53,6 +53,27 @@ def test_record_stream_keeps_it():
     assert y.shape == (256,)
 
 
+def offload(t: torch.Tensor) -> tuple[torch.Tensor, object]:
+    if not t.is_cuda:
+        return t.clone(), None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        saved = t.to("cpu", non_blocking=True)
+    t.record_stream(side)  # the allocator keeps t's block until the side stream's copy is done
+    return saved, side
+
+
+def test_offloaded_tensor_kept_for_its_copy():
+    act = torch.randn(1024, device=DEVICE) * 2
+    saved, side = offload(act)
+    expected = act.sum().item()
+    del act
+    if side is not None:
+        side.synchronize()
+    assert abs(saved.sum().item() - expected) < 1e-3
+
+
 def halve_until_it_fits(batch: int) -> int:
     while batch > 1:
         try:

@@ -48,6 +48,32 @@ def test_freed_while_another_stream_uses_it():
     assert y.shape == (256,)
 
 
+def offload(t: torch.Tensor) -> torch.Tensor:
+    """Activation offloading as libraries write it: the copy to the host runs on a side stream,
+    overlapped with the default stream's compute; the host tensor is waited for before use."""
+    if not t.is_cuda:
+        return t.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        saved = t.to("cpu", non_blocking=True)  # the side stream reads t's block ...
+    OFFLOADED.append(side)
+    return saved
+
+
+OFFLOADED: list = []
+
+
+def test_offloaded_tensor_freed_before_its_copy():
+    act = torch.randn(1024, device=DEVICE) * 2
+    saved = offload(act)
+    expected = act.sum().item()
+    del act  # ... freed here without act.record_stream(side): the next tensor may reuse it
+    for side in OFFLOADED:
+        side.synchronize()
+    assert abs(saved.sum().item() - expected) < 1e-3
+
+
 def halve_until_it_fits(batch: int) -> int:
     """OOM back-off, as training loops write it; the bug: MemoryError is the CPU's exception,
     CUDA raises torch.OutOfMemoryError."""

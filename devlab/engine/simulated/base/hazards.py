@@ -15,6 +15,13 @@ what a GPU would still have pending, though, and says so (Note [Pending work is 
   allocating stream made to wait for the other (`wait_stream`, `wait_event`), nor the host
   having waited for it: CUDA's caching allocator hands the block to the allocating stream's
   next allocation while the other stream's kernel may still read it.
+- **read of freed memory**: a `non_blocking` copy to the host queued on one stream reads a GPU
+  tensor allocated on another (activation offloading, an asynchronous checkpoint's staging on a
+  side stream), and the tensor is freed before the copy is waited for, with neither
+  `t.record_stream(copy_stream)` nor the allocating stream made to wait: the allocator hands the
+  block to the allocating stream's next tensor, whose values the copy may carry to the host.
+  CPU-only CI never sees it (no streams, no caching allocator), and on a real GPU the host reads
+  the wrong values only when the next kernel wins the race.
 
 Each finding names the line that queued the work and the line that read (or freed) too early.
 Where they go: to every listener `listen()` registered (the pytest plugin fails the test with
@@ -43,6 +50,7 @@ PENDING = "_devlab_pending"  # a host storage a non-blocking copy still writes: 
 
 READ_BEFORE_SYNC = "read-before-sync"
 FREED_WHILE_IN_USE = "freed-while-in-use"
+READ_OF_FREED = "read-of-freed-memory"
 
 _lock = threading.RLock()
 # Work queued so far on each (GPU, stream), how far the host has waited for each, and how far
@@ -56,6 +64,9 @@ armed = False  # some host storage has a copy pending: the mode checks what a ca
 tracking = False  # some thread left the default stream: GPU ops note their streams
 # id(block) -> the other streams a GPU tensor's block was used on: {stream: (count, where)}.
 _uses: dict[int, dict[int, tuple[int, str]]] = {}
+# id(block) -> the other streams whose non_blocking copies to the host read it: {stream:
+# (count, where)}; a free before they are waited for is a read of freed memory.
+_host_reads: dict[int, dict[int, tuple[int, str]]] = {}
 
 _listeners: list[Callable[[Finding], None]] = []
 _observers: list[Callable[[Finding], None]] = []
@@ -69,7 +80,7 @@ class GpuHazardWarning(UserWarning):
 class Finding:
     """One hazard: what it is, the line that queued the work and the line that came too early."""
 
-    kind: str  # READ_BEFORE_SYNC or FREED_WHILE_IN_USE
+    kind: str  # READ_BEFORE_SYNC, FREED_WHILE_IN_USE or READ_OF_FREED
     message: str
     queued_at: str
     early_at: str
@@ -116,6 +127,8 @@ def observe(callback: Callable[[Finding], None]) -> Callable[[], None]:
 def reset() -> None:
     """Forget all pending work (a simulation starts or stops, a test starts afresh)."""
     global armed, tracking
+    if not (armed or tracking or _queued or _pending or _uses or _host_reads):
+        return  # nothing was ever noted since the last reset (most tests)
     with _lock:
         for s in list(_pending):
             try:
@@ -127,6 +140,7 @@ def reset() -> None:
         _host_waited.clear()
         _stream_waited.clear()
         _uses.clear()
+        _host_reads.clear()
         armed = False
         tracking = False
 
@@ -196,14 +210,19 @@ def _bump(index: int, stream: int) -> int:
     return n
 
 
-def queued_to_host(storage: torch.UntypedStorage, index: int, stream: int) -> None:
-    """A non-blocking copy from GPU `index`'s `stream` into pinned host `storage` was queued."""
+def queued_to_host(storage: torch.UntypedStorage, index: int, stream: int,
+                   source: Any = None) -> None:
+    """A non-blocking copy from GPU `index`'s `stream` into pinned host `storage` was queued;
+    `source` is the GPU tensor's allocator block (its `stream` the one it was allocated on)."""
     global armed
     with _lock:
         n = _bump(index, stream)
-        setattr(storage, PENDING, _Pending(index, stream, n, user_line()))
+        where = user_line()
+        setattr(storage, PENDING, _Pending(index, stream, n, where))
         _pending.add(storage)
         armed = True
+        if source is not None and source.stream != stream:
+            _host_reads.setdefault(id(source), {})[stream] = (n, where)
 
 
 def mark(index: int, stream: int) -> int:
@@ -294,21 +313,37 @@ def stream_waited(index: int, waiting: int, other: int, upto: int | None = None)
             _stream_waited[key] = n
 
 
+def _late(index: int, block: Any, uses: dict[int, tuple[int, str]] | None
+          ) -> list[tuple[int, str]]:
+    """The other streams' uses of `block` nothing waited for before it is freed."""
+    late = []
+    for stream, (n, where) in (uses or {}).items():
+        if block.stream_uses and stream in block.stream_uses:
+            continue  # record_stream: the allocator holds the block for that stream
+        if _host_waited.get((index, stream), 0) >= n:
+            continue
+        if _stream_waited.get((index, block.stream, stream), 0) >= n:
+            continue
+        late.append((stream, where))
+    return late
+
+
 def freed(index: int, block: Any) -> None:
-    """A GPU tensor's block is being freed: a finding if another stream may still use it."""
+    """A GPU tensor's block is being freed: a finding if another stream may still use it, or
+    a non_blocking copy to the host on another stream may still read it."""
     with _lock:
-        uses = _uses.pop(id(block), None)
-        if not uses:
-            return
-        late = []
-        for stream, (n, where) in uses.items():
-            if block.stream_uses and stream in block.stream_uses:
-                continue  # record_stream: the allocator holds the block for that stream
-            if _host_waited.get((index, stream), 0) >= n:
-                continue
-            if _stream_waited.get((index, block.stream, stream), 0) >= n:
-                continue
-            late.append((stream, where))
+        late = _late(index, block, _uses.pop(id(block), None))
+        reads = _late(index, block, _host_reads.pop(id(block), None))
+    for stream, where in reads:
+        _report(Finding(
+            READ_OF_FREED,
+            f"a tensor of cuda:{index} allocated on stream {block.stream} was freed while a "
+            f"non_blocking copy to the host queued on stream {stream} may still read it: CUDA's "
+            f"caching allocator can hand its memory to the next allocation on stream "
+            f"{block.stream} at once, and the host then reads that tensor's values. Call "
+            f"t.record_stream(stream) for the copy's stream, or make stream {block.stream} "
+            "wait for it (wait_stream / wait_event) before the tensor is freed.",
+            where, user_line()))
     for stream, where in late:
         _report(Finding(
             FREED_WHILE_IN_USE,

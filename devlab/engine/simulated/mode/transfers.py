@@ -46,7 +46,8 @@ def copy_to(t: Tensor, target: int | None, dtype: Any = None, non_blocking: bool
         _marks.mark_outputs(out, target)
     elif non_blocking and src is not None:
         pin(out.untyped_storage())  # as CUDA's _to_copy: a non-blocking copy to the host
-        _hazards.queued_to_host(out.untyped_storage(), src, _session.current_stream(src))
+        _hazards.queued_to_host(out.untyped_storage(), src, _session.current_stream(src),
+                                _source_block(t))
     elif src is not None and (_hazards.armed or _hazards.tracking):
         _hazards.host_waited(src, _session.current_stream(src))  # a blocking copy waits
     sess = _session.session
@@ -61,6 +62,13 @@ def copy_to(t: Tensor, target: int | None, dtype: Any = None, non_blocking: bool
     if out.grad_fn is not None and src != target:
         route_copy_backward(out, src, target)
     return out
+
+
+def _source_block(t: Tensor) -> Any:
+    """The allocator block of a GPU tensor a copy to the host reads (`hazards` checks that it
+    outlives the copy)."""
+    m = _marks.mark_of(t)
+    return getattr(m, "block", None)
 
 
 def _split_copy(args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
@@ -183,10 +191,16 @@ def copy_(func: Callable, args: tuple, kwargs: dict) -> Any:
         pinned = isinstance(host, Tensor) and is_pinned(host)
         sess.charges.copy(i_src, i_dst, src.nbytes if isinstance(src, Tensor) else 0,
                           not non_blocking, "aten::copy_", pinned)
+        if _hazards.tracking and i_src is not None and i_src == i_dst:
+            # A copy within a GPU is work on its current stream that reads src and writes dst:
+            # both blocks must outlive it (the freed-while-in-use rule, as for any GPU op).
+            _hazards.used_on(i_src, _session.current_stream(i_src),
+                             [_source_block(src), _source_block(dst)])
         if i_dst is None and i_src is not None:
             stream = _session.current_stream(i_src)
             if non_blocking and is_pinned(dst):  # into pageable memory the host waits
-                _hazards.queued_to_host(dst.untyped_storage(), i_src, stream)
+                _hazards.queued_to_host(dst.untyped_storage(), i_src, stream,
+                                        _source_block(src))
             elif _hazards.armed or _hazards.tracking:
                 _hazards.host_waited(i_src, stream)
     return out
