@@ -378,6 +378,41 @@ def test_a_hung_plain_fork_beside_a_store_is_reported(two, hang_timeout, capfd):
     assert "threading.Event().wait()  # the plain fork's line the report must show" in err
 
 
+def test_a_hung_plain_fork_is_reported_while_the_parent_idles_with_background_threads(
+        two, hang_timeout, capfd):
+    """A waiting parent's own threads (a store's, the register's, here one that computes 3 % of
+    the time) cross a clock tick now and then: that is not a parent computing for its pool, and
+    the child that waits for ever is still reported."""
+    import torch.distributed as dist
+
+    hang_timeout(2)
+    stop = threading.Event()
+
+    def background() -> None:
+        while not stop.wait(0.02):
+            end = time.thread_time() + 0.0006
+            while time.thread_time() < end:
+                pass
+
+    thread = threading.Thread(target=background, daemon=True)
+    thread.start()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    rank = _fork.Process(target=_waits_forever)
+    try:
+        rank.start()
+        rank.join(30)
+    finally:
+        stop.set()
+        thread.join()
+        if rank.is_alive():  # not reported: do not leave it waiting for ever
+            rank.kill()
+            rank.join()
+        del store
+    err = capfd.readouterr().err
+    assert rank.exitcode == hang_report.HANG_EXIT, (rank.exitcode, err)
+    assert "no process of this launch made progress for 2 s" in err, err
+
+
 def test_dataloader_workers_beside_a_store_are_not_reported(two, hang_timeout, capfd):
     import torch
     import torch.distributed as dist

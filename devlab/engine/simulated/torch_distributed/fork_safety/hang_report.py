@@ -16,6 +16,7 @@ file of slots and starts the same watchdog before the rank's code runs.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import faulthandler
 import math
@@ -38,6 +39,13 @@ HANG_EXIT = 124
 # Below this share of a period's wall time in processor time, a process counts as waiting:
 # the watchdog's own check costs microseconds; a polling loop sleeping 10 ms uses ~0.2%.
 IDLE_SHARE = 0.02
+# A pool's parent counts as computing for its waiting children above this share of the last
+# hang timeout's wall time: the kernel samples its time in clock ticks (10 ms), so a waiting
+# parent whose own threads (a store's, the register's, a library's) use a few per cent shows
+# ticks now and then, and one period's worth says nothing; a computing parent uses a core's.
+PARENT_SHARE = 0.1
+# devlab's own background threads: their processor time says nothing of a rank's progress.
+OWN_THREADS = frozenset({"devlab-gpu-register", "devlab-hang-watchdog"})
 SLOT = struct.Struct("d")  # one process's slot: when it last made progress (CLOCK_MONOTONIC)
 _UNSET = object()
 _PROCESS_PY = os.path.join("multiprocessing", "process.py")
@@ -113,6 +121,17 @@ def _cpu_of(pid: int) -> float | None:
         return None
 
 
+def _rank_cpu() -> float:
+    """Processor time of this process's threads but devlab's own background ones
+    (OWN_THREADS)."""
+    total = time.process_time()
+    for t in threading.enumerate():
+        if t.name in OWN_THREADS and t.ident is not None:
+            with contextlib.suppress(OSError, AttributeError, ValueError, OverflowError):
+                total -= time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+    return total
+
+
 def _in_dataloader_worker() -> bool:
     worker = sys.modules.get("torch.utils.data._utils.worker")
     return worker is not None and getattr(worker, "_worker_info", None) is not None
@@ -120,13 +139,16 @@ def _in_dataloader_worker() -> bool:
 
 def _watch(slots: mmap.mmap, index: int, count: int, timeout: float, period: float,
            parent: int | None = None) -> None:
-    cpu = time.process_time()
-    parent_cpu = _cpu_of(parent) if parent is not None else None
+    cpu = _rank_cpu()
     tick = os.sysconf("SC_CLK_TCK") if parent is not None else 100
+    # the parent's processor time (ticks) over the last `timeout` seconds
+    parent_cpu: collections.deque[tuple[float, float]] = collections.deque()
+    if parent is not None and (first := _cpu_of(parent)) is not None:
+        parent_cpu.append((time.monotonic(), first))
     while True:
         time.sleep(period)
         now = time.monotonic()
-        used = time.process_time()
+        used = _rank_cpu()
         busy = used - cpu >= IDLE_SHARE * period
         cpu = used
         if parent is not None:
@@ -137,9 +159,15 @@ def _watch(slots: mmap.mmap, index: int, count: int, timeout: float, period: flo
                 faulthandler.cancel_dump_traceback_later()
                 return
             theirs = _cpu_of(parent) if os.getppid() == parent else None
-            if theirs is not None and parent_cpu is not None:
-                busy = busy or (theirs - parent_cpu) / tick >= IDLE_SHARE * period
-            parent_cpu = theirs
+            if theirs is None:
+                parent_cpu.clear()
+            else:
+                parent_cpu.append((now, theirs))
+                while now - parent_cpu[0][0] > timeout:
+                    parent_cpu.popleft()
+                since, before = parent_cpu[0]
+                used_s = (theirs - before) / tick
+                busy = busy or used_s >= max(PARENT_SHARE * (now - since), 3 / tick)
         if busy and index < count:
             SLOT.pack_into(slots, index * SLOT.size, now)
         last = max(SLOT.unpack_from(slots, i * SLOT.size)[0] for i in range(count))
