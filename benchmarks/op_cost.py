@@ -241,12 +241,21 @@ def main() -> None:
     p.add_argument("--round", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--callgrind", nargs=3, metavar=("CASE", "MODE", "N"))
     p.add_argument("--layers", action="store_true", help="the per-layer breakdown of a + b")
+    p.add_argument("--profile", nargs=2, metavar=("CASE", "MODE"),
+                   help="cProfile's split of a case by layer (MODE simulated or T4)")
     opts = p.parse_args()
     if opts.round:
         _child(opts.quick)
         return
     if opts.callgrind:
         callgrind_run(*opts.callgrind[:2], int(opts.callgrind[2]))
+        return
+    if opts.profile:
+        case = {"add": "small op", "life": "tensor life", "loop": "100x100 loop",
+                "mlp": "MLP step"}.get(opts.profile[0], opts.profile[0])
+        shares = profile(case, opts.profile[1])
+        print(f"{case} on {opts.profile[1]} ({Path(devlab.__file__).parent}): cProfile's "
+              "own time by layer: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
         return
     if opts.layers:
         torch.set_num_threads(1)
@@ -411,6 +420,61 @@ def layers(quick: bool, rounds: int) -> dict[str, dict[str, float]]:
                       "marking": m["marking"], "allocator": m["allocator"], "clock": clock_cost,
                       "total": m[label]}
     return out
+
+
+# Where each function's own time goes, by the file (and for storage_marks, the function) it
+# is in: the layers of docs/op-cost.md. A builtin's time goes to its caller's layer.
+_LAYER_OF_FILE = (
+    ("caching_allocator", "allocator"), ("clock/", "clock"), ("placement_log", "log"),
+    ("storage_marks.py:tensors_of", "routing"), ("storage_marks", "marking"),
+    ("session.py:current_stream", "marking"), ("session.py", "clock"),
+    ("routing.py", "routing"), ("device_rule.py", "routing"), ("factories.py", "routing"),
+    ("device_args.py", "routing"), ("gpu_workers.py", "routing"), ("async_launch.py", "routing"),
+    ("dispatch_devices.py", "routing"), ("simulated/", "routing"),
+)
+
+
+def _layer(func: tuple) -> str | None:
+    where = f"{func[0]}:{func[2]}"
+    for part, layer in _LAYER_OF_FILE:
+        if part in where:
+            return layer
+    return None
+
+
+def profile(case: str, mode: str) -> dict[str, float]:
+    """cProfile's own time of one case by layer, as fractions of the profiled total: the
+    op's builtin (torch's kernel and C++ override check: `op and entry`), and the layers'
+    Python. cProfile adds a cost per call, so calls weigh more than they cost; the fractions
+    say where the calls are, callgrind's totals and the wall time how much they cost."""
+    import cProfile
+    import pstats
+
+    torch.set_num_threads(1)
+    simulated.start(1, model=None if mode == "simulated" else mode)
+    try:
+        fn, n = _case(case, "cuda:0")
+        for _ in range(n // 10 + 1):
+            fn()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(n):
+            fn()
+        prof.disable()
+    finally:
+        simulated.stop()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    by: dict[str, float] = {}
+    for func, (_, _, tottime, _, callers) in stats.items():
+        layer = _layer(func)
+        if layer is None and callers:  # a builtin, or the benchmark's own loop
+            top = max(callers, key=lambda c: callers[c][2])
+            layer = _layer(top)
+            if layer == "routing" and func[2].startswith("<method") and "TensorBase" in func[2]:
+                layer = "op and entry"  # the op itself, called from the mode
+        by[layer or "op and entry"] = by.get(layer or "op and entry", 0.0) + tottime
+    total = sum(by.values())
+    return {k: v / total for k, v in sorted(by.items(), key=lambda kv: -kv[1])}
 
 
 Tensor_add = torch.Tensor.add

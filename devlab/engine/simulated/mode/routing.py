@@ -191,8 +191,12 @@ _tf_stack_len = torch._C._len_torch_function_stack
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 _saved_tensor_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _tls = _session.tls
+_NO_CHARGES = _session.NO_CHARGES
 _mark_outputs = _marks.mark_outputs
+_mark_one = _marks.mark_one
+_recount = _marks.recount
 _take_workspace = _ops.take_workspace
+_runs_cublas = _ops._runs_cublas  # func -> whether it runs cuBLAS, as take_workspace learns it
 # func -> whether the fast path may take it: True (no handler, not a factory, not a
 # higher-order op), False, or the handler's `plain_when(args, kwargs)`, which says when the
 # handler would run the call as any op runs (async_launch's small products)
@@ -226,10 +230,10 @@ def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
         return _miss("handler")
     if kwargs and ("device" in kwargs or "pin_memory" in kwargs):
         return _miss("device keyword")
-    if _hazards.armed or _hazards.tracking:
-        return _miss("hazards")
     if _session.capture is not None:
         return _miss("capture")
+    if _hazards.armed or _hazards.tracking:
+        return _miss("hazards")
     if _workers._pending_total or _workers._alert:
         return _miss("queued work")
     if _tf_stack_len() or _dispatch_stack_len() or _saved_tensor_hooks(False) is not None:
@@ -267,7 +271,7 @@ def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
         elif isinstance(a, Tensor):
             return _miss("subclass")
     if index is None:
-        return _miss("host call")
+        return _miss("no tensor")
     if fallbacks is not None:
         fallbacks["fast"] += 1
     # _ops.call, inline
@@ -283,9 +287,28 @@ def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
     finally:
         tls.index = prev
         tls.calls -= 1
-    fresh = _mark_outputs(out, index, None)
-    _take_workspace(func, index)
-    sess.charges.call(func, args, kwargs, out, index, fresh)
+    # mark_outputs, inline for one plain tensor (no host inputs to alias)
+    to = type(out)
+    if to is Tensor or to is _Parameter:
+        try:
+            s = out.untyped_storage()
+        except STORAGE_ERRORS:
+            fresh = _mark_outputs(out, index, None)
+        else:
+            m = getattr(s, MARK, None)
+            if m is None or m.session is not sess:
+                _mark_one(s, index)
+                fresh = True
+            else:
+                _recount(s, m)
+                fresh = False
+    else:
+        fresh = _mark_outputs(out, index, None)
+    if _runs_cublas.get(func) is not False:  # take_workspace asks only of products
+        _take_workspace(func, index)
+    charges = sess.charges
+    if charges is not _NO_CHARGES:  # without a model the session's NoCharges charges nothing
+        charges.call(func, args, kwargs, out, index, fresh)
     return out
 
 
