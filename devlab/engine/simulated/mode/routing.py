@@ -130,7 +130,9 @@ class SimulationMode(TorchFunctionMode):
             # on the host gives its time back (`_ops.run`).
             sess = self.session
             charges = sess.charges
-            charges.enter()
+            modeled = charges is not _NO_CHARGES  # NoCharges' enter and leave do nothing
+            if modeled:
+                charges.enter()
             try:
                 if fast_path:
                     out = _fast(sess, func, args, kwargs)
@@ -155,7 +157,8 @@ class SimulationMode(TorchFunctionMode):
                     return _higher_order(func, args, kwargs)
                 return _ops.run(func, args, kwargs)
             finally:
-                charges.leave()
+                if modeled:
+                    charges.leave()
         except Exception as e:
             # The user's call entered the simulation here: an error raised in torch's name
             # leaves without the simulation's frames.
@@ -193,7 +196,6 @@ _saved_tensor_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _tls = _session.tls
 _NO_CHARGES = _session.NO_CHARGES
 _mark_outputs = _marks.mark_outputs
-_mark_one = _marks.mark_one
 _recount = _marks.recount
 _take_workspace = _ops.take_workspace
 _runs_cublas = _ops._runs_cublas  # func -> whether it runs cuBLAS, as take_workspace learns it
@@ -297,7 +299,7 @@ def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
         else:
             m = getattr(s, MARK, None)
             if m is None or m.session is not sess:
-                _mark_one(s, index)
+                _marks.mark_one(s, index)  # by the module: where a test interrupts a mark
                 fresh = True
             else:
                 _recount(s, m)
