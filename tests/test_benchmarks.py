@@ -53,3 +53,18 @@ def test_pytest_plugin_benchmark_prints_its_figures() -> None:
     out = _run("benchmarks/pytest_plugin.py", "--tests", "5", "--repeats", "1", timeout=900)
     assert re.search(r"per-test cost, --simulate-gpus 1 +-?\d+\.\d{3} ms per empty test", out), out
     assert re.search(r"ratio simulated/plain: tests \d+\.\d\dx, whole run \d+\.\d\dx", out), out
+
+
+def test_op_cost_benchmark_prints_its_ratios_and_layers() -> None:
+    out = _run("benchmarks/op_cost.py", "--quick", "--rounds", "1", "--no-scaling")
+    for work in ("small op", "tensor life", "100x100 loop", "MLP step", "1024^2 matmul"):
+        line = next((ln for ln in out.splitlines() if ln.startswith(work)), None)
+        assert line is not None, out
+        # cpu, simulated, its full path, T4, its full path: four ratios, and the verdicts
+        assert len(re.findall(r"\(\s*\d+\.\d\dx\)", line)) == 4, line
+        assert re.search(r"(met|NOT met) <= [0-9.]+x, (met|NOT met) <= [0-9.]+x$", line), line
+    out = _run("benchmarks/op_cost.py", "--layers", "--quick", "--rounds", "1")
+    for label in ("simulated", "T4"):
+        block = out.split(f"\n{label}: ")[1]
+        for layer in ("mode entry", "routing", "marking", "allocator", "clock", "total"):
+            assert re.search(rf"{layer} +-?\d+\.\d\d", block), block

@@ -21,8 +21,9 @@ from devlab.engine import simulated
 from devlab.engine.gpu_model.caching_allocator import AllocatorConfig, round_size
 from devlab.engine.simulated.base import gpu_workers as _workers
 from devlab.engine.simulated.base import session as _session
+from devlab.engine.simulated.base import storage_marks as _marks
 from devlab.engine.simulated.mode import async_launch as _launch
-from devlab.engine.simulated.mode import device_rule as _ops
+from devlab.engine.simulated.mode import routing as _routing
 
 MIB = 1024 * 1024
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -250,29 +251,32 @@ def _state() -> tuple:
             torch.cuda.memory_allocated, {t.ident for t in threading.enumerate()})
 
 
-def test_an_interrupt_inside_an_op_keeps_nothing_alive(monkeypatch) -> None:
+@pytest.mark.parametrize("fast", [True, False], ids=["fast path", "full path"])
+def test_an_interrupt_inside_an_op_keeps_nothing_alive(monkeypatch, fast) -> None:
     # The issue: after an interrupt inside a simulated op, its tensor (25 MB) stayed alive
     # after `del`, gc.collect() and synchronize(): the routing mode's frames held it in the
     # traceback IPython keeps. Here the interrupt lands as a real one does: right after the
-    # kernel returns, in the simulation's frames.
+    # kernel returns, in the simulation's frames (marking its output, which the mode's fast
+    # path and its full path both do through storage_marks.mark_one).
     simulated.start(1)
+    monkeypatch.setattr(_routing, "fast_path", fast)
     x = torch.randn(2500, 2500, device="cuda")  # 23.84 MiB
     torch.relu(x)  # the worker thread and the modes exist before
     before = _state()
     outputs = []
-    real = _ops.mark_outputs
+    real = _marks.mark_one
 
-    def interrupted(out, *args):
-        real(out, *args)
-        outputs.append(weakref.ref(out))
+    def interrupted(storage, *args):
+        real(storage, *args)
+        outputs.append(weakref.ref(storage))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_ops, "mark_outputs", interrupted)
+    monkeypatch.setattr(_marks, "mark_one", interrupted)
     try:
         torch.sin(x)
     except KeyboardInterrupt as e:
         kept = e  # as IPython keeps sys.last_traceback
-    monkeypatch.setattr(_ops, "mark_outputs", real)
+    monkeypatch.setattr(_marks, "mark_one", real)
     del x
     gc.collect()
     torch.cuda.synchronize()

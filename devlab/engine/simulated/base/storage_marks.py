@@ -44,7 +44,9 @@ def _release(m: Mark) -> None:
     sess = m.session
     if sess is _session.session and m.block is not None:
         charges = sess.charges  # the allocator's work is not the host's (Note [The host's
-        charges.enter()  # modeled time] in gpu_model/modeled_clock.py)
+        modeled = charges is not _session.NO_CHARGES  # modeled time] in
+        if modeled:  # gpu_model/modeled_clock.py; without a model there is no host time to
+            charges.enter()  # stop: no calls per free)
         try:
             with _session.lock:
                 if m.block is not None:
@@ -53,7 +55,8 @@ def _release(m: Mark) -> None:
                     sess.devices[m.index].allocator.free(m.block)
                     m.block = None
         finally:
-            charges.leave()
+            if modeled:
+                charges.leave()
 
 
 class Mark(weakref.ref):
@@ -314,7 +317,10 @@ def mark_one(s: torch.UntypedStorage, index: int) -> None:
         _first_use(sess)
     dev = sess.devices[index]
     nb = s.nbytes()
-    m = new_mark(s, index, sess)
+    m = Mark(s, _release)  # new_mark, inline: this runs for almost every op's output
+    m.index = index
+    m.session = sess
+    m.block = None
     setattr(s, MARK, m)
     with _session.lock:
         oom = _charge(dev, m, nb)

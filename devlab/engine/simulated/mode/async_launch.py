@@ -84,17 +84,26 @@ def _meta(t: Tensor) -> Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
+def runs_here(args: tuple, kwargs: dict) -> bool:
+    """Whether `launch` runs this call as any op runs (`_ops.run`) before it asks anything
+    else: no asynchronous launch, or not two plain tensors, or a product too small to hand
+    off. The mode's fast path asks it too (`launch.plain_when`, Note [The mode's fast path] in
+    routing.py), so a small product takes that path."""
+    if not enabled or kwargs or len(args) != 2:
+        return True
+    a, b = args
+    if type(a) is not Tensor or type(b) is not Tensor or a.dim() < 1 or b.dim() < 1:
+        return True
+    return a.numel() * (b.shape[-1] if b.dim() >= 2 else 1) < MIN_MACS
+
+
 def launch(func: Callable, args: tuple, kwargs: dict) -> Any:
     """Queue a heavy product on its GPU's worker and return its (allocated) output at once;
     anything else runs here (`_ops.run`)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    if not enabled or kwargs or len(args) != 2:
+    if runs_here(args, kwargs):
         return _ops.run(func, args, kwargs)
     a, b = args
-    if type(a) is not Tensor or type(b) is not Tensor or a.dim() < 1 or b.dim() < 1:
-        return _ops.run(func, args, kwargs)
-    if a.numel() * (b.shape[-1] if b.dim() >= 2 else 1) < MIN_MACS:
-        return _ops.run(func, args, kwargs)
     state = carried_state()
     if state is None or (state[0] and (a.requires_grad or b.requires_grad)):
         return _ops.run(func, args, kwargs)  # autograd records it here
@@ -122,3 +131,6 @@ def launch(func: Callable, args: tuple, kwargs: dict) -> Any:
 
     _workers.submit(index, product, [m for m in holds if m is not None])
     return out
+
+
+launch.plain_when = runs_here  # type: ignore[attr-defined]

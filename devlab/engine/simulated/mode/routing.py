@@ -25,7 +25,7 @@ from devlab.engine.simulated.base import gpu_workers as _workers
 from devlab.engine.simulated.base import hazards as _hazards
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base import storage_marks as _marks
-from devlab.engine.simulated.base.storage_marks import mark_of
+from devlab.engine.simulated.base.storage_marks import MARK, STORAGE_ERRORS, mark_of
 from devlab.engine.simulated.mode import device_rule as _ops
 from devlab.engine.simulated.mode import factories as _factories
 
@@ -86,6 +86,7 @@ def fill_handlers(*tables: dict[Callable, Callable]) -> None:
     if merged != HANDLERS:
         HANDLERS.clear()
         HANDLERS.update(merged)
+    _plain_calls.clear()  # the fast path's per-call decisions read HANDLERS
 
 
 class SimulationMode(TorchFunctionMode):
@@ -127,9 +128,16 @@ class SimulationMode(TorchFunctionMode):
             # The host's time stops at the wall clock's pace while the call is inside the
             # simulation (Note [The host's modeled time] in clock/modeled_clock.py); an op that runs
             # on the host gives its time back (`_ops.run`).
-            charges = self.session.charges
-            charges.enter()
+            sess = self.session
+            charges = sess.charges
+            modeled = charges is not _NO_CHARGES  # NoCharges' enter and leave do nothing
+            if modeled:
+                charges.enter()
             try:
+                if fast_path:
+                    out = _fast(sess, func, args, kwargs)
+                    if out is not _MISS:
+                        return out
                 if _hazards.armed and func not in _METADATA:
                     _check_host_reads(func, args, kwargs)
                 h = HANDLERS.get(func)
@@ -149,7 +157,8 @@ class SimulationMode(TorchFunctionMode):
                     return _higher_order(func, args, kwargs)
                 return _ops.run(func, args, kwargs)
             finally:
-                charges.leave()
+                if modeled:
+                    charges.leave()
         except Exception as e:
             # The user's call entered the simulation here: an error raised in torch's name
             # leaves without the simulation's frames.
@@ -159,6 +168,150 @@ class SimulationMode(TorchFunctionMode):
             _errors.let_go(e)
             args = kwargs = None  # noqa: F841
             raise
+
+
+# Note [The mode's fast path]
+# Most calls a learner's loop makes are one op on tensors of one simulated GPU, with nothing
+# else in play: `_fast` runs those as the full path (`_ops.run`) would, step for step (the
+# call with `tls.index` and `tls.calls` set, `mark_outputs`, `take_workspace`, the charge),
+# without the full path's questions, which it answers once per call (`_plain_calls`) or from
+# a few module flags. Anything unusual sends the call down the full path, before anything has
+# happened: a handler's call, a factory, a higher-order operator or a keyword naming a device
+# (`_plain_calls`); a pending non-blocking copy or a non-default stream (`hazards`' flags); a
+# CUDA graph's capture; queued work on a worker or a worker's error; another function mode
+# below the simulation's (`with torch.device(...)`), a dispatch mode (the placement log,
+# `Marking`), saved-tensor hooks; and among the tensors, a subclass, a host tensor, a tensor
+# without a storage, or two GPUs. `fallbacks`, when a test sets it to a Counter, counts each
+# call taken (`"fast"`) and each reason to fall back (tests/test_simulated_fast_path.py);
+# `fast_path = False` sends every call down the full path (the equivalence test, and the
+# benchmark's before-and-after in one run: benchmarks/op_cost.py).
+
+fast_path = True
+fallbacks: Any = None  # a collections.Counter while a test counts
+_MISS = object()
+_Parameter = torch.nn.Parameter
+_tf_stack_len = torch._C._len_torch_function_stack
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
+_saved_tensor_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+_tls = _session.tls
+_NO_CHARGES = _session.NO_CHARGES
+_mark_outputs = _marks.mark_outputs
+_recount = _marks.recount
+_take_workspace = _ops.take_workspace
+_runs_cublas = _ops._runs_cublas  # func -> whether it runs cuBLAS, as take_workspace learns it
+# func -> whether the fast path may take it: True (no handler, not a factory, not a
+# higher-order op), False, or the handler's `plain_when(args, kwargs)`, which says when the
+# handler would run the call as any op runs (async_launch's small products)
+_plain_calls: dict[Callable, Any] = {}
+
+
+def _plain(func: Callable) -> Any:
+    h = HANDLERS.get(func)
+    if h is not None:
+        plain = getattr(h, "plain_when", False)
+    else:
+        plain = func not in _factories.CONSTRUCTORS and not isinstance(func, _HigherOrder)
+    _plain_calls[func] = plain
+    return plain
+
+
+def _miss(reason: str) -> object:
+    if fallbacks is not None:
+        fallbacks[reason] += 1
+    return _MISS
+
+
+def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
+    """`func(*args, **kwargs)` on its tensors' simulated GPU as `_ops.run` runs it, or `_MISS`
+    (nothing done) where the call needs the full path (Note [The mode's fast path])."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    plain = _plain_calls.get(func)
+    if plain is None:
+        plain = _plain(func)
+    if plain is not True and (plain is False or not plain(args, kwargs)):
+        return _miss("handler")
+    if kwargs and ("device" in kwargs or "pin_memory" in kwargs):
+        return _miss("device keyword")
+    if _session.capture is not None:
+        return _miss("capture")
+    if _hazards.armed or _hazards.tracking:
+        return _miss("hazards")
+    if _workers._pending_total or _workers._alert:
+        return _miss("queued work")
+    if _tf_stack_len() or _dispatch_stack_len() or _saved_tensor_hooks(False) is not None:
+        return _miss("mode or hook")
+    index = None
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        ta = type(a)
+        if ta is Tensor or ta is _Parameter:
+            try:
+                m = getattr(a.untyped_storage(), MARK, None)
+            except STORAGE_ERRORS:
+                return _miss("no storage")
+            if m is None or m.session is not sess:
+                return _miss("host tensor")
+            if index is None:
+                index = m.index
+            elif m.index != index:
+                return _miss("devices")
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                tx = type(x)
+                if tx is Tensor or tx is _Parameter:
+                    try:
+                        m = getattr(x.untyped_storage(), MARK, None)
+                    except STORAGE_ERRORS:
+                        return _miss("no storage")
+                    if m is None or m.session is not sess:
+                        return _miss("host tensor")
+                    if index is None:
+                        index = m.index
+                    elif m.index != index:
+                        return _miss("devices")
+                elif isinstance(x, Tensor):
+                    return _miss("subclass")
+        elif isinstance(a, Tensor):
+            return _miss("subclass")
+    if index is None:
+        return _miss("no tensor")
+    if fallbacks is not None:
+        fallbacks["fast"] += 1
+    # _ops.call, inline
+    tls = _tls
+    prev = getattr(tls, "index", None)
+    tls.index = index
+    tls.calls = getattr(tls, "calls", 0) + 1
+    try:
+        out = func(*args, **kwargs)
+    except Exception as e:
+        _errors.torch_error(e)
+        raise
+    finally:
+        tls.index = prev
+        tls.calls -= 1
+    # mark_outputs, inline for one plain tensor (no host inputs to alias)
+    to = type(out)
+    if to is Tensor or to is _Parameter:
+        try:
+            s = out.untyped_storage()
+        except STORAGE_ERRORS:
+            fresh = _mark_outputs(out, index, None)
+        else:
+            m = getattr(s, MARK, None)
+            if m is None or m.session is not sess:
+                _marks.mark_one(s, index)  # by the module: where a test interrupts a mark
+                fresh = True
+            else:
+                _recount(s, m)
+                fresh = False
+    else:
+        fresh = _mark_outputs(out, index, None)
+    if _runs_cublas.get(func) is not False:  # take_workspace asks only of products
+        _take_workspace(func, index)
+    charges = sess.charges
+    if charges is not _NO_CHARGES:  # without a model the session's NoCharges charges nothing
+        charges.call(func, args, kwargs, out, index, fresh)
+    return out
 
 
 # Calls that read a tensor's metadata, not its values: no read of a copy still pending.

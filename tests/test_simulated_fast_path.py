@@ -1,0 +1,270 @@
+"""The simulation mode's fast path (Note [The mode's fast path] in
+devlab/engine/simulated/mode/routing.py): a plain op on one simulated GPU takes it, every
+unusual call falls back to the full path (each reason counted), and random op sequences, with
+streams, two GPUs, errors, copies and a modeled clock, give the same values, memory figures,
+modeled times and errors with the fast path on and forced off."""
+
+from __future__ import annotations
+
+import collections
+import io
+import random
+import threading
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import devlab
+from devlab.core import placement_log
+from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import session as _session
+from devlab.engine.simulated.mode import routing
+
+
+@pytest.fixture
+def counted(no_simulation):
+    """The fast path's counter on for the test."""
+    routing.fallbacks = collections.Counter()
+    yield routing.fallbacks
+    routing.fallbacks = None
+    routing.fast_path = True
+
+
+def _taken(counter: collections.Counter, fn: Any) -> collections.Counter:
+    """What the fast path counted while fn ran."""
+    before = collections.Counter(counter)
+    try:
+        fn()
+    finally:
+        after = collections.Counter(counter)
+    after.subtract(before)
+    return +after
+
+
+def test_a_plain_op_on_one_gpu_takes_the_fast_path(counted) -> None:
+    devlab.simulated.start(1)
+    a = torch.ones(8, 8, device="cuda:0")
+    b = torch.full((8, 8), 2.0, device="cuda:0")
+    got = _taken(counted, lambda: a + b)
+    assert got == {"fast": 1}
+    c = a + b
+    assert c.device == torch.device("cuda:0") and torch.equal(c.cpu(), torch.full((8, 8), 3.0))
+    x = torch.ones(100, 100, device="cuda:0")
+    # a product too small to hand off to the worker: async_launch's `plain_when` says so
+    assert _taken(counted, lambda: torch.linalg.norm(x @ x)) == {"fast": 2}
+    assert _taken(counted, lambda: torch.cat([a, b])) == {"fast": 1}  # a list of tensors
+
+
+@pytest.mark.filterwarnings("ignore::devlab.engine.simulated.base.hazards.GpuHazardWarning")
+def test_each_unusual_call_falls_back_to_the_full_path(counted) -> None:
+    devlab.simulated.start(2)
+    a = torch.ones(8, 8, device="cuda:0")
+    b = torch.ones(8, 8, device="cuda:0")
+    on1 = torch.ones(8, 8, device="cuda:1")
+    host = torch.ones(8, 8)
+
+    def mixed() -> None:
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            a + on1
+    assert _taken(counted, mixed) == {"devices": 1}
+
+    def with_host() -> None:
+        with pytest.raises(RuntimeError, match="cuda:0 and cpu"):
+            a + host
+    assert _taken(counted, with_host) == {"host tensor": 1}
+    assert _taken(counted, lambda: torch.ones(3, device="cuda:0")) == {"handler": 1}
+    assert _taken(counted, lambda: torch.zeros_like(a, device="cuda:1")) == {
+        "device keyword": 1}
+    assert _taken(counted, lambda: host + host) == {"host tensor": 1}  # the host's own work
+
+    class Sub(torch.Tensor):
+        pass
+    s = a.as_subclass(Sub)
+    assert counted["subclass"] == 0
+    _taken(counted, lambda: s + b)
+    assert counted["subclass"] >= 1
+
+    def hooked() -> None:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            a * b
+    assert _taken(counted, hooked) == {"mode or hook": 1}
+
+    def logged() -> None:
+        with placement_log.capture(io.StringIO()):
+            a * b
+    assert _taken(counted, logged)["mode or hook"] == 1
+
+    release = threading.Event()
+
+    def queued() -> None:
+        _workers.submit(0, release.wait, [])  # work queued on GPU 0 until the timer's set
+        timer = threading.Timer(0.2, release.set)
+        timer.start()
+        try:
+            a * b  # the full path waits for the queue, as any use of the GPU's tensors does
+        finally:
+            timer.join()
+            torch.cuda.synchronize(0)
+    assert _taken(counted, queued) == {"queued work": 1}
+
+    def on_a_stream() -> None:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            a * b
+    assert _taken(counted, on_a_stream) == {"hazards": 1}
+    assert _taken(counted, lambda: a * b) == {"hazards": 1}  # streams stay noted: full path
+
+
+def test_a_capture_and_a_mode_below_fall_back(counted) -> None:
+    devlab.simulated.start(1, model="T4")
+    x = torch.ones(256, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    before = collections.Counter(counted)
+    with torch.cuda.graph(g):
+        x + 1
+    assert counted["capture"] > before["capture"]
+    g.reset()
+    devlab.simulated.stop()
+
+    class Below(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202
+            return func(*args, **(kwargs or {}))
+
+    with Below():
+        devlab.simulated.start(1)
+        try:
+            a = torch.ones(4, device="cuda:0")
+            assert _taken(counted, lambda: a + a) == {"mode or hook": 1}
+        finally:
+            devlab.simulated.stop()
+
+
+def test_the_switch_off_sends_every_call_down_the_full_path(counted) -> None:
+    devlab.simulated.start(1)
+    a = torch.ones(8, device="cuda:0")
+    routing.fast_path = False
+    assert _taken(counted, lambda: a + a) == {}
+    routing.fast_path = True
+    assert _taken(counted, lambda: a + a) == {"fast": 1}
+
+
+# --- the same answers ------------------------------------------------------------------------
+
+
+def _sequence(seed: int, gpus: int) -> list[Any]:
+    """A random program on `gpus` simulated GPUs; what it saw at every step."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    seen: list[Any] = []
+    live: list[torch.Tensor] = [torch.randn(8, 8, device=f"cuda:{i % gpus}")
+                                for i in range(4)]
+    streams = [None, torch.cuda.Stream("cuda:0")]
+
+    def pick() -> torch.Tensor:
+        return rng.choice(live)
+
+    def same_gpu_pair() -> tuple[torch.Tensor, torch.Tensor]:
+        a = pick()
+        others = [t for t in live if t.device == a.device and t.shape == a.shape]
+        return a, rng.choice(others)
+
+    ops = [
+        lambda: live.append(torch.add(*same_gpu_pair())),
+        lambda: live.append(torch.mul(*same_gpu_pair())),
+        lambda: live.append(pick().relu()),
+        lambda: live.append(pick() @ pick().new_ones(8, 8)),
+        lambda: live.append(torch.linalg.norm(pick()).reshape(1).expand(8).clone().view(8, 1)
+                            * torch.ones(1, 8, device=live[0].device)),
+        lambda: pick().add_(1.5),
+        lambda: live.append(pick().t()),
+        lambda: live.append(torch.cat(list(same_gpu_pair()))[:8]),
+        lambda: seen.append(pick().sum().item()),
+        lambda: live.append(pick() + torch.tensor(2.0)),  # a host 0-dim scalar
+        lambda: live.append(pick() + torch.ones(8, 8)),  # a host tensor: the mixed error
+        lambda: live.append(pick() + pick()),  # two GPUs: the mixed error, when they differ
+        lambda: live.append(pick().to(f"cuda:{rng.randrange(gpus)}")),
+        lambda: live.append(pick().cpu().cuda(rng.randrange(gpus))),
+        lambda: live.append(torch.ones(8, 8, device=f"cuda:{rng.randrange(gpus)}")),
+        lambda: live.append(torch.empty(rng.randrange(1, 5000), device="cuda:0")[:0].new_zeros(
+            8, 8)),
+        lambda: live.append(torch.randn(256, 256, device="cuda:0")
+                            @ torch.randn(256, 256, device="cuda:0")),  # a queued product
+        lambda: live.pop(rng.randrange(len(live))) if len(live) > 2 else None,
+        lambda: live.pop(rng.randrange(len(live))) if len(live) > 2 else None,
+    ]
+    caught = warnings.catch_warnings(record=True)
+    found = caught.__enter__()  # the hazards' findings (a block freed while a stream used it)
+    warnings.simplefilter("always")
+    try:
+        _steps(rng, ops, live, streams, seen, gpus, found)
+    finally:
+        caught.__exit__(None, None, None)
+    return seen
+
+
+def _steps(rng: random.Random, ops: list, live: list, streams: list, seen: list, gpus: int,
+           found: list) -> None:
+    for step in range(120):
+        op = rng.randrange(len(ops))
+        use_stream = step > 80 and rng.random() < 0.3  # streams late: the fast path runs first
+        try:
+            s = streams[1] if use_stream else None
+            if s is not None:
+                with torch.cuda.stream(s):
+                    ops[op]()
+            else:
+                ops[op]()
+            seen.append(("ok", op))
+        except Exception as e:  # noqa: BLE001 - the error is what is compared
+            seen.append(("error", op, type(e).__name__, str(e)))
+        live[:] = [t.reshape(8, 8) for t in live if t.dim() and t.numel() == 64]
+        if not live:
+            live.append(torch.randn(8, 8, device="cuda:0"))
+        seen.append([(str(t.device), t.dtype, tuple(t.shape)) for t in live])
+        seen.append([torch.cuda.memory_allocated(i) for i in range(gpus)])
+        seen.append([(w.category.__name__, str(w.message)) for w in found])
+        found.clear()
+    torch.cuda.synchronize()
+    seen.append([t.cpu() for t in live])
+    seen.append([torch.cuda.memory_stats(i) for i in range(gpus)])
+    seen.append([torch.cuda.max_memory_reserved(i) for i in range(gpus)])
+    clock = _session.session.charges.clock
+    if clock is not None:
+        seen.append((clock.host, list(clock.free), list(clock.busy), list(clock.compute),
+                     dict(clock.side)))
+
+
+def _same(x: Any, y: Any) -> bool:
+    """Equal, tensors by their values and dtype (NaN-free here: randn, sums, products)."""
+    if isinstance(x, torch.Tensor):
+        return isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+    if isinstance(x, (list, tuple)):
+        return (type(x) is type(y) and len(x) == len(y)
+                and all(_same(a, b) for a, b in zip(x, y, strict=True)))
+    if isinstance(x, dict):
+        return x.keys() == y.keys() and all(_same(x[k], y[k]) for k in x)
+    return x == y
+
+
+@pytest.mark.usefixtures("modeled_host")
+@pytest.mark.parametrize("model", [None, "T4"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_programs_answer_alike_with_the_fast_path_on_and_off(counted, model, seed):
+    runs = []
+    for fast in (True, False):
+        routing.fast_path = fast
+        devlab.simulated.start(2, model=model)
+        try:
+            runs.append(_sequence(seed, 2))
+        finally:
+            devlab.simulated.stop()
+            devlab.runtime.reset()
+    routing.fast_path = True
+    assert counted["fast"] > 50  # the fast run took it, and fell back too
+    assert sum(v for k, v in counted.items() if k != "fast") > 0
+    fast, full = runs
+    assert len(fast) == len(full)
+    for i, (x, y) in enumerate(zip(fast, full, strict=True)):
+        assert _same(x, y), f"step {i}: {x!r} != {y!r}"
