@@ -258,6 +258,8 @@ def test_gpu_leaks_fail_makes_a_leak_an_error(tmp_path):
     assert "left 1.0 MiB on cuda:0 allocated" in run.messages["test_leaks_a_tensor"]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("xdist") is None,
+                    reason="needs pytest-xdist (the test extra has it)")
 def test_xdist_workers_simulate_too(tmp_path):
     run = run_sample("gated", tmp_path, "--simulate-gpus", "2", "-n", "2")
     assert set(run.outcomes.values()) == {"passed"} and len(run.outcomes) == 5, run.output

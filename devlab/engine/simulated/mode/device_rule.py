@@ -215,7 +215,7 @@ def run(func: Callable, args: tuple, kwargs: dict) -> Any:
     index, host, wrapped = placement(func, args, kwargs)
     if index is None:
         # The host's own work (a data loader's collate, preprocessing): its time is the
-        # host's, at the wall clock's pace (Note [The host's modeled time] in clock/modeled_clock.py).
+        # host's, at the wall clock's pace (Note [The host's modeled time] in gpu_model/modeled_clock.py).
         sess = _session.session
         clock = sess.charges.clock if sess is not None else None
         if clock is None:

@@ -126,7 +126,7 @@ class SimulationMode(TorchFunctionMode):
                         _marks.mark_outputs(out, owner.index)
                 return out
             # The host's time stops at the wall clock's pace while the call is inside the
-            # simulation (Note [The host's modeled time] in clock/modeled_clock.py); an op that runs
+            # simulation (Note [The host's modeled time] in gpu_model/modeled_clock.py); an op that runs
             # on the host gives its time back (`_ops.run`).
             sess = self.session
             charges = sess.charges
