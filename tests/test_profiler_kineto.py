@@ -33,6 +33,18 @@ def _modeled_seconds(fn) -> list[float]:
     return [s.end - s.start for s in devlab.simulated.timeline(fn).spans if s.kind == "kernel"]
 
 
+def test_a_functional_asked_to_work_in_place_runs_its_kernel() -> None:
+    # nn.ReLU(inplace=True) calls F.relu(x, inplace=True): its name does not say it writes in
+    # place, and it makes no memory, yet it runs the kernel its out-of-place twin runs
+    # (docs/profiler-validation.md: resnet18's ReLUs had no CUDA time).
+    devlab.simulated.start(1, model="T4")
+    x = torch.randn(1024, 1024, device="cuda")
+    torch.cuda.synchronize()
+    (apart,) = _modeled_seconds(lambda: torch.nn.ReLU()(x))
+    (in_place,) = _modeled_seconds(lambda: torch.nn.ReLU(inplace=True)(x))
+    assert in_place == pytest.approx(apart) and in_place > 0
+
+
 def test_cuda_activity_gives_modeled_kernels_in_torchs_table(capfd) -> None:
     devlab.simulated.start(1, model="T4")
     x = torch.randn(100, 100, device="cuda")

@@ -135,8 +135,9 @@ class Charges(NoCharges):
                             _session.current_streams())
             return
         # A kernel ran if the call made memory or wrote in place; views and metadata reads
-        # run none.
-        if not fresh and kind != _WRITES:
+        # run none. A functional asked to work in place (F.relu(x, inplace=True), so
+        # nn.ReLU(inplace=True)) writes its input: its name does not say so.
+        if not fresh and kind != _WRITES and kwargs.get("inplace") is not True:
             return
         key = (func, index, signature(args, kwargs, out),
                self._tf32 and torch.backends.cuda.matmul.allow_tf32)

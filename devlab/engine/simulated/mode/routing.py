@@ -255,6 +255,8 @@ def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
             elif m.index != index:
                 return _miss("devices")
         elif isinstance(a, (list, tuple)):
+            # the same look as above, written out again: a function call per tensor would
+            # cost the hot path more than the look itself (Note [The mode's fast path])
             for x in a:
                 tx = type(x)
                 if tx is Tensor or tx is _Parameter:
