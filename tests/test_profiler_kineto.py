@@ -40,9 +40,10 @@ def test_a_functional_asked_to_work_in_place_runs_its_kernel() -> None:
     devlab.simulated.start(1, model="T4")
     x = torch.randn(1024, 1024, device="cuda")
     torch.cuda.synchronize()
-    (apart,) = _modeled_seconds(lambda: torch.nn.ReLU()(x))
-    (in_place,) = _modeled_seconds(lambda: torch.nn.ReLU(inplace=True)(x))
-    assert in_place == pytest.approx(apart) and in_place > 0
+    for module in (torch.nn.ReLU, torch.nn.Hardtanh):  # `inplace` by keyword; by position
+        (apart,) = _modeled_seconds(lambda m=module: m()(x))
+        (in_place,) = _modeled_seconds(lambda m=module: m(inplace=True)(x))
+        assert in_place == pytest.approx(apart) and in_place > 0, module
 
 
 def test_cuda_activity_gives_modeled_kernels_in_torchs_table(capfd) -> None:

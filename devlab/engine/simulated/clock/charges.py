@@ -14,6 +14,7 @@ The clock is bookkeeping beside the real computation: the CPU still computes eve
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -69,6 +70,22 @@ _SIZED_BY_VALUES = ops_catalog.callables("sized_by_values")
 # What the clock makes of a call, by the callable (looked up once per op, so kept by it).
 _READ, _WRITES, _PURE, _SIZED = range(4)
 _kinds: dict[Any, int] = {}
+_inplace_at: dict[Any, int | None] = {}  # where a function takes `inplace`, if it does
+
+
+def _asked_in_place(func: Callable, args: tuple, kwargs: dict) -> bool:
+    """Whether a functional was asked to write its input (F.relu(x, inplace=True); nn.ReLU
+    passes it by keyword, nn.Dropout and nn.Hardtanh by position): its name does not say."""
+    if "inplace" in kwargs:
+        return kwargs["inplace"] is True
+    at = _inplace_at.get(func, -1)
+    if at == -1:
+        try:
+            names = list(inspect.signature(func).parameters)
+        except (TypeError, ValueError):  # a builtin without a signature takes no `inplace`
+            names = []
+        at = _inplace_at[func] = names.index("inplace") if "inplace" in names else None
+    return at is not None and at < len(args) and args[at] is True
 
 
 def _kind_of(func: Callable) -> int:
@@ -136,8 +153,8 @@ class Charges(NoCharges):
             return
         # A kernel ran if the call made memory or wrote in place; views and metadata reads
         # run none. A functional asked to work in place (F.relu(x, inplace=True), so
-        # nn.ReLU(inplace=True)) writes its input: its name does not say so.
-        if not fresh and kind != _WRITES and kwargs.get("inplace") is not True:
+        # nn.ReLU(inplace=True)) writes its input.
+        if not fresh and kind != _WRITES and not _asked_in_place(func, args, kwargs):
             return
         key = (func, index, signature(args, kwargs, out),
                self._tf32 and torch.backends.cuda.matmul.allow_tf32)
