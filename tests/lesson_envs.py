@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import re
@@ -33,6 +34,7 @@ from tools.compat import GOOGLE_COLAB, folder_mib
 from tools.measure import run_measured
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+_SESSIONS = itertools.count()  # each Binder session's simulated machine
 BINDER = ROOT / "binder"
 ARTIFACTS = ROOT / "test-artifacts"
 
@@ -128,7 +130,9 @@ class BinderEnv:
         JupyterHub passes to a mybinder session (one CPU, 2 GB)."""
         env = {"PATH": f"{self.venv / 'bin'}:/usr/bin:/bin", "HOME": str(self.home),
                "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
-               "CPU_LIMIT": "1", "MEM_LIMIT": str(BINDER_MEMORY_LIMIT)}
+               "CPU_LIMIT": "1", "MEM_LIMIT": str(BINDER_MEMORY_LIMIT),
+               # a mybinder session is a container, a machine of its own
+               "DEVLAB_SIMULATED_MACHINE": f"binder-{os.getpid()}-{next(_SESSIONS)}"}
         env.update(extra)
         return env
 

@@ -87,8 +87,8 @@ def _meta(t: Tensor) -> Tensor:
 def runs_here(args: tuple, kwargs: dict) -> bool:
     """Whether `launch` runs this call as any op runs (`_ops.run`) before it asks anything
     else: no asynchronous launch, or not two plain tensors, or a product too small to hand
-    off. The mode's fast path asks it too (`launch.plain_when`, Note [The mode's fast path] in
-    routing.py), so a small product takes that path."""
+    off. The mode's fast path asks it too (`launch.plain_when`), so a small product takes
+    that path: See Note [The mode's fast path] in routing.py."""
     if not enabled or kwargs or len(args) != 2:
         return True
     a, b = args
