@@ -203,10 +203,11 @@ KERNEL_CELLS = {
 
 
 @pytest.fixture(scope="module")
-def kernel():
+def kernel(tmp_path_factory):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(s) for s in KERNEL_CELLS.values()]
-    execute(nb, allow_errors=True, timeout=300)
+    # in a folder of its own: the trace cell saves trace.pickle where the kernel runs
+    execute(nb, allow_errors=True, timeout=300, cwd=tmp_path_factory.mktemp("kernel"))
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     return dict(zip(KERNEL_CELLS, nb.cells, strict=True)), state
 
