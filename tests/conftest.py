@@ -12,8 +12,10 @@ import devlab
 # Each pytest worker, with the kernels and processes it starts, is a simulated machine of its
 # own: on one host, two workers' lessons would otherwise count each other's memory in NVML and
 # nvidia-smi, as two notebooks on one real machine do (devlab.engine.simulated.base.machine).
-os.environ.setdefault("DEVLAB_SIMULATED_MACHINE",
-                      f"tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}")
+# (Set, not defaulted: pytest-xdist's workers inherit the controller's environment, where this
+# file ran first.)
+os.environ["DEVLAB_SIMULATED_MACHINE"] = (
+    f"tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}")
 
 # The corpus holds third-party programs (some named test_*.py, pytest suites of their own, like
 # accelerate's): tests/test_conformance.py runs them as their users do, pytest must not collect them.
