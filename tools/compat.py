@@ -241,10 +241,11 @@ def build_and_test(spec: str, checkout: Path, venv: Path, work: Path,
 
 # What Colab's runtime has (2025): the packages devlab meets there, pinned as Colab pins them.
 # Colab ships accelerate with its Hugging Face packages; lesson 06 uses it (the `lab` extra gives
-# it to every other place the lessons run).
+# it to every other place the lessons run), and pytest (googlecolab/backend-info's pip-freeze.txt:
+# pytest 7.4 in 2023, 8 since), which lesson 06 runs with devlab's plugin.
 COLAB = {"python": "3.12", "torch": "torch==2.11.0",
          "kernel": ["ipython==7.34.0", "ipykernel==6.17.1", "ipywidgets==7.7.1", "matplotlib",
-                    "numpy", "accelerate>=1.0,<2"]}
+                    "numpy", "accelerate>=1.0,<2", "pytest>=7,<9"]}
 # What Colab's kernel has loaded, for the set-up cell here and the kernels of
 # tests/lesson_envs.py: google.colab, a module with a spec as an imported one has (accelerate
 # asks importlib.util.find_spec("google.colab")).
