@@ -18,7 +18,7 @@ import devlab
 from devlab.core import timing
 from devlab.engine import gpu_model, simulated
 from devlab.engine.gpu_model import CALIBRATION, SPECS
-from devlab.engine.gpu_model.kernels import COMPUTE, ELEMENTWISE, GEMM, LAYER_NORM, SOFTMAX
+from devlab.engine.gpu_model.kernels import COMPUTE, ELEMENTWISE, GEMM, LAYER_NORM, SOFTMAX, l2_miss
 from devlab.engine.simulated.clock import roofline as _roofline
 from devlab.fronts.lab import exercises
 
@@ -99,6 +99,26 @@ def test_memory_bound_ops_follow_a_bandwidth_curve_below_the_achieved_peak() -> 
     assert (soft.family, norm.family) == (SOFTMAX, LAYER_NORM)
     assert soft.memory == pytest.approx(2 * 4096**2 * 4 / (soft.achieved_gbs * 1e9))
     assert gpu_model.family("aten::some_new_op_") == ELEMENTWISE
+
+
+def test_softmax_and_layer_norm_rows_that_outgrow_the_l2_reread_dram() -> None:
+    def gbs(op: str, rows: int, cols: int, gpu: str) -> float:
+        return gpu_model.predict(op, ((rows, cols),), "float32", gpu).achieved_gbs
+
+    # The same bytes: rows of 12,288 outgrow the T4's 4 MB of L2 (softmax then moves 2x its
+    # counted bytes, layer norm 1.5x), not the L4's 48 MB.
+    t4, bw = CALIBRATION["T4"], T4.memory_bandwidth_gbs
+    assert gbs("softmax", 2**16, 1536, "T4") == pytest.approx(t4.softmax * bw, rel=0.01)
+    assert gbs("softmax", 2**13, 12288, "T4") == pytest.approx(t4.softmax * bw / 2, rel=0.01)
+    assert gbs("layer_norm", 2**13, 12288, "T4") == pytest.approx(t4.layer_norm * bw / 1.5,
+                                                                  rel=0.01)
+    l4 = SPECS["L4"]
+    assert gbs("softmax", 2**13, 12288, "L4") == pytest.approx(
+        CALIBRATION["L4"].softmax * l4.memory_bandwidth_gbs, rel=0.01)
+    # A row of at most 1,024 runs the warp kernel: the element-wise bandwidth, nearly.
+    warp = gbs("softmax", 2**16, 1024, "T4")
+    assert warp == pytest.approx(0.95 * t4.bandwidth * bw, rel=0.01)
+    assert l2_miss(SPECS["T4"], SOFTMAX, 0) == 0.0  # a row not known
 
 
 def test_two_ways_of_timing_one_op() -> None:
@@ -721,8 +741,7 @@ def test_the_datasheet_rule_is_what_the_measurements_give(bench, measured, loo) 
 
 # Where the leave-one-out table misses the 20 % target (docs/gpu-models.md says why): each is
 # a board x family; the test fails if one more appears or one of these is met.
-LOO_ERROR_MISSES = {("T4", "bmm"), ("T4", "softmax"), ("P4", "bmm"), ("P4", "softmax"),
-                    ("P100", "bmm"), ("P100", "softmax"), ("P100", "layer norm"), ("L4", "bmm"),
+LOO_ERROR_MISSES = {("T4", "bmm"), ("P4", "bmm"), ("P100", "bmm"), ("L4", "bmm"),
                     ("A100-PCIe-40GB", "bmm")}
 
 
@@ -732,6 +751,8 @@ def test_leaving_each_measured_board_out(bench, measured, loo) -> None:
     assert sum(s.rows for s in scores) == len(measured)
     assert {(s.gpu, s.family) for s in scores if s.mape > 0.2} == LOO_ERROR_MISSES
     assert [(s.gpu, s.family) for s in scores if s.within_2x < 0.9] == [("P4", "bmm")]
+    # Softmax and layer norm, with the rows read against the L2, meet the target everywhere.
+    assert all(s.meets(0.9, 0.2) for s in scores if s.family in ("softmax", "layer norm"))
     for s in scores:
         assert s.within_2x >= 0.85 and s.mape <= 0.35 and 0.6 <= s.median_ratio <= 1.3, s
     # Against the previous rule fitted the same way: every kernel's error together is lower,

@@ -157,7 +157,7 @@ CALIBRATION["H100-PCIe"] = replace(CALIBRATION["H100"], tflops=CITED_TFLOPS["H10
 # five GPUs' means, the tiles of the GPU nearest in compute capability (the T4: 7.5, Turing).
 CALIBRATION["TITAN-RTX"] = Calibration(
     GemmFit(CALIBRATION["T4"].mm.tile, 0.85), GemmFit(CALIBRATION["T4"].bmm.tile, 0.88),
-    0.820, 0.646, 0.593, 19.6, CITED_TFLOPS["TITAN-RTX"], None,
+    0.820, 0.816, 0.804, 19.6, CITED_TFLOPS["TITAN-RTX"], None,
     "the rule for GPUs without rows (NeuSight's protocol); the T4's tiles")
 
 
@@ -221,7 +221,7 @@ MEASURED = ("T4", "P4", "P100", "V100", "L4", "A100-PCIe-40GB", "A100-PCIe-80GB"
 # --- fitted: `benchmarks/gpu_model.py --fit` prints this rule from the measurements ----------
 RULE_SOURCE = "the datasheet rule (no measured kernels); tiles of the nearest measured board"
 DATASHEET_RULE = DatasheetRule((0.9, 0.75), 64.0, 0.7, (1.1, 0.9), 0.2, 1.016, 0.97, 0.821,
-                               0.9, 0.9, 18.2)
+                               0.978, 0.976, 18.2)
 # --- end of the fitted rule ---------------------------------------------------------------------
 
 
