@@ -631,6 +631,24 @@ def test_a_blocks_modeled_time_is_the_per_op_model_of_its_ops(t4) -> None:
 NEW_BOARDS = ("RTX-3060", "RTX-3090", "RTX-4060", "RTX-4070", "RTX-4090", "RTX-5090", "A10G",
               "L40S", "V100-SXM2-16GB", "H200", "B200")
 
+def test_compute_capability_10_and_12_as_torch_reads_them() -> None:
+    """The B200 (10.0) and RTX 5090 (12.0) as torch 2.13's own checks see them: BF16 from
+    major 8 on (torch.cuda.is_bf16_supported), FP8 from 8.9 (common_cuda's
+    PLATFORM_SUPPORTS_FP8), MX/FP4 products from 10.0 (SM100OrLater), flash attention over
+    sm80 to sm121 (sdp_utils.cpp); FP64 tensor cores on the data-centre chip only."""
+    from devlab.engine.gpu_model.specs import ARCH
+    b200, rtx5090 = SPECS["B200"], SPECS["RTX-5090"]
+    assert (b200.compute_capability, rtx5090.compute_capability) == ("10.0", "12.0")
+    for s in (b200, rtx5090):
+        major, minor = (int(x) for x in s.compute_capability.split("."))
+        assert major >= 8 and s.bf16_tflops is not None and "bfloat16" in s.tensor_dtypes
+        assert (8, 0) <= (major, minor) <= (12, 1)  # flash attention's range
+        assert {"float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2"} <= set(s.tensor_dtypes)
+    assert "float64" in b200.tensor_dtypes and "float64" not in rtx5090.tensor_dtypes
+    # Per-SM limits: sm_100 as sm_90, sm_120 as sm_89 (NVIDIA's libcu++ arch_traits).
+    assert ARCH["10.0"] == ARCH["9.0"] and ARCH["12.0"] == ARCH["8.9"]
+
+
 
 @pytest.mark.parametrize(("typed", "key"), [
     ("RTX 4090", "RTX-4090"), ("4090", "RTX-4090"), ("GeForce RTX 4090", "RTX-4090"),
