@@ -136,7 +136,8 @@ def predict_seconds(calls: int = 20000) -> tuple[float, float]:
 def calibration_markdown() -> str:
     """The stored constants, one row per GPU (docs/gpu-models.md, "What GPUs achieve")."""
     lines = ["| GPU | products (mm): tile, FP32 | batched (bmm): tile, FP32 | bandwidth: "
-             "element-wise, softmax, layer norm | alone floor | from |", "|---|---|---|---|---|---|"]
+             "element-wise, softmax, layer norm (rows within the L2) | alone floor | from |",
+             "|---|---|---|---|---|---|"]
     for name, cal in CALIBRATION.items():
         spec = SPECS[name]
 

@@ -118,7 +118,11 @@ def test_softmax_and_layer_norm_rows_that_outgrow_the_l2_reread_dram() -> None:
     # A row of at most 1,024 runs the warp kernel: the element-wise bandwidth, nearly.
     warp = gbs("softmax", 2**16, 1024, "T4")
     assert warp == pytest.approx(0.95 * t4.bandwidth * bw, rel=0.01)
-    assert l2_miss(SPECS["T4"], SOFTMAX, 0) == 0.0  # a row not known
+    assert l2_miss(SPECS["T4"], SOFTMAX, 0) == 0.0
+    # A row not known (the clock sees bytes only) is taken as 1,024 elements.
+    unknown = gpu_model.memory_bound(T4, LAYER_NORM, 2**26)
+    assert unknown.achieved_gbs == pytest.approx(gbs("layer_norm", 2**13, 1024, "T4"))
+    assert gpu_model.memory_bound(T4, SOFTMAX, 2**26).achieved_gbs == pytest.approx(warp)
 
 
 def test_two_ways_of_timing_one_op() -> None:

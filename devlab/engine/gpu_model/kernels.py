@@ -238,6 +238,9 @@ def _stored_memory_bound(name: str, family: str, nbytes: int, row: int = 0,
 # bandwidth up to rows of 5,120 and 0.43 at 16,384; the L4's (48 MB of L2) 0.79 at every length.
 
 
+UNKNOWN_ROW = 1024
+
+
 def l2_miss(spec: GpuSpec, family: str, row_bytes: int) -> float:
     """The share of a row-wise kernel's re-reads served by DRAM rather than the L2 (0 to 1)."""
     ramp = L2_MISS_RAMP.get(family)
@@ -253,7 +256,10 @@ def l2_miss(spec: GpuSpec, family: str, row_bytes: int) -> float:
 def memory_fraction(spec: GpuSpec, family: str, cal: Calibration, row: int = 0,
                     itemsize: int = 4) -> float:
     """The achieved fraction of the datasheet bandwidth a kernel of `family` moves its counted
-    bytes at (rows of `row` elements; See Note [Rows that outgrow the L2])."""
+    bytes at (rows of `row` elements; See Note [Rows that outgrow the L2]). A row not known
+    (0: the simulation's clock sees bytes, not shapes; a backward kernel) is taken as 1,024
+    elements, the length of many attention rows and hidden sizes."""
+    row = row or UNKNOWN_ROW
     if family == SOFTMAX:
         if 0 < row <= WARP_SOFTMAX_ROW and row * itemsize <= 4 * WARP_SOFTMAX_ROW:
             return cal.bandwidth * WARP_SOFTMAX
