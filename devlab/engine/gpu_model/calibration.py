@@ -33,11 +33,13 @@ LARGE_OPERAND_EXPONENT = 0.5
 # (input + output once): softmax reads its input twice more, layer norm once more (torch's
 # kernels; not fitted).
 REREAD = {"softmax": 1.0, "layer norm": 0.5}
-# Where the re-reads go from all L2 hits to all DRAM, in row bytes x SMs / L2 bytes (fitted on
-# the measured boards' rows: benchmarks/gpu_model.py --fit).
+# Where the re-reads go from all L2 hits to all DRAM, in row bytes x SMs / L2 bytes: fitted
+# once on the seven measured boards' softmax and layer-norm rows (a grid over the ramp's ends
+# and each board's own fraction, least mean absolute error; docs/gpu-models.md says what
+# refitting them without each left-out board gives). `--fit` does not refit these three.
 L2_MISS_RAMP = {"softmax": (0.072, 0.432), "layer norm": (0.027, 0.080)}
 # torch runs a softmax row of at most 1,024 elements with a warp per row (its
-# dispatch_softmax_forward), read once: the element-wise bandwidth times this (fitted).
+# dispatch_softmax_forward), read once: the element-wise bandwidth times this (fitted so).
 WARP_SOFTMAX_ROW = 1024
 WARP_SOFTMAX = 0.95
 
