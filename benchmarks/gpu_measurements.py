@@ -26,11 +26,13 @@ from devlab.engine.gpu_model import SPECS, Calibration, Kernel, gemm, memory_bou
 from devlab.engine.gpu_model.calibration import (
     CALIBRATION,
     MEASURED,
+    REREAD,
+    WARP_SOFTMAX_ROW,
     DatasheetRule,
     GemmFit,
     from_datasheet,
 )
-from devlab.engine.gpu_model.kernels import ELEMENTWISE, LAYER_NORM, SOFTMAX
+from devlab.engine.gpu_model.kernels import ELEMENTWISE, LAYER_NORM, SOFTMAX, l2_miss
 
 # The device names in the tables, and the model's key for each board.
 DEVICES = {
@@ -115,7 +117,8 @@ def predict(row: Row, cal: Calibration | None = None) -> Kernel:
     rows_, cols = row.dims
     tensors = 3 if row.op in BINARY else 2  # inputs and the output
     family = {"softmax": SOFTMAX, "layer norm": LAYER_NORM}.get(row.family, ELEMENTWISE)
-    return memory_bound(spec, family, tensors * rows_ * cols * 4, cal)
+    row = cols if family in (SOFTMAX, LAYER_NORM) else 0
+    return memory_bound(spec, family, tensors * rows_ * cols * 4, cal, row)
 
 
 @dataclass(frozen=True)
@@ -208,8 +211,12 @@ _PROBE = Calibration(GemmFit((128, 128, 1), 1.0), GemmFit((128, 128, 1), 1.0), 1
 def fit_memory(rows: list[Row], gpu: str) -> tuple[float, float, float, float] | None:
     """(alone floor µs, element-wise, softmax, layer-norm bandwidth fractions) of one GPU, or
     None without element-wise rows. The floor and the element-wise fraction are the
-    intercept and slope of time over bytes; softmax and layer norm share the floor."""
-    bw = SPECS[gpu].memory_bandwidth_gbs * 1e9
+    intercept and slope of time over bytes; softmax and layer norm share the floor, and their
+    fractions are those of their block kernels while the rows fit in the L2 (the bytes of
+    longer rows counted with their re-reads, kernels.py's Note [Rows that outgrow the L2];
+    softmax's short rows, which run torch's warp kernel, left out)."""
+    spec = SPECS[gpu]
+    bw = spec.memory_bandwidth_gbs * 1e9
     by = {f: [r for r in rows if r.gpu == gpu and r.family == f]
           for f in ("element-wise", "softmax", "layer norm")}
     if not by["element-wise"]:
@@ -217,9 +224,12 @@ def fit_memory(rows: list[Row], gpu: str) -> tuple[float, float, float, float] |
     xs = [_bytes(r) for r in by["element-wise"]]
     a, u = _line(xs, [r.measured for r in by["element-wise"]])
     fractions = []
-    for family in ("softmax", "layer norm"):
-        group = by[family]
-        slope = _slope([_bytes(r) for r in group], [r.measured for r in group], a)
+    for family, kind in (("softmax", SOFTMAX), ("layer norm", LAYER_NORM)):
+        group = [r for r in by[family]
+                 if kind != SOFTMAX or r.dims[1] > WARP_SOFTMAX_ROW]
+        counted = [_bytes(r) * (1 + REREAD[kind] * l2_miss(spec, kind, r.dims[1] * 4))
+                   for r in group]
+        slope = _slope(counted, [r.measured for r in group], a)
         fractions.append(1 / (slope * bw))
     return a * 1e6, 1 / (u * bw), fractions[0], fractions[1]
 
@@ -423,23 +433,19 @@ def fit_datasheet_rule(cals: dict[str, Calibration], measured_memory: Iterable[s
                             _grid(0, 2, 21)], target)
     ck = _least_log(clock, [_grid(0.5, 1.1, 13), _grid(0.4, 1.1, 15), _grid(0, 1, 21)], target)
     rule = DatasheetRule((pw[0], pw[1]), pw[2], pw[3], (ck[0], ck[1]), ck[2], 1.0, 1.0, 0.0,
-                         (0.0, 0.0), (0.0, 0.0), 0.0)
+                         0.0, 0.0, 0.0)
     est = {g: rule.fp32_fraction(SPECS[g]) for g in cals}
     mm = math.exp(statistics.fmean(math.log(c.mm.fp32 / est[g]) for g, c in cals.items()))
     bmm = math.exp(statistics.fmean(math.log(c.bmm.fp32 / est[g]) for g, c in cals.items()))
     memory = [g for g in measured_memory if g in cals]
-    xs = [math.log2(SPECS[g].l2_cache_mb) for g in memory]
 
-    def line(ys: list[float]) -> tuple[float, float]:
-        mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        b = (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-             / sum((x - mx) ** 2 for x in xs))
-        return round(my - b * mx, 4), round(b, 4)
+    def ratio(field: str) -> float:
+        return round(statistics.fmean(getattr(cals[g], field) / cals[g].bandwidth
+                                      for g in memory), 3)
 
     return replace(rule, mm=round(mm, 3), bmm=round(bmm, 3),
                    bandwidth=round(statistics.fmean(cals[g].bandwidth for g in memory), 3),
-                   softmax=line([cals[g].softmax for g in memory]),
-                   layer_norm=line([cals[g].layer_norm for g in memory]),
+                   softmax=ratio("softmax"), layer_norm=ratio("layer_norm"),
                    alone_floor_us=round(statistics.fmean(cals[g].alone_floor_us
                                                          for g in memory), 1))
 

@@ -136,7 +136,8 @@ def predict_seconds(calls: int = 20000) -> tuple[float, float]:
 def calibration_markdown() -> str:
     """The stored constants, one row per GPU (docs/gpu-models.md, "What GPUs achieve")."""
     lines = ["| GPU | products (mm): tile, FP32 | batched (bmm): tile, FP32 | bandwidth: "
-             "element-wise, softmax, layer norm | alone floor | from |", "|---|---|---|---|---|---|"]
+             "element-wise, softmax, layer norm (rows within the L2) | alone floor | from |",
+             "|---|---|---|---|---|---|"]
     for name, cal in CALIBRATION.items():
         spec = SPECS[name]
 
@@ -162,9 +163,9 @@ def datasheet_rule_text(rule: DatasheetRule) -> str:
             f"board watt × (12 nm / node)^{rule.node_exponent:g} × watts / FP32 peak); clock = "
             f"{rule.clock_ceiling[0]:g} (16 lanes) or {rule.clock_ceiling[1]:g} (32) × (base / "
             f"boost clock)^{1 - rule.clock_exponent:.2g}; bandwidth fractions {rule.bandwidth:g} "
-            f"(element-wise), {rule.softmax[0]:g} + {rule.softmax[1]:g} log2(L2 MB) (softmax), "
-            f"{rule.layer_norm[0]:g} + {rule.layer_norm[1]:g} log2(L2 MB) (layer norm); alone "
-            f"floor {rule.alone_floor_us:g} µs")
+            f"(element-wise), that × {rule.softmax:g} (softmax) and × {rule.layer_norm:g} "
+            "(layer norm) while their rows fit in the L2 (longer rows re-read DRAM: "
+            f"kernels.py); alone floor {rule.alone_floor_us:g} µs")
 
 
 def rule_text(rule: gm.Rule) -> str:

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from math import ceil
+from math import ceil, log
 
 from devlab.engine.gpu_model.calibration import (
     CALIBRATION,
     KERNEL_FLOOR_US,
+    L2_MISS_RAMP,
     LARGE_OPERAND_EXPONENT,
     PROLOGUE_K,
+    REREAD,
+    WARP_SOFTMAX,
+    WARP_SOFTMAX_ROW,
     Calibration,
     GemmFit,
 )
@@ -202,21 +206,72 @@ def _gemm(spec: GpuSpec, batch: int, m: int, n: int, k: int, dtype: str, itemsiz
 
 
 def memory_bound(spec: GpuSpec, family: str, nbytes: int,
-                 cal: Calibration | None = None) -> Kernel:
-    """A kernel that moves `nbytes` (read + written) at the achieved bandwidth of its kind."""
+                 cal: Calibration | None = None, row: int = 0, itemsize: int = 4) -> Kernel:
+    """A kernel that moves `nbytes` (read + written) at the achieved bandwidth of its kind.
+    `row`: for softmax and layer norm, the length of the rows they reduce (0: not known), in
+    elements of `itemsize` bytes (See Note [Rows that outgrow the L2])."""
     if cal is None and SPECS.get(spec.name) is spec:
-        return _stored_memory_bound(spec.name, family, nbytes)
-    return _memory_bound(spec, family, nbytes, cal or CALIBRATION[spec.name])
+        return _stored_memory_bound(spec.name, family, nbytes, row, itemsize)
+    return _memory_bound(spec, family, nbytes, cal or CALIBRATION[spec.name], row, itemsize)
 
 
 @lru_cache(maxsize=8192)
-def _stored_memory_bound(name: str, family: str, nbytes: int) -> Kernel:
-    return _memory_bound(SPECS[name], family, nbytes, CALIBRATION[name])
+def _stored_memory_bound(name: str, family: str, nbytes: int, row: int = 0,
+                         itemsize: int = 4) -> Kernel:
+    return _memory_bound(SPECS[name], family, nbytes, CALIBRATION[name], row, itemsize)
 
 
-def _memory_bound(spec: GpuSpec, family: str, nbytes: int, cal: Calibration) -> Kernel:
-    fraction = (cal.softmax if family == SOFTMAX else
-                cal.layer_norm if family == LAYER_NORM else cal.bandwidth)
-    bandwidth = fraction * spec.memory_bandwidth_gbs * 1e9
+# Note [Rows that outgrow the L2]
+# Softmax and layer norm run one thread block per row (torch's cunn_SoftMaxForward and
+# vectorized_layer_norm_kernel) and read the row more than once: softmax three times (its
+# maximum, the sum of exponentials, then the output), layer norm twice (its statistics, then
+# the output). While the rows all SMs hold at once fit in the L2, the re-reads are L2 hits
+# and the kernel streams at its own achieved bandwidth (`Calibration.softmax`, `.layer_norm`);
+# once they outgrow it, the re-reads come from DRAM: the kernel moves 2x (softmax) or 1.5x
+# (layer norm) the bytes counted (its input and output once). How far the rows outgrow the L2
+# is read as row bytes x SMs / L2 bytes (the rows in flight grow with the SMs), with the
+# re-reads missing from nothing to all over a ramp in its logarithm (`L2_MISS_RAMP`, fitted on
+# the measured boards, which drop from the one regime to the other at 1/40 to 1/3 of it).
+# A softmax row of at most 1,024 elements (and 4 KB) runs torch's warp-per-row kernel instead
+# (the row held in registers, read once): the element-wise bandwidth times `WARP_SOFTMAX`.
+# NeuSight's rows (docs/gpu-models.md): the T4's softmax moves 0.74-0.83 of its datasheet
+# bandwidth up to rows of 5,120 and 0.43 at 16,384; the L4's (48 MB of L2) 0.79 at every length.
+
+
+UNKNOWN_ROW = 1024
+
+
+def l2_miss(spec: GpuSpec, family: str, row_bytes: int) -> float:
+    """The share of a row-wise kernel's re-reads served by DRAM rather than the L2 (0 to 1)."""
+    ramp = L2_MISS_RAMP.get(family)
+    if ramp is None or row_bytes <= 0 or spec.l2_cache_mb <= 0:
+        return 0.0
+    lo, hi = ramp
+    z = row_bytes * spec.sms / (spec.l2_cache_mb * 1e6)
+    if z <= lo:
+        return 0.0
+    return min(1.0, log(z / lo) / log(hi / lo))
+
+
+def memory_fraction(spec: GpuSpec, family: str, cal: Calibration, row: int = 0,
+                    itemsize: int = 4) -> float:
+    """The achieved fraction of the datasheet bandwidth a kernel of `family` moves its counted
+    bytes at (rows of `row` elements; See Note [Rows that outgrow the L2]). A row not known
+    (0: the simulation's clock sees bytes, not shapes; a backward kernel) is taken as 1,024
+    elements, the length of many attention rows and hidden sizes."""
+    row = row or UNKNOWN_ROW
+    if family == SOFTMAX:
+        if 0 < row <= WARP_SOFTMAX_ROW and row * itemsize <= 4 * WARP_SOFTMAX_ROW:
+            return cal.bandwidth * WARP_SOFTMAX
+        return cal.softmax / (1 + REREAD[SOFTMAX] * l2_miss(spec, SOFTMAX, row * itemsize))
+    if family == LAYER_NORM:
+        return cal.layer_norm / (1 + REREAD[LAYER_NORM]
+                                 * l2_miss(spec, LAYER_NORM, row * itemsize))
+    return cal.bandwidth
+
+
+def _memory_bound(spec: GpuSpec, family: str, nbytes: int, cal: Calibration, row: int = 0,
+                  itemsize: int = 4) -> Kernel:
+    bandwidth = memory_fraction(spec, family, cal, row, itemsize) * spec.memory_bandwidth_gbs * 1e9
     return Kernel(family, 0.0, nbytes / bandwidth, KERNEL_FLOOR_US * 1e-6,
                   cal.alone_floor_us * 1e-6, 0, nbytes, None, bandwidth / 1e9)

@@ -110,7 +110,22 @@ def predict(op: str, shapes: Sequence[Shape], dtype: str = "float32",
         out = max(shapes, key=prod) if kind != REDUCTION else ()
     if kind == EMBEDDING:  # a lookup reads the rows it gathers, not the whole table
         return memory_bound(spec, kind, 2 * prod(out) * itemsize)
-    return memory_bound(spec, kind, _nbytes(shapes, out, itemsize))
+    return memory_bound(spec, kind, _nbytes(shapes, out, itemsize), row=_row(op, kind, shapes),
+                        itemsize=itemsize)
+
+
+# The ops whose kernels reduce rows of their input's last dimension (softmax over dim=-1, the
+# usual; layer norm over its normalized shape's last): the rows kernels.py reads the L2 by.
+_ROWS = {"softmax", "_softmax", "log_softmax", "_log_softmax", "layer_norm", "native_layer_norm",
+         "rms_norm", "cross_entropy", "cross_entropy_loss"}
+
+
+def _row(op: str, kind: str, shapes: Sequence[Shape]) -> int:
+    """The length of the rows a softmax or layer norm reduces (0: not known)."""
+    name = op.removeprefix("aten::").split(".")[0].rstrip("_")
+    if kind not in (SOFTMAX, LAYER_NORM) or name not in _ROWS or not shapes or not shapes[0]:
+        return 0
+    return int(shapes[0][-1])
 
 
 def backward(op: str, shapes: Sequence[Shape], dtype: str = "float32",

@@ -84,8 +84,9 @@ ARCH: dict[str, dict[str, int]] = {
     "8.0": {"cores_per_sm": 64, "threads_per_sm": 2048, "shared_kib_per_sm": 164},
     "8.9": {"cores_per_sm": 128, "threads_per_sm": 1536, "shared_kib_per_sm": 100},
     "9.0": {"cores_per_sm": 128, "threads_per_sm": 2048, "shared_kib_per_sm": 228},
-    # The boards of issue 40: 8.6 as the guide's table gives it; 10.0 and 12.0 taken as 9.0
-    # and 8.9 (data-centre and consumer Blackwell), not checked against the guide's table.
+    # The boards of issue 40: 8.6 as the guide's table gives it; 10.0 (B200) and 12.0 (RTX
+    # 5090) as NVIDIA's libcu++ gives them (NVIDIA/cccl, cuda/__device/arch_traits.h: sm_100
+    # 228 KiB and 2,048 threads per SM, as sm_90; sm_120 100 KiB and 1,536, as sm_86/sm_89).
     "8.6": {"cores_per_sm": 128, "threads_per_sm": 1536, "shared_kib_per_sm": 100},
     "10.0": {"cores_per_sm": 128, "threads_per_sm": 2048, "shared_kib_per_sm": 228},
     "12.0": {"cores_per_sm": 128, "threads_per_sm": 1536, "shared_kib_per_sm": 100},
@@ -237,6 +238,9 @@ _AMPERE = ("tf32", "float16", "bfloat16", "int8", "int4")
 _ADA = (*_AMPERE, "float8_e4m3fn", "float8_e5m2")
 _HOPPER = ("tf32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "float64")
 _BLACKWELL = (*_HOPPER, "float4_e2m1fn_x2")
+# GeForce Blackwell (GB202, compute capability 12.0) has Hopper's and the B200's tensor-core
+# dtypes but FP64: its FP64 runs on CUDA cores, 1.64 TFLOPS beside 104.8 FP32 ([TPU]).
+_BLACKWELL_GEFORCE = tuple(d for d in _BLACKWELL if d != "float64")
 DATASHEET: dict[str, tuple[tuple[float, float, float, float, int, int, int], tuple[str, ...]]] = {
     "T4": ((585, 1590, 12, 4, 16, 3, 16), _TURING),
     "P4": ((886, 1114, 16, 2, 32, 3, 16), ()),
@@ -255,7 +259,7 @@ DATASHEET: dict[str, tuple[tuple[float, float, float, float, int, int, int], tup
     "RTX-4060": ((1830, 2460, 5, 24, 32, 4, 8), _ADA),
     "RTX-4070": ((1920, 2475, 5, 36, 32, 4, 16), _ADA),
     "RTX-4090": ((2235, 2520, 5, 72, 32, 4, 16), _ADA),
-    "RTX-5090": ((2017, 2407, 5, 96, 32, 5, 16), _BLACKWELL),
+    "RTX-5090": ((2017, 2407, 5, 96, 32, 5, 16), _BLACKWELL_GEFORCE),
     "A10G": ((885, 1710, 8, 6, 32, 4, 16), _AMPERE),
     "L40S": ((1110, 2520, 5, 96, 32, 4, 16), _ADA),
     "V100-SXM2-16GB": ((1312, 1530, 12, 6, 16, 3, 16), _VOLTA),
