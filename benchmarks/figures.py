@@ -250,7 +250,7 @@ def main() -> None:
         print(f"  {'in nbconvert page, bytes':34} "
               f"{_pair(page[n]['before'], page[n]['after'], ',')}")
         print(f"  {'CPU ms, warm':34} {_pair(cpu[n]['before'], cpu[n]['after'], '.2f')}")
-        print(f"  {'wall ms, cold (fresh interpreter)':34} "
+        print(f"  {'CPU ms, cold (fresh interpreter)':34} "
               f"{_pair(cold['before'][n], cold['after'][n], '.1f')}")
         if shown:
             (lb, pb), (la, pa) = shown[n]["before"], shown[n]["after"]
