@@ -396,11 +396,24 @@ def _corners_d(points: list[list[float]], codes: Sequence[int] | None) -> str:
     return "".join(out)
 
 
-@lru_cache(maxsize=4096)
+_EXTENTS: dict[tuple, tuple[float, float, float]] = {}
+_EXTENTS_MAX = 4096
+
+
 def _text_extent(text: str, prop: Any, ismath: Any) -> tuple[float, float, float]:
-    # `prop` is the copy matplotlib's own cache made of the text's FontProperties: its hash
-    # is its value.
-    return _text_to_path().get_text_width_height_descent(text, prop, ismath)
+    """The width, height and descent of `text` in `prop`, measured once per process."""
+    # Keyed by the font's values now: a FontProperties is mutable (a caller may change it
+    # after asking), so it is no key itself.
+    key = (text, ismath, tuple(prop.get_family()), prop.get_slant(), prop.get_variant(),
+           prop.get_weight(), prop.get_stretch(), prop.get_size(), prop.get_file(),
+           prop.get_math_fontfamily())
+    extent = _EXTENTS.get(key)
+    if extent is None:
+        extent = _text_to_path().get_text_width_height_descent(text, prop, ismath)
+        if len(_EXTENTS) >= _EXTENTS_MAX:
+            _EXTENTS.clear()
+        _EXTENTS[key] = extent
+    return extent
 
 
 @lru_cache(maxsize=1)
