@@ -1,25 +1,41 @@
-"""What devlab's drawn outputs cost: bytes of the HTML a cell shows (and of the nbconvert page
-holding it, beyond the empty page) and the time to make it, for the allocation timeline (a
-small trace and a 10,000-entry one) and a step timeline (two GPUs, a DDP-like step).
+"""What devlab's drawn outputs cost, before and after a change: the bytes of the HTML a cell
+shows (and of the nbconvert page holding it, beyond the empty page), the CPU time to make it,
+and the browser's time to lay it out and paint it, for the allocation timeline (a small trace
+and a 10,000-entry one) and a step timeline (two GPUs, a DDP-like step), the same data drawn
+by this tree and by an earlier commit's.
 
-    python benchmarks/figures.py
+    python benchmarks/figures.py [--before REV] [--rounds N] [--no-browser]
 
-Times are the median of 5 calls in this process (warm: wall clock, and this process's CPU
-time, which a machine shared with other work inflates less) and one call in a fresh interpreter
-(cold: matplotlib's first import and font lookup included)."""
+`--before` defaults to the commit before the figures went through matplotlib (7a9e309^, the
+hand-built SVGs). Each tree draws in fresh interpreters of its own (`git archive` of REV in a
+temporary folder), three rounds, before and after in turn: the CPU time is this process's
+(`time.process_time`, which other work on a shared machine inflates less than the wall
+clock), the median of 5 warm calls, the least of the rounds; `cold` is the CPU time of the
+first call in a fresh interpreter (matplotlib's first import and font lookup included). The browser's time is
+headless Chromium's own trace (Playwright, `/usr/bin/chromium`; never a downloaded browser):
+the output put into a page as a cell's HTML is, then two frames, summing the trace's events
+for parsing, style and layout (`ParseHTML`, `UpdateLayoutTree`, `Layout`) and for painting
+(`PrePaint`, `Paint`, `Layerize`, and the raster workers' `RasterTask`), the median of
+`--rounds` insertions, before and after in turn.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
+BEFORE = "7a9e309^"  # the hand-built SVGs, before both timelines were drawn by matplotlib
+CHROMIUM = "/usr/bin/chromium"
 
 
 def memory_trace(entries: int, seed: int = 3) -> dict:
@@ -44,10 +60,20 @@ def memory_trace(entries: int, seed: int = 3) -> dict:
     return {"segments": [], "device_traces": [trace]}
 
 
+def _tree_has(path: str) -> bool:
+    import devlab
+
+    return (Path(devlab.__file__).parent / path).exists()
+
+
 def step_timeline():
     """Two GPUs, 400 kernels each and 8 all-reduces overlapping the second half."""
-    from devlab.engine.gpu_model import modeled_clock as clk
-    from devlab.engine.simulated.clock.step_timeline import Timeline
+    if _tree_has("engine"):
+        from devlab.engine.gpu_model import modeled_clock as clk
+        from devlab.engine.simulated.clock.step_timeline import Timeline
+    else:  # the layout before issue 36
+        from devlab.simulated.clock import clock as clk
+        from devlab.simulated.clock.timeline import Timeline
 
     spans = []
     for d in (0, 1):
@@ -63,7 +89,10 @@ def step_timeline():
 
 
 def cases() -> dict:
-    from devlab.core.memory_watch import timeline
+    if _tree_has("core"):
+        from devlab.core.memory_watch import timeline
+    else:
+        from devlab.memory import timeline
 
     return {"memory timeline, 12 entries": timeline(memory_trace(12)),
             "memory timeline, 10,000 entries": timeline(memory_trace(10_000)),
@@ -86,38 +115,152 @@ def nbconvert_bytes(html: str) -> int:
     return page({"text/html": html}) - page(None)
 
 
-def measure() -> dict:
+# -- drawing, in a fresh interpreter on one tree ------------------------------------------------
+
+
+def _child(tree: str, mode: str) -> None:
+    """In a fresh interpreter whose devlab is `tree`'s: print JSON of each case's HTML and its
+    warm CPU time (`mode` "warm"), or the first call's CPU time of case `mode`."""
+    # devlab's editable install answers for modules a tree lacks (its finder follows the path
+    # finder): an older tree must not borrow this one's.
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__
+                        and "editable" not in getattr(f, "__module__", "")]
+    sys.path.insert(0, tree)
+    import devlab
+
+    assert Path(devlab.__file__).resolve().is_relative_to(Path(tree).resolve()), devlab.__file__
+    if mode != "warm":
+        case = cases()[mode]
+        c0 = time.process_time()
+        case._repr_html_()
+        print(json.dumps((time.process_time() - c0) * 1e3))
+        return
     out = {}
     for name, obj in cases().items():
-        times, cpu = [], []
-        for _ in range(5):
-            t0, c0 = time.perf_counter(), time.process_time()
+        cpu = []
+        for _ in range(6):
+            c0 = time.process_time()
             html = obj._repr_html_()
-            times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-        out[name] = {"html_bytes": len(html.encode()), "nbconvert_bytes": nbconvert_bytes(html),
-                     "warm_ms": statistics.median(times) * 1e3,
-                     "warm_cpu_ms": statistics.median(cpu) * 1e3}
-    return out
+        out[name] = {"html": html, "cpu_ms": statistics.median(cpu[1:]) * 1e3}
+    print(json.dumps(out))
 
 
-def cold(name: str) -> float:
-    """Milliseconds of the first `_repr_html_()` of case `name` in a fresh interpreter."""
-    code = (f"import sys, time; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'benchmarks')!r}]; "
-            f"import figures; c = figures.cases()[{name!r}]; t0 = time.perf_counter(); "
-            "c._repr_html_(); print((time.perf_counter() - t0) * 1e3)")
-    return float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                                text=True).stdout.split()[-1])
+def _run_child(tree: Path, mode: str):
+    return json.loads(subprocess.run(
+        [sys.executable, __file__, "--child", str(tree), mode], check=True, capture_output=True,
+        text=True, env={**os.environ, "PYTHONPATH": ""}).stdout.splitlines()[-1])
+
+
+# -- the browser --------------------------------------------------------------------------------
+
+_LAYOUT = ("ParseHTML", "UpdateLayoutTree", "Layout")
+_PAINT = ("PrePaint", "Paint", "Layerize", "RasterTask")
+_PUT = """h => { const c = document.getElementById('c'); c.innerHTML = h;
+  return new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r()))); }"""
+_CLEAR = """() => { document.getElementById('c').innerHTML = '';
+  return new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r()))); }"""
+
+
+def _event_ms(events: list[dict], names: tuple[str, ...]) -> float:
+    """Milliseconds of the complete events named `names`, an event inside another of its name
+    on its thread counted once."""
+    total = 0.0
+    for name in names:
+        spans = sorted((e["tid"], e["ts"], e["ts"] + e["dur"]) for e in events
+                       if e.get("ph") == "X" and e.get("name") == name and "dur" in e)
+        last: dict[int, float] = {}
+        for tid, a, b in spans:
+            if a >= last.get(tid, -1.0):
+                total += b - a
+                last[tid] = b
+    return total / 1e3
+
+
+def browser_times(htmls: dict[str, dict[str, str]], rounds: int) -> dict:
+    """{case: {tree: (layout ms, paint ms)}}: the medians of `rounds` insertions of each HTML,
+    the trees in turn."""
+    from playwright.sync_api import sync_playwright
+
+    times: dict = {c: {t: [] for t in trees} for c, trees in htmls.items()}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM,
+                                    args=["--headless", "--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1000, "height": 900})
+        page.set_content("<!doctype html><html><body style='font:13px sans-serif'>"
+                         "<div id=c></div></body></html>")
+        for case, trees in htmls.items():
+            for r in range(rounds + 1):  # the first round warms the page up
+                for tree, html in trees.items():
+                    page.evaluate(_CLEAR)
+                    browser.start_tracing(page=page, categories=[
+                        "devtools.timeline", "disabled-by-default-devtools.timeline", "cc"])
+                    page.evaluate(_PUT, html)
+                    events = json.loads(browser.stop_tracing())["traceEvents"]
+                    if r:
+                        times[case][tree].append((_event_ms(events, _LAYOUT),
+                                                  _event_ms(events, _PAINT)))
+        browser.close()
+    return {c: {t: tuple(statistics.median(v[k] for v in runs) for k in (0, 1))
+                for t, runs in trees.items()} for c, trees in times.items()}
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+def _pair(before: float, after: float, fmt: str) -> str:
+    ratio = f"{after / before:5.1f}x" if before else "   - "
+    return f"{format(before, fmt):>8} {format(after, fmt):>8} {ratio}"
 
 
 def main() -> None:
-    results = measure()
-    for name, r in results.items():
-        r["cold_ms"] = cold(name)
-        print(f"{name:36} html {r['html_bytes']:>8,} B  in nbconvert {r['nbconvert_bytes']:>8,} B"
-              f"  warm {r['warm_ms']:7.1f} ms (CPU {r['warm_cpu_ms']:6.1f} ms)"
-              f"  cold {r['cold_ms']:7.1f} ms")
-    print(json.dumps(results))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", default=BEFORE, help=f"commit to compare (default {BEFORE})")
+    parser.add_argument("--rounds", type=int, default=9, help="browser insertions per figure")
+    parser.add_argument("--no-browser", action="store_true", help="bytes and CPU time only")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    if opts.child:
+        _child(*opts.child)
+        return
+    with tempfile.TemporaryDirectory() as old:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", opts.before],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", old], input=archive, check=True)
+        trees = {"before": Path(old), "after": ROOT}
+        runs: dict[str, list[dict]] = {t: [] for t in trees}
+        for _ in range(3):
+            for tree, path in trees.items():
+                runs[tree].append(_run_child(path, "warm"))
+        names = list(runs["after"][0])
+        cold = {t: {n: _run_child(path, n) for n in names} for t, path in trees.items()}
+    htmls = {n: {t: runs[t][0][n]["html"] for t in trees} for n in names}
+    cpu = {n: {t: min(r[n]["cpu_ms"] for r in runs[t]) for t in trees} for n in names}
+    nbytes = {n: {t: len(h.encode()) for t, h in htmls[n].items()} for n in names}
+    page = {n: {t: nbconvert_bytes(h) for t, h in htmls[n].items()} for n in names}
+    shown = None
+    if not opts.no_browser and Path(CHROMIUM).exists():
+        shown = browser_times(htmls, opts.rounds)
+    print(f"before: {opts.before}, after: this tree; load average "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    head = f"{'':36} {'before':>8} {'after':>8} {'ratio':>6}"
+    for n in names:
+        print(f"\n{n}{head[len(n):]}")
+        print(f"  {'HTML bytes':34} {_pair(nbytes[n]['before'], nbytes[n]['after'], ',')}")
+        print(f"  {'in nbconvert page, bytes':34} "
+              f"{_pair(page[n]['before'], page[n]['after'], ',')}")
+        print(f"  {'CPU ms, warm':34} {_pair(cpu[n]['before'], cpu[n]['after'], '.2f')}")
+        print(f"  {'CPU ms, cold (fresh interpreter)':34} "
+              f"{_pair(cold['before'][n], cold['after'][n], '.1f')}")
+        if shown:
+            (lb, pb), (la, pa) = shown[n]["before"], shown[n]["after"]
+            print(f"  {'browser ms, parse+style+layout':34} {_pair(lb, la, '.2f')}")
+            print(f"  {'browser ms, paint+raster':34} {_pair(pb, pa, '.2f')}")
+    if shown is None:
+        print(f"\n(no browser times: {CHROMIUM} is missing or --no-browser)")
+    print(json.dumps({n: {"html_bytes": nbytes[n], "nbconvert_bytes": page[n], "cpu_ms": cpu[n],
+                          "cold_ms": {t: cold[t][n] for t in trees},
+                          "browser_ms": shown[n] if shown else None} for n in names}))
 
 
 if __name__ == "__main__":

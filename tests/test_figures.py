@@ -136,3 +136,39 @@ def test_axes_in_use_are_not_handed_out_again():
         assert len(outer.lines) == 1
     with figures.svg_axes(200, 100, (0.1, 0.1, 0.8, 0.8)) as again:
         assert again is outer and not again.lines  # emptied for the next drawing
+
+
+def test_devlabs_renderer_writes_what_matplotlibs_writes(monkeypatch):
+    # Note [devlab's SVG renderer]: the collections written from their corners at once, the
+    # styles kept, the text measured once: the same markup as matplotlib's own renderer (only
+    # its paths compacted, as svg_markup wants them) draws.
+    from matplotlib.backends.backend_svg import RendererSVG
+
+    def picture(seed: int) -> str:
+        with figures.svg_figure(320, 160) as fig:
+            ax = fig.add_axes((0.15, 0.2, 0.8, 0.7))
+            squares = [[(k, 0), (k + 0.8, 0), (k + 0.8, 1 + k % 3), (k, 1 + k % 3)]
+                       for k in range(seed)]
+            ax.add_collection(PolyCollection(  # colors, alpha, edges and dashes per item
+                squares, facecolors=["#4e79a7", (1, 0, 0, 0.5), "#59a14f"][: 1 + seed % 3],
+                edgecolors=["#fff", "#000"], linewidths=[0.4, 1.5, 1], linestyles=["-", "--"],
+                clip_on=False), autolim=False)
+            ax.add_collection(PolyCollection(squares[:2], facecolors="#fff", hatch="//",
+                                             edgecolors="#f28e2b", clip_on=False))  # hatched
+            ax.add_collection(PolyCollection(squares[:3], facecolors="#bbb"))  # clipped
+            ax.add_collection(PolyCollection(  # unfilled: matplotlib clips and simplifies it
+                [[(0, 0), (1, 3), (2, 0)]], facecolors="none", edgecolors="#000"))
+            ax.set_xlim(0, seed)
+            ax.set_ylim(0, 4)
+            ax.set_title(f"picture {seed}")
+            return figures.svg_markup(fig, {ax.collections[0]: [str(k) for k in range(seed)]})
+
+    ours = [picture(seed) for seed in (4, 7)]
+
+    class Plain(RendererSVG):
+        def _convert_path(self, *args, **kwargs):
+            return figures._compact_path(super()._convert_path(*args, **kwargs))
+
+    monkeypatch.setattr(figures, "_renderer_class", lambda: Plain)
+    assert [picture(seed) for seed in (4, 7)] == ours
+    assert ours[0] != ours[1] and ours[1].count("<title>") == 7

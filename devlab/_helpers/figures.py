@@ -7,7 +7,8 @@ or as inline SVG with hover text; and the one tick rule every axis uses.
 - `figure_png(fig)`: PNG bytes (Agg).
 - `svg_figure(width, height)` and `svg_markup(fig, tips)`: a figure sized in CSS pixels and its
   SVG as one self-contained `<svg>` element for an HTML output, each artist of `tips` showing
-  its text on hover (See Note [Hover text in matplotlib's SVG]). `svg_axes(width, height,
+  its text on hover (See Note [Hover text in matplotlib's SVG]), written by matplotlib's SVG
+  renderer with three costs cut (See Note [devlab's SVG renderer]). `svg_axes(width, height,
   rect)`: axes on such a figure, kept for the next drawing of that size (See Note [Axes kept
   between drawings]).
 - `nice_ticks` / `ticks_in_unit` / `byte_axis`: ticks at 1-2-2.5-5 steps (matplotlib's own
@@ -164,8 +165,9 @@ def svg_figure(width: int, height: int) -> Iterator[Any]:
 # spines show) stays: a drawing through `svg_axes` sets all of it every time, as the two
 # timelines do, and tests/test_figures.py checks that kept axes draw exactly the SVG fresh ones
 # draw. Axes in use (another thread's drawing, or a drawing inside one) are not shared: the
-# second gets fresh ones. The tick labels' text is laid out again each time (the SVG renderer
-# is new for each drawing), which is most of what drawing a small figure still costs.
+# second gets fresh ones. The ticks are laid out again each time (matplotlib's Axis draws
+# them anew), their text measured once (See Note [devlab's SVG renderer]): the axes' ticks,
+# grid and labels are most of what drawing a small figure still costs.
 
 _KEPT: dict[tuple, tuple[threading.Lock, Any]] = {}
 _KEPT_LOCK = threading.Lock()
@@ -238,7 +240,13 @@ _GROUP_TAG = re.compile(r"<g\b[^>]*>|</g>")
 
 @lru_cache(maxsize=65536)  # a figure repeats its coordinates (rows, columns, edges)
 def _num(text: str) -> str:
-    v = round(float(text), 1)
+    return _num_of(float(text))
+
+
+@lru_cache(maxsize=65536)
+def _num_of(value: float) -> str:
+    """A coordinate to 0.1 px, as short as it writes."""
+    v = round(value, 1)
     return f"{v:.1f}".removesuffix(".0") if v else "0"
 
 
@@ -353,6 +361,177 @@ def _put_titles(svg: str, gid: str, text: str | Sequence[str]) -> str:
     return "".join(out)
 
 
+# Note [devlab's SVG renderer]
+# matplotlib's SVG renderer, three things changed, each where a profile of the timelines found
+# the time (benchmarks/figures.py): a path is written compact as `svg_markup` wants it (0.1 px,
+# H and V), not written at six digits and parsed again; a collection of filled paths (a band,
+# a block of kernels: thousands in a step timeline) writes each item's path from its corners
+# at once and its style from a cache of the styles it has written, where matplotlib's generic
+# loop builds a transform, a style dictionary and a string per item; and text is measured once
+# per string and font for the process rather than once per drawing (matplotlib keeps its
+# measures per renderer, and a drawing is a new renderer). What it writes is what
+# matplotlib's renderer writes, compacted: a collection with hatching, clipping, links or
+# curves, and every other artist, goes through matplotlib's own code.
+
+_MOVETO, _LINETO, _CLOSEPOLY = 1, 2, 79
+
+
+def _corners_d(points: list[list[float]], codes: Sequence[int] | None) -> str:
+    """Compact path data of straight segments: points already in SVG pixels."""
+    out: list[str] = []
+    x = y = None
+    for k, (px, py) in enumerate(points):
+        code = codes[k] if codes is not None else (_MOVETO if k == 0 else _LINETO)
+        if code == _CLOSEPOLY:
+            out.append("z")
+            continue
+        nx, ny = _num_of(px), _num_of(py)
+        if code == _LINETO and nx == x:
+            out.append(f"V{ny}")
+        elif code == _LINETO and ny == y:
+            out.append(f"H{nx}")
+        else:
+            out.append(f"{'M' if code == _MOVETO else 'L'}{nx} {ny}")
+        x, y = nx, ny
+    return "".join(out)
+
+
+_EXTENTS: dict[tuple, tuple[float, float, float]] = {}
+_EXTENTS_MAX = 4096
+
+
+def _text_extent(text: str, prop: Any, ismath: Any) -> tuple[float, float, float]:
+    """The width, height and descent of `text` in `prop`, measured once per process."""
+    # Keyed by the font's values now: a FontProperties is mutable (a caller may change it
+    # after asking), so it is no key itself.
+    key = (text, ismath, tuple(prop.get_family()), prop.get_slant(), prop.get_variant(),
+           prop.get_weight(), prop.get_stretch(), prop.get_size(), prop.get_file(),
+           prop.get_math_fontfamily())
+    extent = _EXTENTS.get(key)
+    if extent is None:
+        extent = _text_to_path().get_text_width_height_descent(text, prop, ismath)
+        if len(_EXTENTS) >= _EXTENTS_MAX:
+            _EXTENTS.clear()
+        _EXTENTS[key] = extent
+    return extent
+
+
+@lru_cache(maxsize=1)
+def _text_to_path() -> Any:
+    from matplotlib.textpath import TextToPath
+
+    return TextToPath()  # its fonts are matplotlib's, one per thread
+
+
+def _hashable(values: Any) -> list:
+    """A collection's property values (colors, widths, dash patterns) as hashable items,
+    which matplotlib takes as it takes the lists or arrays they were."""
+    items = values.tolist() if hasattr(values, "tolist") else list(values)
+    return [tuple(tuple(x) if isinstance(x, list) else x for x in v)
+            if isinstance(v, (list, tuple)) else v for v in items]
+
+@lru_cache(maxsize=1)
+def _renderer_class() -> type:
+    import numpy as np
+    from matplotlib.backends.backend_svg import RendererSVG
+
+    straight = {_MOVETO, _LINETO, _CLOSEPOLY}
+
+    class Renderer(RendererSVG):
+        """See Note [devlab's SVG renderer]."""
+
+        def get_text_width_height_descent(self, s, prop, ismath):
+            return _text_extent(s, prop, ismath)
+
+        def _convert_path(self, path, transform=None, clip=None, simplify=None, sketch=None):
+            return _compact_path(super()._convert_path(path, transform, clip, simplify, sketch))
+
+        def __init__(self, width, height, out, **kwargs):
+            super().__init__(width, height, out, **kwargs)
+            self._out = out  # the file the writer writes to
+
+        def draw_path_collection(self, gc, master_transform, paths, all_transforms, offsets,
+                                 offset_trans, facecolors, edgecolors, linewidths, linestyles,
+                                 antialiaseds, urls, offset_position, *, hatchcolors=None):
+            items = self._plain_items(gc, master_transform, paths, all_transforms, offsets,
+                                      offset_trans, facecolors, edgecolors, linewidths,
+                                      linestyles, antialiaseds, urls, offset_position)
+            if items is None:
+                return super().draw_path_collection(
+                    gc, master_transform, paths, all_transforms, offsets, offset_trans,
+                    facecolors, edgecolors, linewidths, linestyles, antialiaseds, urls,
+                    offset_position, hatchcolors=hatchcolors)
+            # The first item through the writer (which closes the group's start tag it holds
+            # open), the others straight to its file, as it would write them.
+            (first, codes, style), *rest = items
+            self.writer.element("path", d=_corners_d(first, codes), style=style)
+            self._out.write("".join(f'<path d="{_corners_d(c, cs)}" style="{style}"/>'
+                                    for c, cs, style in rest))
+
+        def _plain_items(self, gc, master_transform, paths, all_transforms, offsets,
+                         offset_trans, facecolors, edgecolors, linewidths, linestyles,
+                         antialiaseds, urls, offset_position):
+            """Each item's corners in SVG pixels, codes and style, for a collection of
+            filled straight paths with nothing that matplotlib's own loop alone writes
+            (hatching, clipping, links, sketching, curves, per-item transforms); else None."""
+            n = len(paths)
+            if (not n or len(all_transforms) or gc.get_hatch() is not None
+                    or any(u is not None for u in urls) or self._get_clip_attrs(gc)
+                    or gc.get_sketch_params() is not None or not len(facecolors)
+                    or len(offsets) > 1):
+                return None
+            codes = [None if p.codes is None else p.codes.tolist() for p in paths]
+            if not straight.issuperset(c for cs in codes if cs is not None for c in cs):
+                return None
+            shift = offset_trans.transform(offsets)[0] if len(offsets) else (0.0, 0.0)
+            flip = np.array([[1.0, 0, 0], [0, -1.0, self.height], [0, 0, 1.0]])
+            m = flip @ master_transform.get_matrix()
+            # All the items' corners at once, then cut back into items.
+            points = np.concatenate([p.vertices for p in paths]) @ m[:2, :2].T + m[:2, 2]
+            points += (shift[0], -shift[1])
+            if not np.isfinite(points).all():  # matplotlib breaks a path there
+                return None
+            flat = points.tolist()
+            ends = np.cumsum([len(p.vertices) for p in paths]).tolist()
+            corners = [flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+            # Each item's style, through matplotlib's own loop once per distinct one.
+            sides = [_hashable(v) for v in (facecolors, edgecolors, linewidths, linestyles,
+                                            antialiaseds)]
+            keys = [tuple(v[k % len(v)] if v else None for v in sides) for k in range(n)]
+            styles: dict[tuple, str] = {}
+            for key in dict.fromkeys(keys):
+                one = [[] if v is None else [v] for v in key]
+                for _, _, _, gc0, face in self._iter_collection(
+                        gc, [None], [], offset_trans, *one, [None], offset_position,
+                        hatchcolors=[]):
+                    if face is None:  # unfilled: matplotlib clips and simplifies it
+                        return None
+                    styles[key] = self._get_style(gc0, face)
+            return [(c, cs, styles[k]) for c, cs, k in zip(corners, codes, keys, strict=True)]
+
+    return Renderer
+
+
+def _write_svg(fig, out: io.StringIO) -> None:
+    """`fig` as SVG into `out`, as `savefig(format="svg")` writes it (at 72 dpi, no metadata),
+    by devlab's renderer (See Note [devlab's SVG renderer])."""
+    from matplotlib.backends.backend_mixed import MixedModeRenderer
+
+    dpi = fig.dpi
+    width, height = fig.get_size_inches()
+    renderer = MixedModeRenderer(fig, width, height, dpi, _renderer_class()(
+        width * 72, height * 72, out, image_dpi=dpi,
+        metadata={"Date": None, "Creator": None, "Format": None, "Type": None}))
+    if dpi != 72:  # SVG's unit is the point, as savefig draws it
+        fig.dpi = 72
+    try:
+        fig.draw(renderer)
+        renderer.finalize()
+    finally:
+        if dpi != 72:
+            fig.dpi = dpi
+
+
 def svg_markup(fig, tips: Mapping[Any, str | Sequence[str]] | None = None,
                title: str | None = None, css_class: str | None = None) -> str:
     """`fig` as one `<svg>` element to put in an HTML output: self-contained (no script, no
@@ -371,13 +550,11 @@ def svg_markup(fig, tips: Mapping[Any, str | Sequence[str]] | None = None,
         ax.patch.set_visible(False)
     buf = io.StringIO()
     with matplotlib.rc_context(_SVG_RC):
-        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None,
-                                                 "Format": None, "Type": None})
+        _write_svg(fig, buf)
     svg = buf.getvalue()
     svg = svg[svg.index("<svg"):]
     svg = re.sub(r">\s+<", "><", svg).strip()
     svg = re.sub(r'<style type="text/css">[^<]*</style>', "", svg).replace("<defs></defs>", "")
-    svg = re.sub(r'\sd="([^"]*)"', lambda m: f' d="{_compact_path(m.group(1))}"', svg)
     svg = re.sub(r'\s(x|y|x1|x2|y1|y2|width|height)="(-?[\d.e+-]+)"',
                  lambda m: f' {m.group(1)}="{_num(m.group(2))}"', svg)
     svg = re.sub(r' transform="rotate\(-?0 [^)]*\)"', "", svg)

@@ -67,35 +67,35 @@ Tensor = torch.Tensor
 _READS = ops_catalog.callables("reads")
 # Calls whose output size depends on the values: the kernel, then the host learns the size.
 _SIZED_BY_VALUES = ops_catalog.callables("sized_by_values")
-# What the clock makes of a call, by the callable (looked up once per op, so kept by it).
+# What the clock makes of a call, and where it takes `inplace` (None: it does not), by the
+# callable: read once, at its first call, as the same callables come back every op.
 _READ, _WRITES, _PURE, _SIZED = range(4)
-_kinds: dict[Any, int] = {}
-_inplace_at: dict[Any, int | None] = {}  # where a function takes `inplace`, if it does
+_facts: dict[Any, tuple[int, int | None]] = {}
 
 
-def _asked_in_place(func: Callable, args: tuple, kwargs: dict) -> bool:
-    """Whether a functional was asked to write its input (F.relu(x, inplace=True); nn.ReLU
-    passes it by keyword, nn.Dropout and nn.Hardtanh by position): its name does not say."""
+def _facts_of(func: Callable) -> tuple[int, int | None]:
+    if func in _READS:
+        kind = _READ
+    elif func in _SIZED_BY_VALUES:
+        kind = _SIZED
+    elif ops_catalog.in_place(func):
+        kind = _WRITES
+    else:
+        kind = _PURE
+    try:
+        names = list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature takes no `inplace`
+        names = []
+    return kind, names.index("inplace") if "inplace" in names else None
+
+
+def _asked_in_place(at: int | None, args: tuple, kwargs: dict) -> bool:
+    """Whether a functional that takes `inplace` at position `at` was asked to write its input
+    (F.relu(x, inplace=True); nn.ReLU passes it by keyword, nn.Dropout and nn.Hardtanh by
+    position): its name does not say."""
     if "inplace" in kwargs:
         return kwargs["inplace"] is True
-    at = _inplace_at.get(func, -1)
-    if at == -1:
-        try:
-            names = list(inspect.signature(func).parameters)
-        except (TypeError, ValueError):  # a builtin without a signature takes no `inplace`
-            names = []
-        at = _inplace_at[func] = names.index("inplace") if "inplace" in names else None
     return at is not None and at < len(args) and args[at] is True
-
-
-def _kind_of(func: Callable) -> int:
-    if func in _READS:
-        return _READ
-    if func in _SIZED_BY_VALUES:
-        return _SIZED
-    if ops_catalog.in_place(func):
-        return _WRITES
-    return _PURE
 
 
 _BACKWARD = "devlab_clock"  # a graph node's metadata: the modeled kernels of its backward
@@ -142,9 +142,10 @@ class Charges(NoCharges):
     def call(self, func: Callable, args: tuple, kwargs: dict, out: Any, index: int,
              fresh: bool) -> None:
         """A torch call that ran on GPU `index`; `fresh`: it made new memory."""
-        kind = _kinds.get(func)
-        if kind is None:
-            kind = _kinds[func] = _kind_of(func)
+        facts = _facts.get(func)
+        if facts is None:
+            facts = _facts[func] = _facts_of(func)
+        kind, inplace_at = facts
         if kind == _READ:
             target = args[0] if args and isinstance(args[0], Tensor) else None
             nbytes = target.nbytes if target is not None and func is not Tensor.item else 4
@@ -154,7 +155,7 @@ class Charges(NoCharges):
         # A kernel ran if the call made memory or wrote in place; views and metadata reads
         # run none. A functional asked to work in place (F.relu(x, inplace=True), so
         # nn.ReLU(inplace=True)) writes its input.
-        if not fresh and kind != _WRITES and not _asked_in_place(func, args, kwargs):
+        if not fresh and kind != _WRITES and not _asked_in_place(inplace_at, args, kwargs):
             return
         key = (func, index, signature(args, kwargs, out),
                self._tf32 and torch.backends.cuda.matmul.allow_tf32)
