@@ -26,8 +26,16 @@ ROOT = Path(__file__).resolve().parents[1]
 AVOIDED = ("typing", "importlib.abc", "importlib.resources", "tempfile", "collections.abc")
 
 
-PTH_LINE = ('import os; os.environ.get("DEVLAB_SIMULATE_GPUS", "").strip() not in ("", "0") '
-            'and __import__("_devlab_autostart")')
+def _build_backend() -> object:
+    """build_backend/devlab_build.py, which holds the .pth line pip installs (PTH_LINE)."""
+    spec = importlib.util.spec_from_file_location("devlab_build",
+                                                  ROOT / "build_backend" / "devlab_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PTH_LINE = _build_backend().PTH_LINE.strip()
 
 
 def _python(code: str, isolated: bool = True, **env: str) -> str:
@@ -59,17 +67,14 @@ def _imported_by_hook(log: str) -> list[str]:
 
 
 def test_the_hook_imports_nothing_before_torch() -> None:
-    log = _python("import sys; print('loaded:', sorted(m for m in sys.modules if m in "
-                  f"{AVOIDED!r} or m == '_devlab_autostart'))", DEVLAB_SIMULATE_GPUS="2")
-    assert "loaded: ['_devlab_autostart']" in log, log
-    assert _imported_by_hook(log) == [], log
-
-
-def test_without_the_variable_the_hook_is_not_imported() -> None:
-    for value in ("", "0", " 0 "):
-        log = _python("import sys; print('hook loaded', '_devlab_autostart' in sys.modules)",
+    # The variable set or not: the line's finder is on the path, and nothing is imported
+    # (the hook's module neither) until torch is.
+    for value in ("2", "", "0", " 0 "):
+        log = _python("import sys; print('loaded:', sorted(m for m in sys.modules if m in "
+                      f"{AVOIDED!r} or m == '_devlab_autostart'), type(sys.meta_path[0]).__name__)",
                       DEVLAB_SIMULATE_GPUS=value)
-        assert "hook loaded False" in log, log
+        assert "loaded: [] DevlabAutostart" in log, log
+        assert _imported_by_hook(log) == [], log
 
 
 def test_the_finder_is_a_meta_path_finder_without_the_abc() -> None:
@@ -304,3 +309,59 @@ def test_cuda_visible_devices_set_inside_the_program_before_torch(tmp_path: Path
         "set empty": (["-c", "import torch; print('available', torch.cuda.is_available())"],
                       {}, {"DEVLAB_SIMULATE_GPUS": "2", "CUDA_VISIBLE_DEVICES": ""}),
     }, tmp_path), {"set inside": "count 1\n" + SIMULATED, "set empty": "available False"})
+
+
+# The variable set by the program itself (issue 41): this checkout's .pth line, run by site as
+# pip's copy is (site.addsitedir runs a folder's .pth files), from a sitecustomize in the run's
+# folder; the environment's own line is left with nothing to do (the variable is unset at
+# start-up), unless it is this very line already.
+SITE_RUNS_THE_LINE = (
+    "import site, sys\n"
+    "if not any(type(f).__name__ == 'DevlabAutostart' for f in sys.meta_path):\n"
+    "    site.addsitedir({folder!r})\n")
+
+
+def _line_files(tmp_path: Path) -> dict[str, str]:
+    """The files that make site run this checkout's .pth line in a run in `tmp_path`."""
+    folder = tmp_path / "line"
+    folder.mkdir(exist_ok=True)
+    (folder / "devlab-autostart.pth").write_text(PTH_LINE + "\n")
+    return {"sitecustomize.py": SITE_RUNS_THE_LINE.format(folder=str(folder))}
+
+
+SET_INSIDE = "import os\nos.environ['DEVLAB_SIMULATE_GPUS'] = '2'\n"
+
+
+def test_the_variable_set_inside_the_program_before_torch(tmp_path: Path) -> None:
+    # A script sets it, a notebook's %env sets it (IPython runs the magic as the cell's first
+    # line), a module run with -m sets it, and torch is then reached any way; it is read when
+    # torch is imported, with the other settings set there too.
+    runs = {
+        "script": SET_INSIDE + "import torch\nprint('gpus', torch.cuda.device_count())\n"
+                  + REPORT,
+        "find_spec first": SET_INSIDE + ASK_FIRST + REPORT,
+        "a model set inside": SET_INSIDE + "os.environ['DEVLAB_SIMULATE_GPU_MODEL'] = 'T4'\n"
+                              "import torch\nprint(torch.cuda.get_device_name(0))\n" + REPORT,
+        "thread": SET_INSIDE + "import threading\n"
+                  f"t = threading.Thread(target=lambda: exec({REPORT!r}))\nt.start(); t.join()\n",
+        "unset again": SET_INSIDE + "os.environ['DEVLAB_SIMULATE_GPUS'] = '0'\n"
+                       "import sys, torch\nprint('simulated', torch.cuda.is_available(), "
+                       "'devlab' in sys.modules, '_devlab_autostart' in sys.modules)\n",
+    }
+    expected = {"script": "gpus 2\n" + SIMULATED, "find_spec first": SIMULATED,
+                "a model set inside": "Simulated GPU 0 (modeled T4, CPU-backed)\n" + SIMULATED,
+                "thread": SIMULATED, "unset again": "simulated False False False"}
+    files = _line_files(tmp_path)
+    outs = _run_each({name: (["-c", code], files, {"DEVLAB_SIMULATE_GPUS": ""})
+                      for name, code in runs.items()}, tmp_path)
+    _assert_each(outs, expected)
+
+
+def test_the_variable_set_by_a_notebook_magic_before_torch(tmp_path: Path) -> None:
+    pytest.importorskip("IPython")
+    cell = ("%env DEVLAB_SIMULATE_GPUS=1\n"
+            "import torch\nprint('simulated', torch.cuda.is_available(), "
+            "torch.ones(1, device='cuda').device, flush=True)\n")
+    out = _run(["-m", "IPython", "--no-banner", "--quick", "-c", cell], tmp_path,
+               _line_files(tmp_path), DEVLAB_SIMULATE_GPUS="")
+    assert SIMULATED in out, out
