@@ -365,3 +365,37 @@ def test_the_variable_set_by_a_notebook_magic_before_torch(tmp_path: Path) -> No
     out = _run(["-m", "IPython", "--no-banner", "--quick", "-c", cell], tmp_path,
                _line_files(tmp_path), DEVLAB_SIMULATE_GPUS="")
     assert SIMULATED in out, out
+
+
+# Modules torch itself cannot execute twice (their C++ halves register types or libraries
+# once): importlib.reload of these fails, or aborts the process, without devlab too.
+NOT_RELOADABLE = ("torch", "torch._C", "torch.distributed")
+
+
+def test_a_reload_of_a_patched_torch_module_keeps_the_simulation(tmp_path: Path) -> None:
+    # importlib.reload executes the module afresh in its own namespace (IPython's autoreload
+    # too): each of torch's modules the simulation changed is reloaded, and keeps the changes;
+    # stop() then leaves each as the reload made it.
+    program = (
+        "import importlib, sys, types, torch\n"
+        "import devlab.engine.simulated as sim\n"
+        "final = {}\n"
+        "for entry in sim._undo._undo:\n"
+        "    if isinstance(entry, tuple) and isinstance(entry[0], types.ModuleType):\n"
+        "        final[entry[0].__name__, entry[1]] = entry[3]\n"
+        f"names = sorted({{m for m, _ in final if m.startswith('torch') and m not in "
+        f"{NOT_RELOADABLE!r}}})\n"
+        "assert 'torch.cuda' in names and 'torch.cuda.memory' in names, names\n"
+        "for name in names:\n    importlib.reload(sys.modules[name])\n"
+        "lost = [k for k, v in final.items() if k[0] in names and "
+        "getattr(sys.modules[k[0]], k[1]) is not v]\n"
+        "print('reloaded', len(names), 'lost', lost)\n"
+        f"{REPORT}\n"
+        "x = torch.ones(256, device='cuda:1')\n"
+        "print('allocated', torch.cuda.memory_allocated(1), torch.cuda.device_count())\n"
+        "sim.stop()\n"
+        "print('stopped', torch.cuda.is_available(), torch.cuda.device_count(), "
+        "torch.cuda.is_available.__module__)\n")
+    out = _run(["-c", program], tmp_path, DEVLAB_SIMULATE_GPUS="2")
+    assert "lost []" in out and SIMULATED in out, out
+    assert "allocated 1024 2\nstopped False 0 torch.cuda\n" in out, out

@@ -241,6 +241,10 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             from devlab.engine.simulated import instruments as _instruments
 
             _instruments.install(patcher, count, spec.name if spec is not None else None)
+            # importlib.reload(torch.cuda) executes it afresh: the changes are set again.
+            from devlab.engine.simulated.base.import_patches import reapply_on_reload
+
+            reapply_on_reload(patcher)
             _session.forget_thread_state()
             _hazards.reset()
             _fresh_marks.clear()
