@@ -399,3 +399,32 @@ def test_a_reload_of_a_patched_torch_module_keeps_the_simulation(tmp_path: Path)
     out = _run(["-c", program], tmp_path, DEVLAB_SIMULATE_GPUS="2")
     assert "lost []" in out and SIMULATED in out, out
     assert "allocated 1024 2\nstopped False 0 torch.cuda\n" in out, out
+
+
+def test_settings_set_after_torch_but_before_the_first_cuda_call(tmp_path: Path) -> None:
+    # CUDA reads CUDA_VISIBLE_DEVICES when it initializes, not when torch is imported (which
+    # is when the hook starts the simulation): set in between, it counts, and so do devlab's
+    # own settings; after the first question about the GPUs, nothing changes them.
+    after = "import os, torch\n"
+    runs = {
+        "visible": after + "os.environ['CUDA_VISIBLE_DEVICES'] = '1'\n"
+                   "print('count', torch.cuda.device_count())\n" + REPORT,
+        "a hidden GPU used first": after + "os.environ['CUDA_VISIBLE_DEVICES'] = '0'\n"
+                                   "try:\n    torch.ones(1, device='cuda:1')\n"
+                                   "except RuntimeError as e:\n    print(str(e).splitlines()[0])\n"
+                                   "print('count', torch.cuda.device_count())\n",
+        "none visible": after + "os.environ['CUDA_VISIBLE_DEVICES'] = ''\n"
+                        "print('available', torch.cuda.is_available(), torch.cuda.device_count())\n",
+        "after the first call": after + "print('count', torch.cuda.device_count())\n"
+                                "os.environ['CUDA_VISIBLE_DEVICES'] = '1'\n"
+                                "print('count', torch.cuda.device_count())\n",
+        "a model": after + "os.environ['DEVLAB_SIMULATE_GPU_MODEL'] = 'T4'\n"
+                   "print(torch.cuda.get_device_name(1))\n" + REPORT,
+    }
+    expected = {"visible": "count 1\n" + SIMULATED,
+                "a hidden GPU used first": "CUDA error: invalid device ordinal\ncount 1\n",
+                "none visible": "available False 0\n",
+                "after the first call": "count 2\ncount 2\n",
+                "a model": "Simulated GPU 1 (modeled T4, CPU-backed)\n" + SIMULATED}
+    _assert_each(_run_each({name: (["-c", code], {}, {"DEVLAB_SIMULATE_GPUS": "2"})
+                            for name, code in runs.items()}, tmp_path), expected)

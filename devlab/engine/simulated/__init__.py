@@ -89,6 +89,7 @@ __all__ = [
     "synchronize",
     "thread_routing",
     "route_running_threads",
+    "settle_at_first_use",
     "timeline",
     "Timeline",
 ]
@@ -255,6 +256,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             raise
         _undo, _start_routing, _start_thread = patcher, routing, threading.get_ident()
         _launch.enabled = asynchronous
+        _session.at_first_use = None  # a new start is the program's own choice
 
 
 def reconfigure(memory_limits_mb: list[int | None],
@@ -331,6 +333,7 @@ def stop() -> None:
                 errors.append(e)
             _undo = None
         _session.session = None
+        _session.at_first_use = None
         _session.forget_thread_state()
         _hazards.reset()
         _fresh_marks.clear()
@@ -361,6 +364,13 @@ def route_running_threads() -> list[threading.Thread]:
     from devlab.engine.simulated.mode import thread_starts as _threads
 
     return _threads.route_running_threads()
+
+
+def settle_at_first_use(call: Any) -> None:
+    """Make `call()` once, when the program first asks about the simulated GPUs (a device
+    query, a device argument, the runtime's initialization), before it reads them; forgotten
+    at stop() and at a new start(). How a start from the environment reads it again there."""
+    _session.at_first_use = call
 
 
 def reset_after_fork_for_rank() -> None:
