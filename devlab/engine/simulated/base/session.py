@@ -420,10 +420,13 @@ def first_use() -> None:
     """Make the `at_first_use` call, once, before the caller reads the session (other threads
     wait for it); the simulated runtime's initialization drops it (`fork_rule.initialize`)."""
     global at_first_use
-    with lock:
+    with _first_use_lock:  # not `lock`: the call stops and starts the GPUs' workers
         call, at_first_use = at_first_use, None
         if call is not None:
             call()
+
+
+_first_use_lock = threading.RLock()
 
 
 # This process was forked after its parent initialized the simulated CUDA runtime, so, by
