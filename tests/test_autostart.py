@@ -1,9 +1,11 @@
-"""The start-up hook (`_devlab_autostart`): with DEVLAB_SIMULATE_GPUS set, a process that never
-imports torch pays for this small module only; one that does sees the simulated GPUs.
+"""The start-up hook (the .pth line and `_devlab_autostart`): a process that never imports torch
+pays for one name comparison per import, nothing imported; one that imports torch with
+DEVLAB_SIMULATE_GPUS set (at start-up, or by the program itself before) sees the simulated GPUs.
 
 Costs are counted in modules imported, not in time (benchmark: `python -X importtime -c pass`
-and hyperfine, in the report of issue 16). pip installs the .pth line (tests/installed.py);
-here this checkout's hook is imported the way that line imports it."""
+and whole-process timings, in the reports of issues 16 and 41). pip installs the .pth line
+(tests/installed.py); here this checkout's line is run by hand or by site from a sitecustomize,
+and programs reach the hook through this environment's own installed line."""
 
 from __future__ import annotations
 
