@@ -420,6 +420,9 @@ def test_settings_set_after_torch_but_before_the_first_cuda_call(tmp_path: Path)
         "after the first call": after + "print('count', torch.cuda.device_count())\n"
                                 "os.environ['CUDA_VISIBLE_DEVICES'] = '1'\n"
                                 "print('count', torch.cuda.device_count())\n",
+        "devlab's own list": after + "os.environ['CUDA_VISIBLE_DEVICES'] = '1'\n"
+                             "import devlab\nprint('listed', "
+                             "len(devlab.config.list_physical_devices('GPU')))\n" + REPORT,
         "a model": after + "os.environ['DEVLAB_SIMULATE_GPU_MODEL'] = 'T4'\n"
                    "print(torch.cuda.get_device_name(1))\n" + REPORT,
     }
@@ -427,6 +430,7 @@ def test_settings_set_after_torch_but_before_the_first_cuda_call(tmp_path: Path)
                 "a hidden GPU used first": "CUDA error: invalid device ordinal\ncount 1\n",
                 "none visible": "available False 0\n",
                 "after the first call": "count 2\ncount 2\n",
+                "devlab's own list": "listed 1\n" + SIMULATED,
                 "a model": "Simulated GPU 1 (modeled T4, CPU-backed)\n" + SIMULATED}
     _assert_each(_run_each({name: (["-c", code], {}, {"DEVLAB_SIMULATE_GPUS": "2"})
                             for name, code in runs.items()}, tmp_path), expected)

@@ -130,6 +130,7 @@ def list_physical_devices(device_type: str | None = None) -> list[PhysicalDevice
 
     Never initializes CUDA: real GPUs are counted as `torch.cuda.device_count()` counts them.
     """
+    simulated.asked()  # CUDA_VISIBLE_DEVICES set since torch's import counts (_settle_environment)
     devices = [PhysicalDevice("/physical_device:CPU:0", "CPU")]
     if simulated.is_active():
         devices += [
@@ -145,6 +146,7 @@ def list_physical_devices(device_type: str | None = None) -> list[PhysicalDevice
 
 def gpu_status() -> str:
     """One sentence on the GPUs of this machine, and why there are none where there are none."""
+    simulated.asked()
     if simulated.is_active():
         n = _settings.simulated_gpus
         spec = simulated.model()

@@ -90,6 +90,7 @@ __all__ = [
     "thread_routing",
     "route_running_threads",
     "settle_at_first_use",
+    "asked",
     "timeline",
     "Timeline",
 ]
@@ -371,6 +372,13 @@ def settle_at_first_use(call: Any) -> None:
     query, a device argument, the runtime's initialization), before it reads them; forgotten
     at stop() and at a new start(). How a start from the environment reads it again there."""
     _session.at_first_use = call
+
+
+def asked() -> None:
+    """The program asks about the simulated GPUs (devlab's own device lists do, as torch.cuda's
+    device queries do): make the call `settle_at_first_use` arranged, if it is still due."""
+    if _session.at_first_use is not None:
+        _session.first_use()
 
 
 def reset_after_fork_for_rank() -> None:
