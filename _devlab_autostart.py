@@ -1,24 +1,30 @@
-"""devlab's start-up hook: with DEVLAB_SIMULATE_GPUS=N set, every Python process sees N simulated
-GPUs, without importing devlab.
+"""devlab's start-up hook: with DEVLAB_SIMULATE_GPUS=N set when torch is imported, every Python
+process sees N simulated GPUs, without importing devlab.
 
 pip installs `devlab-autostart.pth` into site-packages with devlab (regular and editable
-installs); Python runs its one line at start-up, which imports this module only when the
-variable is set, so other processes pay for a look at os.environ and nothing more. This
-module imports nothing itself (`os` and `sys` are loaded at start-up already; its type hints
-are never evaluated): it waits for torch's module to be executed, however the program reaches it
-(Note [Every spec for torch]), then imports devlab,
-which starts the simulation (`devlab.config.simulate_from_environment`) in every thread of the
-process, whichever imported torch (`devlab.simulated.route_running_threads`). So a script written
-for real GPUs, and every process it starts (torch.multiprocessing.spawn, multiprocessing with
-spawn, fork or forkserver, torchrun's workers, DataLoader workers), sees the simulated GPUs:
-the way coverage.py measures subprocesses. A process that never imports torch pays for
-compiling nothing and importing nothing but this small module (`python -X importtime`).
+installs); Python runs its one line at start-up (`build_backend/devlab_build.py`'s PTH_LINE),
+which puts a finder first on `sys.meta_path` that compares each imported name with "torch" and
+does nothing else until torch's import. There it reads the variable, so a program that sets it
+itself before `import torch` (`os.environ["DEVLAB_SIMULATE_GPUS"] = "2"` in a script, `%env` in
+a notebook) is simulated too, and only with the variable set does it import this module
+(`found`), which imports nothing itself (`os` and `sys` are loaded at start-up already; its type
+hints are never evaluated): it waits for torch's module to be executed, however the program
+reaches it (Note [Every spec for torch]), then imports devlab, which starts the simulation
+(`devlab.config.simulate_from_environment`) in every thread of the process, whichever imported
+torch (`devlab.simulated.route_running_threads`). So a script written for real GPUs, and every
+process it starts (torch.multiprocessing.spawn, multiprocessing with spawn, fork or forkserver,
+torchrun's workers, DataLoader workers), sees the simulated GPUs: the way coverage.py measures
+subprocesses. A process that never imports torch, or imports it without the variable, imports
+nothing at all (`python -X importtime`).
 
 site runs the .pth lines before `sitecustomize`, so a sitecustomize that imports torch finds
 the hook waiting; where torch was imported before the hook (a user-site .pth, an embedder
-that imports it before site runs), `install` starts the simulation at once. What no hook can
-see is a process whose site never ran the line (`python -S`, an embedder without site) or
-one that sets the variable itself after start-up: there `import devlab` starts the GPUs.
+that imports it before site runs), the line imports this module and `install` starts the
+simulation at once. What no hook can see is a process whose site never ran the line
+(`python -S`, an embedder without site) or one that sets the variable only after torch was
+imported: no devlab code runs there until `import devlab`, which starts the GPUs.
+(A .pth line of devlab before issue 41's imported this module at start-up when the variable
+was set then; the module still installs itself when imported so.)
 """
 
 import os
@@ -143,6 +149,16 @@ def _interrupt_when_imported(name: str, limit: float = 10.0) -> None:
 
 
 _finder = AfterTorch(_start)
+
+
+def found(line_finder: "Any", name: str, path: "Any" = None, target: "ModuleType | None" = None
+          ) -> "ModuleSpec | None":
+    """The .pth line's finder (`line_finder`) met torch's import with the variable set: this
+    module's finder takes its place on `sys.meta_path` (a new list, as `_ran` makes, for a
+    thread iterating the old one), and the spec for torch is its."""
+    sys.meta_path = [f for f in sys.meta_path if f is not line_finder]
+    install()
+    return _finder.find_spec(name, path, target) if _finder in sys.meta_path else None
 
 
 def install() -> None:

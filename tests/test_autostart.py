@@ -1,9 +1,11 @@
-"""The start-up hook (`_devlab_autostart`): with DEVLAB_SIMULATE_GPUS set, a process that never
-imports torch pays for this small module only; one that does sees the simulated GPUs.
+"""The start-up hook (the .pth line and `_devlab_autostart`): a process that never imports torch
+pays for one name comparison per import, nothing imported; one that imports torch with
+DEVLAB_SIMULATE_GPUS set (at start-up, or by the program itself before) sees the simulated GPUs.
 
 Costs are counted in modules imported, not in time (benchmark: `python -X importtime -c pass`
-and hyperfine, in the report of issue 16). pip installs the .pth line (tests/installed.py);
-here this checkout's hook is imported the way that line imports it."""
+and whole-process timings, in the reports of issues 16 and 41). pip installs the .pth line
+(tests/installed.py); here this checkout's line is run by hand or by site from a sitecustomize,
+and programs reach the hook through this environment's own installed line."""
 
 from __future__ import annotations
 
@@ -26,8 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 AVOIDED = ("typing", "importlib.abc", "importlib.resources", "tempfile", "collections.abc")
 
 
-PTH_LINE = ('import os; os.environ.get("DEVLAB_SIMULATE_GPUS", "").strip() not in ("", "0") '
-            'and __import__("_devlab_autostart")')
+def _build_backend() -> object:
+    """build_backend/devlab_build.py, which holds the .pth line pip installs (PTH_LINE)."""
+    spec = importlib.util.spec_from_file_location("devlab_build",
+                                                  ROOT / "build_backend" / "devlab_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PTH_LINE = _build_backend().PTH_LINE.strip()
 
 
 def _python(code: str, isolated: bool = True, **env: str) -> str:
@@ -59,17 +69,14 @@ def _imported_by_hook(log: str) -> list[str]:
 
 
 def test_the_hook_imports_nothing_before_torch() -> None:
-    log = _python("import sys; print('loaded:', sorted(m for m in sys.modules if m in "
-                  f"{AVOIDED!r} or m == '_devlab_autostart'))", DEVLAB_SIMULATE_GPUS="2")
-    assert "loaded: ['_devlab_autostart']" in log, log
-    assert _imported_by_hook(log) == [], log
-
-
-def test_without_the_variable_the_hook_is_not_imported() -> None:
-    for value in ("", "0", " 0 "):
-        log = _python("import sys; print('hook loaded', '_devlab_autostart' in sys.modules)",
+    # The variable set or not: the line's finder is on the path, and nothing is imported
+    # (the hook's module neither) until torch is.
+    for value in ("2", "", "0", " 0 "):
+        log = _python("import sys; print('loaded:', sorted(m for m in sys.modules if m in "
+                      f"{AVOIDED!r} or m == '_devlab_autostart'), type(sys.meta_path[0]).__name__)",
                       DEVLAB_SIMULATE_GPUS=value)
-        assert "hook loaded False" in log, log
+        assert "loaded: [] DevlabAutostart" in log, log
+        assert _imported_by_hook(log) == [], log
 
 
 def test_the_finder_is_a_meta_path_finder_without_the_abc() -> None:
@@ -304,3 +311,126 @@ def test_cuda_visible_devices_set_inside_the_program_before_torch(tmp_path: Path
         "set empty": (["-c", "import torch; print('available', torch.cuda.is_available())"],
                       {}, {"DEVLAB_SIMULATE_GPUS": "2", "CUDA_VISIBLE_DEVICES": ""}),
     }, tmp_path), {"set inside": "count 1\n" + SIMULATED, "set empty": "available False"})
+
+
+# The variable set by the program itself (issue 41): this checkout's .pth line, run by site as
+# pip's copy is (site.addsitedir runs a folder's .pth files), from a sitecustomize in the run's
+# folder; the environment's own line is left with nothing to do (the variable is unset at
+# start-up), unless it is this very line already.
+SITE_RUNS_THE_LINE = (
+    "import site, sys\n"
+    "if not any(type(f).__name__ == 'DevlabAutostart' for f in sys.meta_path):\n"
+    "    site.addsitedir({folder!r})\n")
+
+
+def _line_files(tmp_path: Path) -> dict[str, str]:
+    """The files that make site run this checkout's .pth line in a run in `tmp_path`."""
+    folder = tmp_path / "line"
+    folder.mkdir(exist_ok=True)
+    (folder / "devlab-autostart.pth").write_text(PTH_LINE + "\n")
+    return {"sitecustomize.py": SITE_RUNS_THE_LINE.format(folder=str(folder))}
+
+
+SET_INSIDE = "import os\nos.environ['DEVLAB_SIMULATE_GPUS'] = '2'\n"
+
+
+def test_the_variable_set_inside_the_program_before_torch(tmp_path: Path) -> None:
+    # A script sets it, a notebook's %env sets it (IPython runs the magic as the cell's first
+    # line), a module run with -m sets it, and torch is then reached any way; it is read when
+    # torch is imported, with the other settings set there too.
+    runs = {
+        "script": SET_INSIDE + "import torch\nprint('gpus', torch.cuda.device_count())\n"
+                  + REPORT,
+        "find_spec first": SET_INSIDE + ASK_FIRST + REPORT,
+        "a model set inside": SET_INSIDE + "os.environ['DEVLAB_SIMULATE_GPU_MODEL'] = 'T4'\n"
+                              "import torch\nprint(torch.cuda.get_device_name(0))\n" + REPORT,
+        "thread": SET_INSIDE + "import threading\n"
+                  f"t = threading.Thread(target=lambda: exec({REPORT!r}))\nt.start(); t.join()\n",
+        "unset again": SET_INSIDE + "os.environ['DEVLAB_SIMULATE_GPUS'] = '0'\n"
+                       "import sys, torch\nprint('simulated', torch.cuda.is_available(), "
+                       "'devlab' in sys.modules, '_devlab_autostart' in sys.modules)\n",
+    }
+    expected = {"script": "gpus 2\n" + SIMULATED, "find_spec first": SIMULATED,
+                "a model set inside": "Simulated GPU 0 (modeled T4, CPU-backed)\n" + SIMULATED,
+                "thread": SIMULATED, "unset again": "simulated False False False"}
+    files = _line_files(tmp_path)
+    outs = _run_each({name: (["-c", code], files, {"DEVLAB_SIMULATE_GPUS": ""})
+                      for name, code in runs.items()}, tmp_path)
+    _assert_each(outs, expected)
+
+
+def test_the_variable_set_by_a_notebook_magic_before_torch(tmp_path: Path) -> None:
+    pytest.importorskip("IPython")
+    cell = ("%env DEVLAB_SIMULATE_GPUS=1\n"
+            "import torch\nprint('simulated', torch.cuda.is_available(), "
+            "torch.ones(1, device='cuda').device, flush=True)\n")
+    out = _run(["-m", "IPython", "--no-banner", "--quick", "-c", cell], tmp_path,
+               _line_files(tmp_path), DEVLAB_SIMULATE_GPUS="")
+    assert SIMULATED in out, out
+
+
+# Modules torch itself cannot execute twice (their C++ halves register types or libraries
+# once): importlib.reload of these fails, or aborts the process, without devlab too.
+NOT_RELOADABLE = ("torch", "torch._C", "torch.distributed")
+
+
+def test_a_reload_of_a_patched_torch_module_keeps_the_simulation(tmp_path: Path) -> None:
+    # importlib.reload executes the module afresh in its own namespace (IPython's autoreload
+    # too): each of torch's modules the simulation changed is reloaded, and keeps the changes;
+    # stop() then leaves each as the reload made it.
+    program = (
+        "import importlib, sys, types, torch\n"
+        "import devlab.engine.simulated as sim\n"
+        "final = {}\n"
+        "for entry in sim._undo._undo:\n"
+        "    if isinstance(entry, tuple) and isinstance(entry[0], types.ModuleType):\n"
+        "        final[entry[0].__name__, entry[1]] = entry[3]\n"
+        f"names = sorted({{m for m, _ in final if m.startswith('torch') and m not in "
+        f"{NOT_RELOADABLE!r}}})\n"
+        "assert 'torch.cuda' in names and 'torch.cuda.memory' in names, names\n"
+        "for name in names:\n    importlib.reload(sys.modules[name])\n"
+        "lost = [k for k, v in final.items() if k[0] in names and "
+        "getattr(sys.modules[k[0]], k[1]) is not v]\n"
+        "print('reloaded', len(names), 'lost', lost)\n"
+        f"{REPORT}\n"
+        "x = torch.ones(256, device='cuda:1')\n"
+        "print('allocated', torch.cuda.memory_allocated(1), torch.cuda.device_count())\n"
+        "sim.stop()\n"
+        "print('stopped', torch.cuda.is_available(), torch.cuda.device_count(), "
+        "torch.cuda.is_available.__module__)\n")
+    out = _run(["-c", program], tmp_path, DEVLAB_SIMULATE_GPUS="2")
+    assert "lost []" in out and SIMULATED in out, out
+    assert "allocated 1024 2\nstopped False 0 torch.cuda\n" in out, out
+
+
+def test_settings_set_after_torch_but_before_the_first_cuda_call(tmp_path: Path) -> None:
+    # CUDA reads CUDA_VISIBLE_DEVICES when it initializes, not when torch is imported (which
+    # is when the hook starts the simulation): set in between, it counts, and so do devlab's
+    # own settings; after the first question about the GPUs, nothing changes them.
+    after = "import os, torch\n"
+    runs = {
+        "visible": after + "os.environ['CUDA_VISIBLE_DEVICES'] = '1'\n"
+                   "print('count', torch.cuda.device_count())\n" + REPORT,
+        "a hidden GPU used first": after + "os.environ['CUDA_VISIBLE_DEVICES'] = '0'\n"
+                                   "try:\n    torch.ones(1, device='cuda:1')\n"
+                                   "except RuntimeError as e:\n    print(str(e).splitlines()[0])\n"
+                                   "print('count', torch.cuda.device_count())\n",
+        "none visible": after + "os.environ['CUDA_VISIBLE_DEVICES'] = ''\n"
+                        "print('available', torch.cuda.is_available(), torch.cuda.device_count())\n",
+        "after the first call": after + "print('count', torch.cuda.device_count())\n"
+                                "os.environ['CUDA_VISIBLE_DEVICES'] = '1'\n"
+                                "print('count', torch.cuda.device_count())\n",
+        "devlab's own list": after + "os.environ['CUDA_VISIBLE_DEVICES'] = '1'\n"
+                             "import devlab\nprint('listed', "
+                             "len(devlab.config.list_physical_devices('GPU')))\n" + REPORT,
+        "a model": after + "os.environ['DEVLAB_SIMULATE_GPU_MODEL'] = 'T4'\n"
+                   "print(torch.cuda.get_device_name(1))\n" + REPORT,
+    }
+    expected = {"visible": "count 1\n" + SIMULATED,
+                "a hidden GPU used first": "CUDA error: invalid device ordinal\ncount 1\n",
+                "none visible": "available False 0\n",
+                "after the first call": "count 2\ncount 2\n",
+                "devlab's own list": "listed 1\n" + SIMULATED,
+                "a model": "Simulated GPU 1 (modeled T4, CPU-backed)\n" + SIMULATED}
+    _assert_each(_run_each({name: (["-c", code], {}, {"DEVLAB_SIMULATE_GPUS": "2"})
+                            for name, code in runs.items()}, tmp_path), expected)

@@ -51,7 +51,7 @@ def _free_port() -> int:
 @pytest.mark.parametrize("editable", [False, True], ids=["pip install", "pip install -e"])
 def test_pip_installs_the_start_up_hook(tmp_path, editable: bool) -> None:
     python = make_venv(tmp_path, editable)
-    assert (site_packages(python) / PTH).read_text().startswith("import os;")
+    assert (site_packages(python) / PTH).read_text().startswith("import os, sys;")
     without = _run([str(python), "-c", "import sys; print(sorted(m for m in sys.modules "
                                         "if m.startswith(('torch', 'devlab', '_devlab'))))"])
     assert without.stdout.strip() == "[]"  # without the variable, nothing more is imported
@@ -61,6 +61,13 @@ def test_pip_installs_the_start_up_hook(tmp_path, editable: bool) -> None:
     assert done.stdout.split("\n")[:2] == ["False", "2 Simulated GPU 1 (CPU-backed) True"]
     plain = _run([str(python), "-c", "import torch; print(torch.cuda.device_count())"])
     assert plain.stdout.strip() == "0"
+    # Set by the program itself before torch is imported (issue 41), and under -I and -E,
+    # which leave site-packages' .pth lines (and DEVLAB_*) as they are.
+    inside = ("import os; os.environ['DEVLAB_SIMULATE_GPUS'] = '2'; import torch; "
+              "print(torch.cuda.device_count())")
+    for flags in ([], ["-I"], ["-E"]):
+        done = _run([str(python), *flags, "-c", inside])
+        assert done.stdout.strip() == "2", (flags, done.stdout, done.stderr)
 
 
 def test_every_process_a_program_starts_sees_the_gpus(python: Path) -> None:

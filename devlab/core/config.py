@@ -30,6 +30,7 @@ How each setting maps to PyTorch:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any
 
@@ -129,6 +130,7 @@ def list_physical_devices(device_type: str | None = None) -> list[PhysicalDevice
 
     Never initializes CUDA: real GPUs are counted as `torch.cuda.device_count()` counts them.
     """
+    simulated.asked()  # CUDA_VISIBLE_DEVICES set since torch's import counts (_settle_environment)
     devices = [PhysicalDevice("/physical_device:CPU:0", "CPU")]
     if simulated.is_active():
         devices += [
@@ -144,6 +146,7 @@ def list_physical_devices(device_type: str | None = None) -> list[PhysicalDevice
 
 def gpu_status() -> str:
     """One sentence on the GPUs of this machine, and why there are none where there are none."""
+    simulated.asked()
     if simulated.is_active():
         n = _settings.simulated_gpus
         spec = simulated.model()
@@ -407,6 +410,8 @@ def simulate_gpus(count: int, memory_limit: int | None = None, model: str | None
     """
     simulated.check_count(count)
     check_memory_limit(memory_limit)
+    # The program's own choice: the environment is not read again at first use.
+    simulated.settle_at_first_use(None)
     spec = None
     if model is not None:
         spec = simulated.gpu_spec(model)  # an unknown name fails here, naming the models
@@ -584,13 +589,44 @@ def _cuda_visible(count: int, visible: str | None) -> int:
     return len(seen)
 
 
+# What a start from the environment reads (`simulate_from_environment`).
+ENVIRONMENT = ("DEVLAB_SIMULATE_GPUS", "DEVLAB_SIMULATE_GPU_MEMORY_MB", "DEVLAB_SIMULATE_GPU_MODEL",
+               "DEVLAB_SIMULATE_GPU_TOPOLOGY", "CUDA_VISIBLE_DEVICES")
+
+
+def _environment() -> tuple[str | None, ...]:
+    return tuple(os.environ.get(name) for name in ENVIRONMENT)
+
+
 def simulate_from_environment() -> bool:
     """Start simulated GPUs if `DEVLAB_SIMULATE_GPUS=N` is set (how a Binder image turns them
     on for everyone); `DEVLAB_SIMULATE_GPU_MEMORY_MB` sets each one's memory and
     `DEVLAB_SIMULATE_GPU_MODEL` the GPU they model ("T4"), `DEVLAB_SIMULATE_GPU_TOPOLOGY` the
     machine its collectives are timed in ("pcie3-p2p"). `CUDA_VISIBLE_DEVICES` hides GPUs of
     that machine as it hides real ones (`_cuda_visible`). Returns whether it started. A
-    malformed value is reported and ignored: importing devlab must not fail."""
+    malformed value is reported and ignored: importing devlab must not fail.
+
+    The start-up hook starts them when torch is imported, but CUDA reads CUDA_VISIBLE_DEVICES
+    only when it initializes, so a program may set it after `import torch` (a notebook's
+    `%env` cell, a script choosing its GPU): the variables are read again at the program's
+    first question about the GPUs (`_settle_environment`), and a change restarts the
+    simulation as they now say."""
+    started = _start_from_environment()
+    if started:
+        simulated.settle_at_first_use(functools.partial(_settle_environment, _environment()))
+    return started
+
+
+def _settle_environment(seen: tuple[str | None, ...]) -> None:
+    """At the first question about the simulated GPUs, before any is used: start them again
+    if the environment no longer says what it said at their start (`seen`)."""
+    if _environment() == seen or not simulated.is_active() or simulated.is_used():
+        return
+    stop_simulation()
+    _start_from_environment()
+
+
+def _start_from_environment() -> bool:
     import warnings
 
     raw = os.environ.get("DEVLAB_SIMULATE_GPUS", "").strip()

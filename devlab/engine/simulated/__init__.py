@@ -89,6 +89,8 @@ __all__ = [
     "synchronize",
     "thread_routing",
     "route_running_threads",
+    "settle_at_first_use",
+    "asked",
     "timeline",
     "Timeline",
 ]
@@ -241,6 +243,10 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             from devlab.engine.simulated import instruments as _instruments
 
             _instruments.install(patcher, count, spec.name if spec is not None else None)
+            # importlib.reload(torch.cuda) executes it afresh: the changes are set again.
+            from devlab.engine.simulated.base.import_patches import reapply_on_reload
+
+            reapply_on_reload(patcher)
             _session.forget_thread_state()
             _hazards.reset()
             _fresh_marks.clear()
@@ -251,6 +257,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
             raise
         _undo, _start_routing, _start_thread = patcher, routing, threading.get_ident()
         _launch.enabled = asynchronous
+        _session.at_first_use = None  # a new start is the program's own choice
 
 
 def reconfigure(memory_limits_mb: list[int | None],
@@ -327,6 +334,7 @@ def stop() -> None:
                 errors.append(e)
             _undo = None
         _session.session = None
+        _session.at_first_use = None
         _session.forget_thread_state()
         _hazards.reset()
         _fresh_marks.clear()
@@ -357,6 +365,20 @@ def route_running_threads() -> list[threading.Thread]:
     from devlab.engine.simulated.mode import thread_starts as _threads
 
     return _threads.route_running_threads()
+
+
+def settle_at_first_use(call: Any) -> None:
+    """Make `call()` once, when the program first asks about the simulated GPUs (a device
+    query, a device argument, the runtime's initialization), before it reads them; forgotten
+    at stop() and at a new start(). How a start from the environment reads it again there."""
+    _session.at_first_use = call
+
+
+def asked() -> None:
+    """The program asks about the simulated GPUs (devlab's own device lists do, as torch.cuda's
+    device queries do): make the call `settle_at_first_use` arranged, if it is still due."""
+    if _session.at_first_use is not None:
+        _session.first_use()
 
 
 def reset_after_fork_for_rank() -> None:

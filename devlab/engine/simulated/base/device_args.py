@@ -66,6 +66,8 @@ def made(d: torch.device, text: Any = None, index: Any = None) -> tuple[str, int
 def checked_ordinal(index: int) -> int:
     """`index` if that simulated GPU exists, else CUDA's invalid-ordinal error."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if _session.at_first_use is not None:
+        _session.first_use()
     sess = _session.session
     if sess is None or not 0 <= index < sess.count:
         raise _errors.invalid_ordinal()
@@ -87,6 +89,8 @@ def cuda_index(device: Any = None) -> int:
     GPU's index, with torch.cuda's errors: a CPU device is refused, a missing GPU is an
     "Invalid device id", a negative index means the current device."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if _session.at_first_use is not None:
+        _session.first_use()
     sess = _session.session
     if sess is None:
         raise _errors.not_running()

@@ -51,6 +51,8 @@ def initialize() -> None:
     sess = _session.session
     if sess is not None:
         sess.initialized = True
+        # Initialized: what the runtime sees is fixed (a caller past here may hold `sess`).
+        _session.at_first_use = None
 
 
 def is_in_bad_fork() -> bool:

@@ -408,6 +408,27 @@ session: Session | None = None
 # thread when garbage collection triggers there.
 lock = threading.RLock()
 
+# A call to make once, at the first device query, device argument or initialization of the
+# simulated CUDA runtime in this process (`first_use`): a simulation started from the
+# environment reads it again there, as CUDA reads CUDA_VISIBLE_DEVICES when it initializes,
+# not when torch is imported (`devlab.core.config.simulate_from_environment`). Read where the
+# program asks about devices (a plain global: an op reads it).
+at_first_use: Callable[[], None] | None = None
+
+
+def first_use() -> None:
+    """Make the `at_first_use` call, once, before the caller reads the session (other threads
+    wait for it); the simulated runtime's initialization drops it (`fork_rule.initialize`)."""
+    global at_first_use
+    with _first_use_lock:  # not `lock`: the call stops and starts the GPUs' workers
+        call, at_first_use = at_first_use, None
+        if call is not None:
+            call()
+
+
+_first_use_lock = threading.RLock()
+
+
 # This process was forked after its parent initialized the simulated CUDA runtime, so, by
 # CUDA's rule, it may not use the simulated GPUs (`_fork`).
 bad_fork = False

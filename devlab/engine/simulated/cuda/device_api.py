@@ -41,6 +41,8 @@ def initializes(fn: _F) -> _F:
     @functools.wraps(fn)
     def initialized(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+        if _session.at_first_use is not None:
+            _session.first_use()
         _fork.initialize()
         return fn(*args, **kwargs)
 
@@ -130,11 +132,15 @@ def board_properties(index: int, spec: GpuSpec, total: int) -> SimulatedDevicePr
 
 @entry
 def is_available() -> bool:
+    if _session.at_first_use is not None:
+        _session.first_use()
     return _session.session is not None
 
 
 @entry
 def device_count() -> int:
+    if _session.at_first_use is not None:
+        _session.first_use()
     sess = _session.session
     return sess.count if sess is not None else 0
 
