@@ -234,23 +234,39 @@ def fit_memory(rows: list[Row], gpu: str) -> tuple[float, float, float, float] |
     return a * 1e6, 1 / (u * bw), fractions[0], fractions[1]
 
 
+# A batched product's fit may take one whole kernel for every shape (`GemmFit.whole`: the
+# tables' names show one cuBLAS kernel per board on the Pascal, Ampere and Ada boards) only when
+# that fits its rows better by this much mean absolute error than the tiles cut to the shape;
+# else the shape-cut tiles are kept (the T4's and V100's rows cannot tell the two apart).
+WHOLE_MARGIN = 0.01
+
+
 def fit_gemm(rows: list[Row], base: Calibration, kind: str,
-             tiles: Iterable[tuple[int, int, int]] = TILES) -> GemmFit:
+             tiles: Iterable[tuple[int, int, int]] = TILES,
+             wholes: Iterable[bool] = (False,)) -> GemmFit:
     """The tile and FP32 fraction that fit one GPU's rows of one kind ("bmm" or "linear") best
-    (least mean absolute percentage error)."""
+    (least mean absolute percentage error); with `wholes` (False, True) a whole kernel is
+    also tried, and taken if it beats the best shape-cut tile by `WHOLE_MARGIN`."""
     group = [r for r in rows if r.family == kind]
-    best: tuple[float, GemmFit] | None = None
-    for tile in tiles:
-        def cal_with(fraction: float, tile: tuple[int, int, int] = tile) -> Calibration:
-            fit = GemmFit(tile, fraction)
+    best: dict[bool, tuple[tuple[float, int], GemmFit]] = {}
+    for tile, whole in itertools.product(tiles, wholes):
+        def cal_with(fraction: float, tile: tuple[int, int, int] = tile,
+                     whole: bool = whole) -> Calibration:
+            fit = GemmFit(tile, fraction, whole)
             return replace(base, **{"bmm" if kind == "bmm" else "mm": fit})
         fraction = _golden(lambda f: _mape(group, cal_with(f)), 0.05, 1.2)
-        fit = GemmFit(tile, round(fraction, 3))
+        fit = GemmFit(tile, round(fraction, 3), whole)
         err = _mape(group, cal_with(fit.fp32))
-        if best is None or err < best[0]:
-            best = (err, fit)
-    assert best is not None
-    return best[1]
+        # A tie (rows that never tell two tiles apart: the P4's 128 x 128 and 64 x 128) goes
+        # to the smaller tile, which wastes less on a narrow product.
+        key = (round(err, 4), tile[0] * tile[1])
+        if whole not in best or key < best[whole][0]:
+            best[whole] = (key, fit)
+    if False in best and True in best:
+        if best[True][0][0] < best[False][0][0] - WHOLE_MARGIN:
+            return replace(best[True][1], cut=best[False][1].fp32)
+        return best[False][1]
+    return next(iter(best.values()))[1]
 
 
 def fit_large_operand(rows: list[Row], cal: Calibration) -> Calibration:
@@ -282,9 +298,10 @@ PASCAL = ("6.0", "6.1")
 
 
 def fit_gpu(rows: list[Row], gpu: str, memory: tuple[float, float, float, float],
-            tiles: dict[str, tuple[int, int, int]] | None = None) -> Calibration:
+            tiles: dict[str, GemmFit] | None = None) -> Calibration:
     """One GPU's calibration from its rows (`memory`: its, or the rule's, memory constants).
-    With `tiles` ({"bmm": ..., "linear": ...}) the tiles are kept and only fractions fitted."""
+    With `tiles` ({"bmm": ..., "linear": ...}: fits whose tiles, whole or not, are kept) only
+    fractions are fitted."""
     mine = [r for r in rows if r.gpu == gpu]
     floor, bandwidth, softmax, layer_norm = memory
     stored = CALIBRATION.get(gpu)
@@ -294,7 +311,11 @@ def fit_gpu(rows: list[Row], gpu: str, memory: tuple[float, float, float, float]
     for kind in ("linear", "bmm"):
         if not any(r.family == kind for r in mine):
             continue
-        fit = fit_gemm(mine, cal, kind, [tiles[kind]] if tiles else TILES)
+        if tiles:
+            fit = fit_gemm(mine, cal, kind, [tiles[kind].tile], [tiles[kind].whole])
+            fit = replace(fit, cut=tiles[kind].cut)  # kept too (it was fitted over every tile)
+        else:  # only batched products are tried as one whole kernel
+            fit = fit_gemm(mine, cal, kind, TILES, (False, True) if kind == "bmm" else (False,))
         cal = replace(cal, **{"bmm" if kind == "bmm" else "mm": fit})
     if SPECS[gpu].compute_capability in PASCAL:
         cal = fit_large_operand(mine, cal)
@@ -379,7 +400,7 @@ def fit(rows: list[Row], gpus: Iterable[str] | None = None, keep_tiles: bool = F
     for g in gpus:
         tiles = None
         if keep_tiles and g in CALIBRATION:
-            tiles = {"linear": CALIBRATION[g].mm.tile, "bmm": CALIBRATION[g].bmm.tile}
+            tiles = {"linear": CALIBRATION[g].mm, "bmm": CALIBRATION[g].bmm}
         cals[g] = fit_gpu(rows, g, memory[g] or mean, tiles)
     rule = fit_rule(cals, [g for g in gpus if memory[g] is not None])
     for g in gpus:
@@ -416,7 +437,9 @@ def fit_datasheet_rule(cals: dict[str, Calibration], measured_memory: Iterable[s
                        ) -> DatasheetRule:
     """The datasheet rule (calibration.py, Note [The datasheet rule]) fitted on these boards'
     own calibrations; memory constants from the boards in `measured_memory`."""
-    target = {g: math.sqrt(c.mm.fp32 * c.bmm.fp32) for g, c in cals.items()}
+    # A batched fit's whole kernel counts the work its wasted tile does; the estimate reads
+    # every board's fraction with tiles cut to the shape, one measure on every board.
+    target = {g: math.sqrt(c.mm.fp32 * (c.bmm.cut or c.bmm.fp32)) for g, c in cals.items()}
 
     def power(g: str, p: tuple) -> float:
         s = SPECS[g]

@@ -193,8 +193,10 @@ def calibration_source(cals: dict[str, Calibration]) -> str:
     out = ["CALIBRATION: dict[str, Calibration] = {"]
     for name, c in cals.items():
         source = "RULE" if name == "H100" else "FITTED"
-        out.append(f'    "{name}": Calibration(GemmFit({c.mm.tile}, {c.mm.fp32}), '
-                   f"GemmFit({c.bmm.tile}, {c.bmm.fp32}),")
+        head = f'    "{name}": Calibration(GemmFit({c.mm.tile}, {c.mm.fp32}),'
+        whole = f", True, {c.bmm.cut}" if c.bmm.whole else ""
+        bmm = f"GemmFit({c.bmm.tile}, {c.bmm.fp32}{whole}),"
+        out += [head + " " + bmm] if len(head) + len(bmm) < 100 else [head, "        " + bmm]
         out.append(f"        {c.bandwidth}, {c.softmax}, {c.layer_norm}, {c.alone_floor_us}, "
                    f'CITED_TFLOPS["{name}"], {c.large_operand}, {source}),')
     out.append("}")

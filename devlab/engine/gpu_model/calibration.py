@@ -50,6 +50,9 @@ class GemmFit:
 
     tile: tuple[int, int, int]  # rows, columns, tiles per SM at once: cuBLAS's usual kernel
     fp32: float  # achieved fraction of the datasheet FP32 peak (fitted)
+    whole: bool = False  # cuBLAS runs this one kernel for every shape (no smaller tiles)
+    cut: float | None = None  # with `whole`: the fraction the same rows give with tiles cut to
+    # the shape, what the datasheet rule reads (every board's estimate fitted on one measure)
 
 
 @dataclass(frozen=True)
@@ -123,17 +126,19 @@ RULE = "products fitted on its own rows; memory-bound constants by the rule (no 
 CALIBRATION: dict[str, Calibration] = {
     "T4": Calibration(GemmFit((128, 64, 1), 0.497), GemmFit((64, 64, 4), 0.498),
         0.802, 0.956, 0.853, 23.9, CITED_TFLOPS["T4"], None, FITTED),
-    "P4": Calibration(GemmFit((128, 128, 1), 0.849), GemmFit((128, 64, 2), 0.62),
+    "P4": Calibration(GemmFit((128, 128, 1), 0.849), GemmFit((64, 128, 2), 0.62, True, 0.62),
         0.752, 0.751, 0.77, 13.9, CITED_TFLOPS["P4"], (0.392, 1.84), FITTED),
-    "P100": Calibration(GemmFit((128, 64, 1), 0.77), GemmFit((64, 64, 4), 0.928),
+    "P100": Calibration(GemmFit((128, 64, 1), 0.77), GemmFit((64, 128, 2), 0.932, True, 0.928),
         0.742, 0.673, 0.685, 21.8, CITED_TFLOPS["P100"], (0.749, 3.11), FITTED),
     "V100": Calibration(GemmFit((128, 64, 1), 0.985), GemmFit((128, 32, 4), 0.88),
         0.917, 0.927, 0.89, 21.2, CITED_TFLOPS["V100"], None, FITTED),
-    "L4": Calibration(GemmFit((128, 64, 1), 0.307), GemmFit((64, 64, 4), 0.265),
+    "L4": Calibration(GemmFit((128, 64, 1), 0.307), GemmFit((128, 128, 1), 0.272, True, 0.265),
         0.783, 0.794, 0.814, 11.8, CITED_TFLOPS["L4"], None, FITTED),
-    "A100-PCIe-40GB": Calibration(GemmFit((128, 64, 1), 0.835), GemmFit((64, 64, 4), 0.866),
+    "A100-PCIe-40GB": Calibration(GemmFit((128, 64, 1), 0.835),
+        GemmFit((128, 128, 1), 0.877, True, 0.866),
         0.887, 0.773, 0.82, 17.0, CITED_TFLOPS["A100-PCIe-40GB"], None, FITTED),
-    "A100-PCIe-80GB": Calibration(GemmFit((128, 64, 1), 0.926), GemmFit((64, 64, 4), 0.953),
+    "A100-PCIe-80GB": Calibration(GemmFit((128, 64, 1), 0.926),
+        GemmFit((128, 128, 1), 0.957, True, 0.953),
         0.865, 0.735, 0.768, 17.6, CITED_TFLOPS["A100-PCIe-80GB"], None, FITTED),
     "H100": Calibration(GemmFit((128, 64, 2), 0.768), GemmFit((64, 64, 4), 0.73),
         0.821, 0.801, 0.8, 18.2, CITED_TFLOPS["H100"], None, RULE),
@@ -181,8 +186,11 @@ CALIBRATION["TITAN-RTX"] = Calibration(
 # ops' bandwidth fraction is the measured boards' mean; softmax's and layer norm's (while their
 # rows fit in the L2: kernels.py reads the board's L2 and SMs for longer rows, See Note [Rows
 # that outgrow the L2]) are the measured boards' mean ratio to it; so is the alone
-# floor (the host's time, which no GPU datasheet gives). Tiles, and the Pascal boards'
-# large-operand slowdown, are those of the measured board nearest in compute capability.
+# floor (the host's time, which no GPU datasheet gives). Products' tiles, and the Pascal boards'
+# large-operand slowdown, are those of the measured board nearest in compute capability;
+# batched products' those of the nearest of the same architecture (`tile_source`), whose one
+# whole kernel, if its fit runs one, it keeps. The power and clock estimates read each board's
+# batched fraction with tiles cut to the shape (`GemmFit.cut`), one measure on every board.
 
 
 @dataclass(frozen=True)
@@ -221,8 +229,9 @@ class DatasheetRule:
 # The boards whose constants are fitted on their own rows (the rest are derived from them).
 MEASURED = ("T4", "P4", "P100", "V100", "L4", "A100-PCIe-40GB", "A100-PCIe-80GB", "H100")
 # --- fitted: `benchmarks/gpu_model.py --fit` prints this rule from the measurements ----------
-RULE_SOURCE = "the datasheet rule (no measured kernels); tiles of the nearest measured board"
-DATASHEET_RULE = DatasheetRule((0.9, 0.75), 64.0, 0.7, (1.1, 0.9), 0.2, 1.016, 0.97, 0.821,
+RULE_SOURCE = ("the datasheet rule (no measured kernels); tiles of the nearest measured board "
+               "(batched products: of its architecture)")
+DATASHEET_RULE = DatasheetRule((0.9, 0.75), 64.0, 0.7, (1.1, 0.9), 0.2, 1.016, 0.976, 0.821,
                                0.978, 0.976, 18.2)
 # --- end of the fitted rule ---------------------------------------------------------------------
 
@@ -234,19 +243,35 @@ def nearest_measured(spec: GpuSpec, boards: tuple[str, ...] | list[str] = MEASUR
                                       -float(SPECS[g].compute_capability)))
 
 
+def tile_source(spec: GpuSpec, boards: tuple[str, ...] | list[str] = MEASURED
+                ) -> tuple[str, bool]:
+    """The measured board whose product tiles `spec` takes, and whether it keeps a batched
+    fit's one whole kernel: the nearest in compute capability among boards of its major
+    version (cuBLAS's FP32 kernels go by architecture: maxwell_sgemm on 6.x, volta_sgemm on
+    7.x, ampere_sgemm on 8.x in the tables' names), else the nearest of any, its tiles then
+    cut to the shape (a new architecture's kernel choice is not known)."""
+    major = spec.compute_capability.split(".")[0]
+    same = [g for g in boards if SPECS[g].compute_capability.split(".")[0] == major]
+    return nearest_measured(spec, same or list(boards)), bool(same)
+
+
 def from_datasheet(spec: GpuSpec, rule: DatasheetRule = DATASHEET_RULE,
                    fitted: dict[str, Calibration] | None = None, tflops: dict | None = None,
                    source: str = RULE_SOURCE) -> Calibration:
-    """A board's calibration by the datasheet rule; tiles (and a Pascal board's large-operand
-    slowdown) from the measured board nearest in compute capability among `fitted`."""
+    """A board's calibration by the datasheet rule; batched products' tiles from the measured
+    board `tile_source` picks among `fitted`, products' tiles and a Pascal board's
+    large-operand slowdown from the nearest in compute capability."""
     fitted = fitted if fitted is not None else {g: CALIBRATION[g] for g in MEASURED}
     ref = fitted[nearest_measured(spec, list(fitted))]
+    board, whole = tile_source(spec, list(fitted))
+    tiles = fitted[board]
     gm = rule.fp32_fraction(spec)
     bandwidth, softmax, layer_norm = rule.memory(spec)
     same_generation = (SPECS[nearest_measured(spec, list(fitted))].compute_capability[0]
                        == spec.compute_capability[0])
     return Calibration(GemmFit(ref.mm.tile, round(gm * rule.mm, 3)),
-                       GemmFit(ref.bmm.tile, round(gm * rule.bmm, 3)),
+                       GemmFit(tiles.bmm.tile, round(gm * rule.bmm, 3),
+                               tiles.bmm.whole and whole, None),
                        round(bandwidth, 3), round(softmax, 3), round(layer_norm, 3),
                        rule.alone_floor_us,
                        tflops if tflops is not None else CITED_TFLOPS.get(spec.name, {}),

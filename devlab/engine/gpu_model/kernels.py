@@ -8,7 +8,8 @@ peaks (`calibration`):
   into output tiles, one per thread block; the GPU runs `sms x tiles_per_sm` of them at once,
   so a product runs in whole *waves*, and a last wave that is partly full costs a full one.
   Each tile costs its multiply-adds plus a fixed prologue and epilogue (`PROLOGUE_K`) at the
-  achieved rate of one SM.
+  achieved rate of one SM. Tiles are cut to a small product's shape, unless a board's batched
+  fit runs one whole kernel for every shape (`GemmFit.whole`: a narrow product pays for it).
 - **Memory-bound ops** (element-wise, reductions, softmax, layer norm, embedding lookups,
   copies) cost their bytes at the achieved bandwidth of their kind of kernel. With the floor,
   the bandwidth a small op achieves is far below the peak: the bandwidth curve over size.
@@ -168,13 +169,14 @@ def _gemm(spec: GpuSpec, batch: int, m: int, n: int, k: int, dtype: str, itemsiz
         tm, tn, per_sm = TENSOR_CORE_TILE
     # A kernel never computes more rows or columns than the product has (to a multiple of 32):
     # for small ones, cuBLAS picks smaller tiles.
-    tm, tn = min(tm, -(-m // 32) * 32), min(tn, -(-n // 32) * 32)
+    if not fit.whole:
+        tm, tn = min(tm, -(-m // 32) * 32), min(tn, -(-n // 32) * 32)
     tiles = batch * ceil(m / tm) * ceil(n / tn) if m and n else 0
     slots = spec.sms * per_sm
     waves = -(-tiles // slots)
     per_step = 2 * (k + PROLOGUE_K) / (rate / spec.sms)  # seconds per output of a tile, one SM
     compute = waves * per_sm * tm * tn * per_step if k else 0.0
-    if 0 < tiles < slots and k:
+    if 0 < tiles < slots and k and not fit.whole:
         # Less than a wave: cuBLAS spreads a small product over more SMs with smaller tiles,
         # each doing fewer multiply-adds per byte it loads (efficiency ~ rows x cols / (rows +
         # cols), relative to the usual tile).
