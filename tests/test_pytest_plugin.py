@@ -237,6 +237,25 @@ def test_bugs_seeded_in_a_copy_of_lightning(tmp_path):
                 "test_positional_encoding_on_the_modules_device[cuda-copy]"]
 
 
+# -- the compute capability's rules, as torch applies them on the board ---------------------
+
+
+def test_compute_capability_rules_of_the_modeled_board(tmp_path):
+    tests = {"test_native_bf16", "test_flash_attention_forward", "test_fp8_matmul"}
+    cpu = run_sample("capability", tmp_path)
+    assert cpu.outcomes == dict.fromkeys(tests, "skipped"), cpu.output
+    t4 = run_sample("capability", tmp_path, "--simulate-gpus", "1", "--gpu-model", "T4")
+    assert t4.outcomes == dict.fromkeys(tests, "failed"), t4.output  # as on a real T4
+    flash = t4.messages["test_flash_attention_forward"]
+    assert "RuntimeError: No available kernel. Aborting execution." in flash
+    assert ("Flash attention only supports gpu architectures in the range [sm80, sm121]. "
+            "Attempting to run on a sm 7.5 gpu.") in t4.output  # torch's warning, in the summary
+    assert ("torch._scaled_mm is only supported on CUDA devices with compute capability >= 9.0 "
+            "or 8.9") in t4.messages["test_fp8_matmul"]
+    h100 = run_sample("capability", tmp_path, "--simulate-gpus", "1", "--gpu-model", "H100")
+    assert h100.outcomes == dict.fromkeys(tests, "passed"), h100.output
+
+
 # -- each test afresh, the marker, leaks ------------------------------------------------------
 
 
