@@ -195,9 +195,9 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         # Only now: these modules reach into torch internals the check has vouched for.
         from devlab.engine.simulated.base.patcher import Patcher
         from devlab.engine.simulated.cuda import amp as _amp
+        from devlab.engine.simulated.cuda import capability as _capability
         from devlab.engine.simulated.cuda import cuda_build as _build
         from devlab.engine.simulated.cuda import cufft_plans as _cufft
-        from devlab.engine.simulated.cuda import capability as _capability
         from devlab.engine.simulated.cuda import graphs as _graphs
         from devlab.engine.simulated.cuda import namespaces as _namespaces
         from devlab.engine.simulated.instruments import profiler_kineto as _profiler_kineto
