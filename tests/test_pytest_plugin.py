@@ -256,6 +256,21 @@ def test_compute_capability_rules_of_the_modeled_board(tmp_path):
     assert h100.outcomes == dict.fromkeys(tests, "passed"), h100.output
 
 
+def test_cuda_visible_devices_hides_gpus_in_the_test_process_as_in_its_children(tmp_path):
+    run = run_sample("visible", tmp_path, "--simulate-gpus", "2", env={
+        "CUDA_VISIBLE_DEVICES": "1", "EXPECT_GPUS": "1", "EXPECT_MACHINE": "2"})
+    assert set(run.outcomes.values()) == {"passed"} and len(run.outcomes) == 2, run.output
+    assert ("devlab: 2 simulated GPUs (no GPU model), memory: the host's (--gpu-memory sets a "
+            "limit); CUDA_VISIBLE_DEVICES='1' shows 1 of them to this process") in run.output
+    hidden = run_sample("visible", tmp_path, "--simulate-gpus", "2",
+                        env={"CUDA_VISIBLE_DEVICES": "", "EXPECT_MACHINE": "2"})
+    assert hidden.outcomes == {"test_the_process_and_its_child_see_the_same_gpus": "skipped",
+                               "test_a_child_told_to_see_none_sees_none": "passed"}, hidden.output
+    both = run_sample("visible", tmp_path, "--simulate-gpus", "2",
+                      env={"EXPECT_GPUS": "2", "EXPECT_MACHINE": "2"})
+    assert set(both.outcomes.values()) == {"passed"}, both.output
+
+
 # -- each test afresh, the marker, leaks ------------------------------------------------------
 
 

@@ -584,6 +584,13 @@ def _cuda_visible(count: int, visible: str | None) -> int:
     return len(seen)
 
 
+def cuda_visible_count(count: int, visible: str | None = None) -> int:
+    """How many of a simulated machine's `count` GPUs this process sees under its
+    `CUDA_VISIBLE_DEVICES` (or `visible`), as CUDA would show them (`_cuda_visible`)."""
+    return _cuda_visible(count, os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None
+                         else visible)
+
+
 def simulate_from_environment() -> bool:
     """Start simulated GPUs if `DEVLAB_SIMULATE_GPUS=N` is set (how a Binder image turns them
     on for everyone); `DEVLAB_SIMULATE_GPU_MEMORY_MB` sets each one's memory and
