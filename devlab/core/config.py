@@ -191,7 +191,7 @@ def get_device_details(device: PhysicalDevice) -> dict[str, Any]:
         limit = _settings.simulated_memory_mb
         spec = simulated.model()
         details: dict[str, Any] = {
-            "device_name": f"Simulated GPU {device.index} "
+            "device_name": "Simulated GPU "  # torch's and nvidia-smi's name: no index
                            + (f"(modeled {spec.name}, CPU-backed)" if spec else "(CPU-backed)"),
             "simulated": True,
         }
