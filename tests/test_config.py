@@ -207,7 +207,7 @@ def test_memory_growth_on_simulated_gpus_follows_tensorflows_rules() -> None:
     config.set_memory_growth(gpu, False)
     assert config.get_memory_growth(gpu) is False
     details = config.get_device_details(gpu)
-    assert details == {"device_name": "Simulated GPU 0 (CPU-backed)", "simulated": True, "total_memory": 64 * 2**20}
+    assert details == {"device_name": "Simulated GPU (CPU-backed)", "simulated": True, "total_memory": 64 * 2**20}
     torch.ones(1, device="cuda:0")  # first use: the runtime starts
     with pytest.raises(RuntimeError, match="^Physical devices cannot be modified after being initialized$"):
         config.set_memory_growth(gpu, True)

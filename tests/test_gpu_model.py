@@ -409,7 +409,7 @@ def test_every_modeled_figure_says_it_is_modeled(t4) -> None:
     assert gpu.modeled == "NVIDIA T4 (16 GB, PCIe)" and comparison.baseline.modeled is None
     assert "modeled from NVIDIA T4 (16 GB, PCIe) specifications, not measured" in str(gpu)
     assert "CPU:0 measured on this machine" in comparison.note
-    assert torch.cuda.get_device_name(1) == "Simulated GPU 1 (modeled T4, CPU-backed)"
+    assert torch.cuda.get_device_name(1) == "Simulated GPU (modeled T4, CPU-backed)"
     assert "modeled from NVIDIA T4" in devlab.config.gpu_status()
     table = devlab.core.inventory.device_table().text()
     # A T4's memory as torch reports it (15,835,660,288 bytes), not its datasheet's 16 GB.

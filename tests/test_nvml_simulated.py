@@ -291,12 +291,21 @@ def test_torch_nvml_and_nvidia_smi_name_each_gpu_alike(no_simulation, key, monke
         devlab.config.simulate_gpus(2, model=model)
         try:
             pynvml.nvmlInit()
-            smi = _smi("--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader")
+            smi = _smi("--query-gpu=index,uuid,pci.bus_id,name", "--format=csv,noheader")
             assert smi.returncode == 0, smi.stderr
             listed = [[c.strip() for c in line.split(",")] for line in smi.stdout.splitlines()]
             for i in range(2):
                 p = torch.cuda.get_device_properties(i)
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                name = pynvml.nvmlDeviceGetName(h)
+                name = name.decode() if isinstance(name, bytes) else name
+                assert listed[i].pop() == name
+                if model is None:  # no board: one name everywhere, as a real board's
+                    assert name == torch.cuda.get_device_name(i) == p.name == (
+                        "Simulated GPU (CPU-backed)")
+                else:  # NVML names the board; torch says it is a simulated one of them
+                    assert name == "Tesla T4"
+                    assert torch.cuda.get_device_name(i) == "Simulated GPU (modeled T4, CPU-backed)"
                 assert pynvml.nvmlDeviceGetUUID(h) == f"GPU-{p.uuid}"
                 bus = pynvml.nvmlDeviceGetPciInfo(h).busId
                 bus = bus.decode() if isinstance(bus, bytes) else bus

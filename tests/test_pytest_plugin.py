@@ -79,6 +79,28 @@ def line_of(sample: str, text: str) -> int:
     return number
 
 
+def test_the_readmes_ci_workflow_installs_devlab_and_asks_for_simulated_gpus():
+    """The workflow README shows for a CPU runner: devlab from its wheel (PyPI's `devlab` is
+    another project), pytest as devlab pins it, and a pytest line whose options the plugin takes."""
+    from devlab.fronts.pytest_plugin import options
+
+    readme = (ROOT / "README.md").read_text()
+    workflow = readme[readme.index("name: gpu-tests-on-cpu"):]
+    workflow = workflow[:workflow.index("```")]
+    runs = [line.split("- run:", 1)[1].strip() for line in workflow.splitlines() if "- run:" in line]
+    install = next(r for r in runs if "devlab" in r)
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert f" ci/devlab-{version}-py3-none-any.whl " in install, install
+    assert not re.search(r"pip install (\S+ )*devlab(\s|$)", install)
+    assert '"pytest<9"' in install and "pytest-xdist" in install
+    test = runs[-1].split()
+    assert test[0] == "pytest" and "-n" in test
+    assert options.parse_count(test[test.index("--simulate-gpus") + 1]) == 2
+    assert options.parse_size(test[test.index("--gpu-memory") + 1]) == 4096
+
+
 # -- unasked: nothing -------------------------------------------------------------------------
 
 
@@ -214,27 +236,71 @@ def test_seeded_bugs_fail_on_simulated_gpus_and_correct_code_passes(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
                     reason="the library copy's tests compare it with the installed Lightning")
 def test_bugs_seeded_in_a_copy_of_lightning(tmp_path):
-    cases = [f"{test}[{device}-{source}]" for test in ("test_move_data_to_device_and_back",
-                                                       "test_positional_encoding_on_the_modules_device")
-             for device in ("cpu", "cuda") for source in ("lightning", "copy")]
+    tests = ("test_move_data_to_device_and_back", "test_positional_encoding_on_the_modules_device",
+             "test_module_cuda_with_an_index", "test_batch_size_backs_off_on_oom",
+             "test_gather_all_tensors_of_uneven_sizes")
+    cases = [f"{test}[{device}-{source}]" for test in tests for device in ("cpu", "cuda")
+             for source in ("lightning", "copy")]
     cpu = run_sample("library_copy", tmp_path)
     assert cpu.returncode == 0, cpu.output  # CPU-only CI is green: the CUDA variants skip
     assert cpu.outcomes == {c: "skipped" if "[cuda-" in c else "passed" for c in cases}, cpu.output
-    gpu = run_sample("library_copy", tmp_path, "--simulate-gpus", "1")
+    gpu = run_sample("library_copy", tmp_path, "--simulate-gpus", "2", "--gpu-memory", "256MiB")
     failed = {c for c, o in gpu.outcomes.items() if o == "failed"}
-    assert failed == {"test_move_data_to_device_and_back[cuda-copy]",
-                      "test_positional_encoding_on_the_modules_device[cuda-copy]"}, gpu.output
-    assert len(gpu.outcomes) == 8 and list(gpu.outcomes.values()).count("passed") == 6
-    moved = gpu.messages["test_move_data_to_device_and_back[cuda-copy]"]
+    assert failed == {f"{test}[cuda-copy]" for test in tests}, gpu.output
+    assert len(gpu.outcomes) == 20 and list(gpu.outcomes.values()).count("passed") == 15
+    msg = {test: gpu.messages[f"{test}[cuda-copy]"] for test in tests}
+    copy = "library_copy/copied_lightning"
+    moved = msg["test_move_data_to_device_and_back"]
     assert "non_blocking copy from cuda:0 to the host was read before" in moved
-    queued = line_of("library_copy/copied_lightning/apply_func.py",
-                     "data_output = data.to(device, **kwargs)")
+    queued = line_of(f"{copy}/apply_func.py", "data_output = data.to(device, **kwargs)")
     assert re.search(rf"queued at: \S*copied_lightning/apply_func.py:{queued} in batch_to", moved)
     read = line_of("library_copy/test_copied.py", 'assert back["x"].tolist() == ')
     assert re.search(rf"read at: +\S*test_copied.py:{read} ", moved), moved
-    assert ("Expected all tensors to be on the same device, but found at least two devices, "
-            "cuda:0 and cpu!") in gpu.messages[
-                "test_positional_encoding_on_the_modules_device[cuda-copy]"]
+    mixed = "Expected all tensors to be on the same device, but found at least two devices"
+    assert f"{mixed}, cuda:0 and cpu!" in msg["test_positional_encoding_on_the_modules_device"]
+    assert f"{mixed}, cuda:1 and cuda:0!" in msg["test_module_cuda_with_an_index"]
+    oom = msg["test_batch_size_backs_off_on_oom"]  # the back-off let CUDA's own error through
+    assert "OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB" in oom, oom
+    gathered = msg["test_gather_all_tensors_of_uneven_sizes"]  # a rank's, through mp.spawn
+    sizes = line_of(f"{copy}/distributed.py",
+                    "torch.distributed.all_gather(local_sizes, local_size, group=group)")
+    assert re.search(rf'copied_lightning/distributed.py", line {sizes}, in _gather_all_tensors',
+                     gathered), gathered
+    assert "RuntimeError: No backend type associated with device type cpu" in gathered
+
+
+# -- the compute capability's rules, as torch applies them on the board ---------------------
+
+
+def test_compute_capability_rules_of_the_modeled_board(tmp_path):
+    tests = {"test_native_bf16", "test_flash_attention_forward", "test_fp8_matmul"}
+    cpu = run_sample("capability", tmp_path)
+    assert cpu.outcomes == dict.fromkeys(tests, "skipped"), cpu.output
+    t4 = run_sample("capability", tmp_path, "--simulate-gpus", "1", "--gpu-model", "T4")
+    assert t4.outcomes == dict.fromkeys(tests, "failed"), t4.output  # as on a real T4
+    flash = t4.messages["test_flash_attention_forward"]
+    assert "RuntimeError: No available kernel. Aborting execution." in flash
+    assert ("Flash attention only supports gpu architectures in the range [sm80, sm121]. "
+            "Attempting to run on a sm 7.5 gpu.") in t4.output  # torch's warning, in the summary
+    assert ("torch._scaled_mm is only supported on CUDA devices with compute capability >= 9.0 "
+            "or 8.9") in t4.messages["test_fp8_matmul"]
+    h100 = run_sample("capability", tmp_path, "--simulate-gpus", "1", "--gpu-model", "H100")
+    assert h100.outcomes == dict.fromkeys(tests, "passed"), h100.output
+
+
+def test_cuda_visible_devices_hides_gpus_in_the_test_process_as_in_its_children(tmp_path):
+    run = run_sample("visible", tmp_path, "--simulate-gpus", "2", env={
+        "CUDA_VISIBLE_DEVICES": "1", "EXPECT_GPUS": "1", "EXPECT_MACHINE": "2"})
+    assert set(run.outcomes.values()) == {"passed"} and len(run.outcomes) == 2, run.output
+    assert ("devlab: 2 simulated GPUs (no GPU model), memory: the host's (--gpu-memory sets a "
+            "limit); CUDA_VISIBLE_DEVICES='1' shows 1 of them to this process") in run.output
+    hidden = run_sample("visible", tmp_path, "--simulate-gpus", "2",
+                        env={"CUDA_VISIBLE_DEVICES": "", "EXPECT_MACHINE": "2"})
+    assert hidden.outcomes == {"test_the_process_and_its_child_see_the_same_gpus": "skipped",
+                               "test_a_child_told_to_see_none_sees_none": "passed"}, hidden.output
+    both = run_sample("visible", tmp_path, "--simulate-gpus", "2",
+                      env={"EXPECT_GPUS": "2", "EXPECT_MACHINE": "2"})
+    assert set(both.outcomes.values()) == {"passed"}, both.output
 
 
 # -- each test afresh, the marker, leaks ------------------------------------------------------

@@ -37,9 +37,9 @@ def test_torch_cuda_reports_the_simulated_gpus(two) -> None:
     assert torch.cuda.current_device() == 0
     assert torch.cuda.is_initialized()  # torch.cuda.current_device() initializes CUDA
     assert not simulated.is_used()  # but devlab's settings are fixed by the first tensor only
-    assert torch.cuda.get_device_name(1) == "Simulated GPU 1 (CPU-backed)"
+    assert torch.cuda.get_device_name(1) == "Simulated GPU (CPU-backed)"
     props = torch.cuda.get_device_properties(0)
-    assert props.name == "Simulated GPU 0 (CPU-backed)" and props.total_memory > 0
+    assert props.name == "Simulated GPU (CPU-backed)" and props.total_memory > 0
     torch.cuda.synchronize()
     torch.cuda.synchronize(1)
     with pytest.raises(AssertionError, match="Invalid device id"):

@@ -426,3 +426,43 @@ def test_ddp_allocates_its_gradient_buckets_on_the_gpu(two) -> None:
     # would leave gloo's threads to the ranks later tests fork from it.
     for grown, params in devlab.launch(ddp_bucket_bytes, nprocs=2, timeout=120):
         assert params <= grown < params + 4 * 512
+
+
+_HOST_TENSOR = """
+import os, socket, sys
+import torch, torch.distributed as dist
+import devlab
+devlab.config.simulate_gpus(1)
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+dist.init_process_group(sys.argv[1], rank=0, world_size=1)
+try:
+    host = torch.ones(2)
+    dist.all_reduce(host)
+    print("host", host.tolist())
+except RuntimeError as e:
+    print("host refused:", e)
+gpu = torch.ones(2, device="cuda")
+dist.all_reduce(gpu)
+print("gpu", gpu.device)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl"])
+def test_an_nccl_group_refuses_a_host_tensor_as_torch_does(backend):
+    """A host tensor given to an NCCL-only group reaches no backend (torch's dispatcher's error);
+    a group that names gloo for the CPU takes it there."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+         os.environ.get("PYTHONPATH", "")])}
+    env = {k: v for k, v in env.items() if not k.startswith("DEVLAB_SIMULATE")}
+    out = subprocess.run([sys.executable, "-c", _HOST_TENSOR, backend], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "gpu cuda:0"
+    assert lines[-2] == ("host refused: No backend type associated with device type cpu"
+                         if backend == "nccl" else "host [1.0, 1.0]")

@@ -194,7 +194,7 @@ def get_device_details(device: PhysicalDevice) -> dict[str, Any]:
         limit = _settings.simulated_memory_mb
         spec = simulated.model()
         details: dict[str, Any] = {
-            "device_name": f"Simulated GPU {device.index} "
+            "device_name": "Simulated GPU "  # torch's and nvidia-smi's name: no index
                            + (f"(modeled {spec.name}, CPU-backed)" if spec else "(CPU-backed)"),
             "simulated": True,
         }
@@ -596,6 +596,13 @@ ENVIRONMENT = ("DEVLAB_SIMULATE_GPUS", "DEVLAB_SIMULATE_GPU_MEMORY_MB", "DEVLAB_
 
 def _environment() -> tuple[str | None, ...]:
     return tuple(os.environ.get(name) for name in ENVIRONMENT)
+
+
+def cuda_visible_count(count: int, visible: str | None = None) -> int:
+    """How many of a simulated machine's `count` GPUs this process sees under its
+    `CUDA_VISIBLE_DEVICES` (or `visible`), as CUDA would show them (`_cuda_visible`)."""
+    return _cuda_visible(count, os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None
+                         else visible)
 
 
 def simulate_from_environment() -> bool:

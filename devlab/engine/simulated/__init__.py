@@ -197,6 +197,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
         # Only now: these modules reach into torch internals the check has vouched for.
         from devlab.engine.simulated.base.patcher import Patcher
         from devlab.engine.simulated.cuda import amp as _amp
+        from devlab.engine.simulated.cuda import capability as _capability
         from devlab.engine.simulated.cuda import cuda_build as _build
         from devlab.engine.simulated.cuda import cufft_plans as _cufft
         from devlab.engine.simulated.cuda import graphs as _graphs
@@ -220,7 +221,8 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
 
         # The mode's handlers build on the mode's module, so the table is filled from here.
         _routing.fill_handlers(_moves.HANDLERS, _autograd.HANDLERS, _amp.HANDLERS,
-                               _cufft.HANDLERS, dict.fromkeys(_launch.OPS, _launch.launch))
+                               _cufft.HANDLERS, _capability.HANDLERS,
+                               dict.fromkeys(_launch.OPS, _launch.launch))
         # A stop() from another thread could only disarm this thread's old modes.
         for old in torch.overrides._get_current_function_mode_stack():
             if isinstance(old, _routing.SimulationMode) and old.inert:

@@ -39,13 +39,26 @@ _ITEM = pytest.StashKey[dict]()
 PLUGIN_NAME = "devlab-simulated-gpus"
 
 
+def visible(settings: Settings) -> int:
+    """How many of the simulated machine's GPUs this process sees: `CUDA_VISIBLE_DEVICES`
+    hides some here as it would on a real machine (and as the start-up hook does in every
+    process the tests start, from the machine's count in `DEVLAB_SIMULATE_GPUS`)."""
+    from devlab.core import config
+
+    return config.cuda_visible_count(settings.count)
+
+
 def _simulate(settings: Settings) -> None:
-    """Environment first (the processes tests start), then this process's GPUs."""
+    """Environment first (the processes tests start: the machine's count), then this
+    process's GPUs (those `CUDA_VISIBLE_DEVICES` shows it; none: torch sees no GPU)."""
     os.environ.update(settings.environment())
     from devlab.core import config
 
+    count = visible(settings)
+    if count == 0:
+        return
     try:
-        config.simulate_gpus(settings.count, memory_limit=settings.memory_mb,
+        config.simulate_gpus(count, memory_limit=settings.memory_mb,
                              model=settings.model, topology=settings.topology)
     except (RuntimeError, ValueError) as e:
         raise pytest.UsageError(f"devlab could not simulate GPUs: {e}") from None
@@ -121,7 +134,7 @@ class SimulatedGpus:
     # -- the header and the summary --------------------------------------------------------
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        return _report.header(self.settings)
+        return _report.header(self.settings, visible(self.settings))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "teardown":
@@ -154,9 +167,13 @@ class SimulatedGpus:
                                                         marker.kwargs)
             except OptionError as e:  # this test's mistake: it fails, the others run
                 pytest.fail(str(e), pytrace=False)
-            if need > self.settings.count:
+            seen = visible(self.settings)
+            if need > seen:
+                shown = ("" if seen == self.settings.count else
+                         f", {seen} visible (CUDA_VISIBLE_DEVICES="
+                         f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
                 raise pytest.skip.Exception(  # reported at the test, as a skip mark is
-                    f"needs {need} simulated GPUs; {self.settings.count} simulated "
+                    f"needs {need} simulated GPUs; {self.settings.count} simulated{shown} "
                     f"(pytest --simulate-gpus {need} runs it)", _use_item_location=True)
             if wanted != self.current:
                 self._switch(wanted)
@@ -174,7 +191,8 @@ class SimulatedGpus:
             if torch.get_default_device() != self._default_device:
                 torch.set_default_device(self._default_device)
             self._device_context = _default_device_context()
-        simulated.fresh_start()
+        if simulated.is_active():  # CUDA_VISIBLE_DEVICES may hide every GPU from this process
+            simulated.fresh_start()
 
     def _switch(self, settings: Settings) -> None:
         """Run on other GPUs (a marker's model or memory): a new simulation, as a new
@@ -190,7 +208,7 @@ class SimulatedGpus:
         from devlab.engine import simulated
 
         state = item.stash.get(_ITEM, {})
-        state["before"] = _allocated(simulated)
+        state["before"] = _allocated(simulated) if simulated.is_active() else None
         state["allocations"] = simulated.allocations()
         try:
             result = yield

@@ -37,10 +37,20 @@ def describe(settings: Settings) -> str:
     return text
 
 
-def header(settings: Settings) -> list[str]:
+def header(settings: Settings, visible: int | None = None) -> list[str]:
+    """The session header; `visible`: the GPUs CUDA_VISIBLE_DEVICES leaves this process."""
+    import os
+
+    if visible is None or visible == settings.count:
+        where = ("torch.cuda.is_available() is True here, in xdist workers and in the processes "
+                 "tests start (values computed on the CPU)")
+    else:
+        where = (f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} shows "
+                 f"{visible} of them to this process (torch.cuda.device_count() is {visible}), "
+                 "and hides GPUs in xdist workers and the processes tests start as it would on "
+                 "a real machine (values computed on the CPU)")
     return [
-        f"devlab: {describe(settings)}; torch.cuda.is_available() is True here, in xdist "
-        "workers and in the processes tests start (values computed on the CPU)",
+        f"devlab: {describe(settings)}; {where}",
         "devlab checks device placement, CUDA's errors, memory limits (OOM), stream and "
         "non_blocking-copy synchronization, NCCL collectives across processes",
         "devlab cannot check: " + "; ".join(CANNOT_CHECK),

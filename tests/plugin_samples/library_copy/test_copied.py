@@ -1,20 +1,40 @@
 """The same tests, in the style of Lightning's own (a CPU variant, and a CUDA one gated by
-`RunIf(min_cuda_gpus=1)`), on the installed Lightning and on the copy with bugs seeded
+`RunIf(min_cuda_gpus=N)`'s reasons), on the installed Lightning and on the copy with bugs seeded
 (NOTICE.md): CPU-only CI passes both; on simulated GPUs the copy's CUDA variants fail."""
+
+import os
+import socket
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from copied_lightning import apply_func as copied_apply_func
+from copied_lightning import device_dtype_mixin as copied_mixin
+from copied_lightning import distributed as copied_distributed
+from copied_lightning import memory as copied_memory
 from copied_lightning import transformer as copied_transformer
 from lightning.fabric.utilities import apply_func as lightning_apply_func
+from lightning.fabric.utilities import device_dtype_mixin as lightning_mixin
+from lightning.fabric.utilities import distributed as lightning_distributed
 from lightning.fabric.utilities.testing import _runif_reasons
 from lightning.pytorch.demos import transformer as lightning_transformer
+from lightning.pytorch.utilities import memory as lightning_memory
 
-_reasons, _ = _runif_reasons(min_cuda_gpus=1)
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    bool(_reasons), reason=f"Requires: [{' + '.join(_reasons)}]"))]
+
+def _devices(min_cuda_gpus: int) -> list:
+    reasons, _ = _runif_reasons(min_cuda_gpus=min_cuda_gpus)
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+        bool(reasons), reason=f"Requires: [{' + '.join(reasons)}]"))]
+
+
+DEVICES = _devices(1)
+TWO_GPUS = _devices(2)
 APPLY = {"lightning": lightning_apply_func, "copy": copied_apply_func}
 TRANSFORMER = {"lightning": lightning_transformer, "copy": copied_transformer}
+MIXIN = {"lightning": lightning_mixin, "copy": copied_mixin}
+MEMORY = {"lightning": lightning_memory, "copy": copied_memory}
+DISTRIBUTED = {"lightning": lightning_distributed, "copy": copied_distributed}
 
 
 @pytest.mark.parametrize("source", ["lightning", "copy"])
@@ -39,3 +59,67 @@ def test_positional_encoding_on_the_modules_device(source, device):
     out = encoding(x)
     assert out.device == x.device and out.shape == x.shape
     assert not torch.equal(out, x)
+
+
+@pytest.mark.parametrize("source", ["lightning", "copy"])
+@pytest.mark.parametrize("device", TWO_GPUS)
+def test_module_cuda_with_an_index(source, device):
+    class Net(MIXIN[source]._DeviceDtypeModuleMixin):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.layer(x)
+
+    net = Net()
+    net = net.cuda(1) if device == "cuda" else net.cpu()
+    x = torch.randn(3, 4, device="cuda:1" if device == "cuda" else "cpu")
+    assert net(x).device == x.device == net.device
+
+
+@pytest.mark.parametrize("source", ["lightning", "copy"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_size_backs_off_on_oom(source, device):
+    memory = MEMORY[source]
+
+    def step(batch_size):
+        if device == "cpu":  # CPU CI's stand-in for the GPU running out of memory
+            if batch_size > 64:
+                raise RuntimeError("CUDA error: out of memory")
+            return
+        activations = torch.empty(batch_size, 1024, 1024, device=device)  # 4 MiB a sample
+        del activations
+
+    batch_size = 1024
+    while True:  # halve until a step fits, as Lightning's batch size finder does
+        try:
+            step(batch_size)
+            break
+        except RuntimeError as exception:
+            if not memory.is_oom_error(exception) or batch_size == 1:
+                raise
+            memory.garbage_collection_cuda()
+            batch_size //= 2
+    assert 1 <= batch_size <= 64
+
+
+def _gather_rank(rank, world, port, source, device):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
+    on = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    mine = torch.full((rank + 1, 2), float(rank), device=on)  # uneven: padded, then trimmed
+    gathered = DISTRIBUTED[source]._gather_all_tensors(mine)
+    assert [g.tolist() for g in gathered] == [[[0.0, 0.0]], [[1.0, 1.0], [1.0, 1.0]]]
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("source", ["lightning", "copy"])
+@pytest.mark.parametrize("device", TWO_GPUS)
+def test_gather_all_tensors_of_uneven_sizes(source, device):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    mp.spawn(_gather_rank, args=(2, port, source, device), nprocs=2, join=True)

@@ -30,6 +30,9 @@ def _own(filename: str) -> bool:
     its sub-packages)."""
     return (devlab_file(filename) or "").startswith("engine/simulated/")
 
+
+own_file = _own
+
 _E = TypeVar("_E", bound=BaseException)
 _F = TypeVar("_F", bound=Callable[..., Any])
 

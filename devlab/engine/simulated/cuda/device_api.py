@@ -51,10 +51,12 @@ def initializes(fn: _F) -> _F:
 
 
 def device_name(index: int) -> str:
+    """What torch.cuda.get_device_name(index) answers: the board's kind, not its index, as a
+    real board's name (and the same name nvidia-smi and NVML give it: `nvml_answers`)."""
     sess = _session.session
     spec = sess.spec if sess is not None else None
     modeled = "" if spec is None else f"modeled {spec.name}, "
-    return f"Simulated GPU {index} ({modeled}CPU-backed)"
+    return f"Simulated GPU ({modeled}CPU-backed)"
 
 
 @dataclass(frozen=True)

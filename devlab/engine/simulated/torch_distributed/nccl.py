@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -50,6 +51,7 @@ from torch._C._distributed_c10d import (
 from devlab.engine.simulated.base import cuda_errors as _errors
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base.notices import Notice
+from devlab.engine.simulated.base.storage_marks import index_of
 from devlab.engine.simulated.torch_distributed import c10d_futures as _futures
 from devlab.engine.simulated.torch_distributed import loopback_stores as _stores
 from devlab.engine.simulated.torch_distributed.loopback_stores import LOOPBACK
@@ -125,8 +127,27 @@ def _listed(tensors: Any) -> list[torch.Tensor]:
 _FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 
 
-def _check(tensors: list[torch.Tensor]) -> None:
-    """NCCL's check of a collective's tensors: dense, and contiguous in their memory format."""
+def _called_from_torch_distributed() -> bool:
+    """Whether the collective came from torch.distributed's Python API (`dist.all_gather`),
+    whose tensors the program made, rather than from C++ (DDP's checks of its parameters,
+    its buckets), whose helper tensors a CPU build makes on the host where CUDA's are on the
+    GPU."""
+    frame = sys._getframe(2)
+    while frame is not None and _errors.own_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_filename.endswith(
+        os.path.join("distributed", "distributed_c10d.py"))
+
+
+def _check(tensors: list[torch.Tensor], host_ok: bool = False) -> None:
+    """NCCL's check of a collective's tensors: on a GPU (a host tensor reaches no backend in
+    a group without a CPU one: the error torch's dispatcher gives it), dense, and contiguous
+    in their memory format."""
+    if not host_ok and _called_from_torch_distributed():
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and index_of(t) is None:
+                raise _errors.user_error(RuntimeError(
+                    "No backend type associated with device type cpu"))
     for t in tensors:
         if t.layout is not torch.strided:
             raise ValueError("Tensors must be CUDA and dense")
@@ -163,10 +184,10 @@ def _reduction(op: Any, dtype: torch.dtype) -> tuple[_RED, Any]:
     return kind, None
 
 
-def _reduce_in_place(tensors: list[torch.Tensor], opts: Any) -> _RED:
+def _reduce_in_place(tensors: list[torch.Tensor], opts: Any, host_ok: bool = False) -> _RED:
     """Check `tensors` for an in-place reduction and scale them by PREMUL_SUM's factor; the
     reduction gloo is to run."""
-    _check(tensors)
+    _check(tensors, host_ok)
     kind, factor = _reduction(opts.reduceOp, tensors[0].dtype)
     if factor is not None:
         for t in tensors:
@@ -311,6 +332,11 @@ class ProcessGroupNCCL(NCCLCharges, dist.ProcessGroup):
     _devices: tuple[str, ...] = ("cuda",)
 
     @property
+    def _host_ok(self) -> bool:
+        """Whether the backend string gave the CPU a backend too (its tensors go to gloo)."""
+        return "cpu" in self._devices
+
+    @property
     def _device_types(self) -> list[torch.device]:
         return [torch.device(d) for d in self._devices]
 
@@ -359,7 +385,7 @@ class ProcessGroupNCCL(NCCLCharges, dist.ProcessGroup):
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else AllreduceOptions()
-        kind = _reduce_in_place(tensors, opts)
+        kind = _reduce_in_place(tensors, opts, self._host_ok)
         self._charge("all_reduce", _total(tensors), tensors[0], opts,
                      sum(t.numel() for t in tensors))
         return self._inner.allreduce(tensors, _options(AllreduceOptions, opts, kind))
@@ -368,7 +394,7 @@ class ProcessGroupNCCL(NCCLCharges, dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else AllreduceCoalescedOptions()
-        kind = _reduce_in_place(tensors, opts)
+        kind = _reduce_in_place(tensors, opts, self._host_ok)
         self._charge("all_reduce", _sizes(tensors), tensors[0], opts,
                      sum(t.numel() for t in tensors))
         return self._inner.allreduce_coalesced(
@@ -378,7 +404,7 @@ class ProcessGroupNCCL(NCCLCharges, dist.ProcessGroup):
     def reduce(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else ReduceOptions()
-        kind = _reduce_in_place(tensors, opts)
+        kind = _reduce_in_place(tensors, opts, self._host_ok)
         self._charge("reduce", _total(tensors), tensors[0], opts)
         return self._inner.reduce(tensors, _options(ReduceOptions, opts, kind,
                                                     rootRank=opts.rootRank,
@@ -388,7 +414,7 @@ class ProcessGroupNCCL(NCCLCharges, dist.ProcessGroup):
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         tensors = _listed(tensors)
         opts = opts if opts is not None else BroadcastOptions()
-        _check(tensors)
+        _check(tensors, self._host_ok)
         self._charge("broadcast", _total(tensors), tensors[0], opts)
         return self._inner.broadcast(tensors, opts)
 
@@ -428,7 +454,7 @@ class ProcessGroupNCCL(NCCLCharges, dist.ProcessGroup):
         sizes (an uneven gather) are a broadcast from each rank, as NCCL runs them."""
         opts = opts if opts is not None else AllgatherOptions()
         (outs,), (inp,) = outputs, _listed(inputs)
-        _check([inp, *outs])
+        _check([inp, *outs], self._host_ok)
         self._charge("all_gather", _total(outs), inp, opts)
         return self._allgather(outs, inp, opts)
 
@@ -447,7 +473,7 @@ class ProcessGroupNCCL(NCCLCharges, dist.ProcessGroup):
     def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         opts = opts if opts is not None else AllgatherOptions()
         for outs, inp in zip(outputs, inputs, strict=True):
-            _check([inp, *outs])
+            _check([inp, *outs], self._host_ok)
         if inputs:
             self._charge("all_gather", tuple(sum(o.nbytes for o in outs) for outs in outputs),
                          inputs[0], opts)
@@ -463,7 +489,7 @@ class ProcessGroupNCCL(NCCLCharges, dist.ProcessGroup):
         """`all_gather_into_tensor`: NCCL reads the output as a flat buffer of world size
         times the input's elements, whatever its shape."""
         opts = opts if opts is not None else AllgatherOptions()
-        _check([input, output])
+        _check([input, output], self._host_ok)
         if input.dtype != output.dtype:
             raise TypeError("output tensor must have the same type as input tensor")
         if input.numel() * self.size() != output.numel():
@@ -490,7 +516,7 @@ class ProcessGroupNCCL(NCCLCharges, dist.ProcessGroup):
         """`reduce_scatter_tensor`: NCCL reads the input as a flat buffer of world size times
         the output's elements, whatever its shape."""
         opts = opts if opts is not None else ReduceScatterOptions()
-        _check([input, output])
+        _check([input, output], self._host_ok)
         if input.dtype != output.dtype:
             raise TypeError("input tensor must be the same type as the output tensor.")
         if input.numel() != output.numel() * self.size():
@@ -515,7 +541,7 @@ class ProcessGroupNCCL(NCCLCharges, dist.ProcessGroup):
         """A coalesced call: charged once, as one NCCL group of its tensors (`counted`: those
         whose bytes nccl-tests counts), then run as its single collectives."""
         if inputs:
-            _check([*outputs, *inputs])
+            _check([*outputs, *inputs], self._host_ok)
             self._charge(op, _sizes(counted), inputs[0], opts)
         return _one_by_one(functools.partial(single, charge=False), outputs, inputs, opts)
 
@@ -527,7 +553,7 @@ class ProcessGroupNCCL(NCCLCharges, dist.ProcessGroup):
         a reduce to each rank, as NCCL runs them."""
         opts = opts if opts is not None else ReduceScatterOptions()
         (out,), (ins,) = _listed(outputs), inputs
-        _check([out, *ins])
+        _check([out, *ins], self._host_ok)
         kind, factor = _reduction(opts.reduceOp, out.dtype)
         self._charge("reduce_scatter", _total(ins), out, opts)
         if all(i.numel() == out.numel() for i in ins):
@@ -562,7 +588,7 @@ class ProcessGroupNCCL(NCCLCharges, dist.ProcessGroup):
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           output_split_sizes: Any, input_split_sizes: Any,
                           opts: Any = None) -> Any:
-        _check([input, output])
+        _check([input, output], self._host_ok)
         self._charge("all_to_all", (input.nbytes,), input, opts)
         return self._inner.alltoall_base(output, input, list(output_split_sizes or []),
                                         list(input_split_sizes or []),
@@ -572,7 +598,7 @@ class ProcessGroupNCCL(NCCLCharges, dist.ProcessGroup):
 
     @_timed
     def alltoall(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        _check([*outputs, *inputs])
+        _check([*outputs, *inputs], self._host_ok)
         if inputs:
             self._charge("all_to_all", _total(inputs), inputs[0], opts)
         return self._inner.alltoall(outputs, inputs, *(() if opts is None else (opts,)))

@@ -1,1 +1,1 @@
-"""A small part of Lightning 2.6.6 (Apache-2.0), copied with two bugs seeded (NOTICE.md)."""
+"""A small part of Lightning 2.6.6 (Apache-2.0), copied with five bugs seeded (NOTICE.md)."""
