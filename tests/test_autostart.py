@@ -351,7 +351,7 @@ def test_the_variable_set_inside_the_program_before_torch(tmp_path: Path) -> Non
                        "'devlab' in sys.modules, '_devlab_autostart' in sys.modules)\n",
     }
     expected = {"script": "gpus 2\n" + SIMULATED, "find_spec first": SIMULATED,
-                "a model set inside": "Simulated GPU 0 (modeled T4, CPU-backed)\n" + SIMULATED,
+                "a model set inside": "Simulated GPU (modeled T4, CPU-backed)\n" + SIMULATED,
                 "thread": SIMULATED, "unset again": "simulated False False False"}
     files = _line_files(tmp_path)
     outs = _run_each({name: (["-c", code], files, {"DEVLAB_SIMULATE_GPUS": ""})
@@ -431,6 +431,6 @@ def test_settings_set_after_torch_but_before_the_first_cuda_call(tmp_path: Path)
                 "none visible": "available False 0\n",
                 "after the first call": "count 2\ncount 2\n",
                 "devlab's own list": "listed 1\n" + SIMULATED,
-                "a model": "Simulated GPU 1 (modeled T4, CPU-backed)\n" + SIMULATED}
+                "a model": "Simulated GPU (modeled T4, CPU-backed)\n" + SIMULATED}
     _assert_each(_run_each({name: (["-c", code], {}, {"DEVLAB_SIMULATE_GPUS": "2"})
                             for name, code in runs.items()}, tmp_path), expected)
