@@ -33,7 +33,7 @@ import re
 import tempfile
 import threading
 import time
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -54,6 +54,7 @@ DEFAULT_STREAM, NCCL_STREAM, SIDE_STREAMS = 7, 13, 100
 MODELED = "modeled: "
 
 _profile = _tprof.profile
+_time_ns, _native_id = time.time_ns, threading.get_native_id
 _recorders: set[_Recorder] = set()  # the profiles recording now (stop() detaches them)
 
 
@@ -68,24 +69,22 @@ class _Launch(NamedTuple):
 
 
 class _Spans(list):
-    """`clock.spans` while a profile records: each span also notes its launch (`_Launch`)."""
+    """`clock.spans` while a profile records: notes, for each span, what its launch needs
+    that only the moment of its launch knows (`_Recorder.launches` makes them `_Launch`es
+    once the profile is parsed; noted as a tuple, since this runs for every span)."""
 
     def __init__(self, rec: _Recorder) -> None:
         super().__init__()
         self.rec = rec
+        # (wall ns, thread, stream id or -1 for NCCL's, host's modeled time, charges before)
+        self.notes: list[tuple[int, int, int, float, int]] = []
 
     def append(self, span: Any) -> None:
         list.append(self, span)
         rec = self.rec
-        op = rec.last_op
-        if span.stream == rec.comm:
-            stream = NCCL_STREAM
-        else:
-            sid = _session.current_streams().get(span.device, 0)
-            stream = SIDE_STREAMS + sid if sid else DEFAULT_STREAM
-        rec.launches.append(_Launch(time.time_ns(), threading.get_native_id(), stream,
-                                    rec.clock.host,
-                                    op if op is not None and op.op == span.name else None))
+        self.notes.append((_time_ns(), _native_id(), -1 if span.stream == rec.comm else
+                           _session.current_streams().get(span.device, 0),
+                           rec.clock.host, len(rec.ops)))
 
     def extend(self, spans: Any) -> None:
         for s in spans:
@@ -93,22 +92,12 @@ class _Spans(list):
 
 
 class _Ops(list):
-    """`clock.recording` while a profile records: keeps the last charge (a kernel's terms)."""
+    """`clock.recording` while a profile records: the clock's charges (a kernel's terms), in
+    order; the clock appends them itself, so a charge costs the profile nothing here."""
 
-    def __init__(self, rec: _Recorder) -> None:
-        super().__init__()
-        self.rec = rec
-
-    def append(self, t: Any) -> None:
-        rec = self.rec
-        rec.last_op = t  # nothing kept: the span that follows a kernel's carries it
-        # A copy's spans come before its charge (one per GPU it touches).
-        launches, spans = rec.launches, rec.spans
-        k = len(launches) - 1
-        while k >= 0 and spans is not None and k < len(spans) and spans[k].name == t.op \
-                and launches[k].op is None:
-            launches[k] = launches[k]._replace(op=t)
-            k -= 1
+    def extend(self, ts: Any) -> None:
+        """A nested `record()` hands back its charges: they were not this profile's to see
+        (their spans come through `_Spans.extend`, with no charge of their own)."""
 
 
 class _Recorder:
@@ -119,8 +108,7 @@ class _Recorder:
 
         self.clock, self.spec, self.memory = clock, spec, memory
         self.comm, self.kinds = _clock.COMM, _clock
-        self.last_op: Any = None
-        self.launches: list[_Launch] = []
+        self.ops = _Ops()
         self.allocations: list[tuple[int, int, int]] = []  # (wall ns, device, +/- bytes)
         self.spans: _Spans | None = None
         self.thread = threading.get_native_id()
@@ -133,7 +121,7 @@ class _Recorder:
         self.spans = _Spans(self)
         with clock.lock:
             self._outer = clock.spans, clock.recording
-            clock.spans, clock.recording = self.spans, _Ops(self)
+            clock.spans, clock.recording = self.spans, self.ops
         if self.memory:
             self._undo = Patcher()
             sess = _session.session
@@ -172,6 +160,28 @@ class _Recorder:
         if self._undo is not None:
             self._undo.restore()
             self._undo = None
+
+
+    @property
+    def launches(self) -> list[_Launch]:
+        """Each span's launch, from what `_Spans` noted: its stream's track, and the charge it
+        ran, where known (the last charge before it, where that names it; a copy's spans come
+        before its charge, one per GPU it touches, and get the charge that follows them)."""
+        spans, ops = self.spans or [], self.ops
+        notes = spans.notes if isinstance(spans, _Spans) else []
+        out = []
+        for span, (wall, thread, sid, host, n) in zip(spans, notes, strict=True):
+            op = ops[n - 1] if n else None
+            stream = NCCL_STREAM if sid < 0 else SIDE_STREAMS + sid if sid else DEFAULT_STREAM
+            out.append(_Launch(wall, thread, stream, host,
+                               op if op is not None and op.op == span.name else None))
+        before = [n for *_, n in notes]
+        for j, t in enumerate(ops):
+            k = bisect_left(before, j + 1) - 1  # the last span noted before charge j
+            while k >= 0 and spans[k].name == t.op and out[k].op is None:
+                out[k] = out[k]._replace(op=t)
+                k -= 1
+        return out
 
 
 def _detach_all() -> None:
