@@ -313,3 +313,28 @@ def test_merge_is_a_pure_function_of_the_trace_and_activities() -> None:
     assert [e["ph"] for e in by_cat["ac2g"]] == ["s", "f"]
     assert [e["name"] for e in by_cat["cpu_op"]] == ["aten::mm"]
     assert out["distributedInfo"]["rank"] == 1 and out["deviceProperties"] == [{"id": 1}]
+
+
+def test_a_layers_backward_kernels_go_to_its_own_backward_op() -> None:
+    # A batch norm's and a max pool's backward kernels are theirs on the table (the nodes
+    # are NativeBatchNormBackward0 and MaxPool2DWithIndicesBackward0, their calls
+    # aten::batch_norm and aten::max_pool2d), not the next node's.
+    devlab.simulated.start(1, model="T4")
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8),
+                                torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 8, 3),
+                                torch.nn.BatchNorm2d(8)).cuda()
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+    model(x).sum().backward()
+    backward = [s.name for s in devlab.simulated.timeline(
+        lambda: model(x).sum().backward()).spans if s.kind == KERNEL]
+    with profile(activities=BOTH) as prof:
+        model(x).sum().backward()
+        torch.cuda.synchronize()
+    rows = {r.key: r for r in prof.key_averages()}
+    assert rows["aten::native_batch_norm_backward"].count == 2
+    norms = [k for e in prof.events() if e.name == "aten::native_batch_norm_backward"
+             for k in e.kernels]
+    assert len(norms) == backward.count("aten::batch_norm (backward)") > 0
+    pools = [k for e in prof.events() if e.name == "aten::max_pool2d_with_indices_backward"
+             for k in e.kernels]
+    assert len(pools) == backward.count("aten::max_pool2d (backward)") > 0

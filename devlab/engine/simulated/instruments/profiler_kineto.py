@@ -298,7 +298,11 @@ def _pick(window: list[FunctionEvent], name: str) -> FunctionEvent | None:
 # decomposes: `x @ w` is aten::matmul, its node MmBackward0).
 _NODES = {"matmul": ("mm", "bmm", "mv", "dot", "unsafeview"), "linear": ("addmm", "mm", "t"),
           "conv2d": ("convolution",), "conv1d": ("convolution",), "conv3d": ("convolution",),
-          "crossentropy": ("nllloss", "logsoftmax"), "relu": ("relu", "threshold")}
+          "crossentropy": ("nllloss", "logsoftmax"), "relu": ("relu", "threshold"),
+          "batchnorm": ("nativebatchnorm", "cudnnbatchnorm"),
+          "maxpool2d": ("maxpool2dwithindices",), "maxpool1d": ("maxpool2dwithindices",),
+          "maxpool3d": ("maxpool3dwithindices",), "adaptiveavgpool2d": ("mean",),
+          "adaptiveavgpool1d": ("mean",), "layernorm": ("nativelayernorm",)}
 
 
 def _backward_target(evaluated: list[FunctionEvent], name: str,
