@@ -24,7 +24,7 @@ from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base import storage_marks as _marks
 from devlab.engine.simulated.base.session import tls
 from devlab.engine.simulated.base.storage_marks import index_of
-from devlab.engine.simulated.clock.charges import _BACKWARD
+from devlab.engine.simulated.clock.charges import BACKWARD_KEY as _BACKWARD
 from devlab.engine.simulated.mode import device_rule as _ops
 from devlab.engine.simulated.mode import dispatch_devices as _dispatched
 from devlab.engine.simulated.mode.routing import SimulationMode
