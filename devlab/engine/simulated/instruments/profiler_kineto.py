@@ -109,6 +109,8 @@ class _Recorder:
         self.clock, self.spec, self.memory = clock, spec, memory
         self.comm, self.kinds = _clock.COMM, _clock
         self.ops = _Ops()
+        self.gpu_names: dict[int, str] = {}  # id(charge) -> the op a GPU runs for it
+        self.renamed: dict[int, str] = {}  # a CPU event's id -> the GPU's name for it
         self.allocations: list[tuple[int, int, int]] = []  # (wall ns, device, +/- bytes)
         self.spans: _Spans | None = None
         self.thread = threading.get_native_id()
@@ -122,12 +124,34 @@ class _Recorder:
         with clock.lock:
             self._outer = clock.spans, clock.recording
             clock.spans, clock.recording = self.spans, self.ops
+        self._undo = Patcher()
+        sess = _session.session
+        if sess is not None:
+            self._watch_charges(sess.charges)
         if self.memory:
-            self._undo = Patcher()
-            sess = _session.session
             for dev in sess.devices if sess is not None else ():
                 self._watch_allocator(dev.index, dev.allocator)
         _recorders.add(self)
+
+    def _watch_charges(self, charges: Any) -> None:
+        """Each convolution call's charges note the op a GPU runs for it (`gpu_convolution`):
+        its arguments decide it, and only the call sees them."""
+        cls = type(charges)  # (its instances have slots: the class's method is watched)
+        call, ops, names = cls.call, self.ops, self.gpu_names
+
+        def watched_call(self: Any, func: Any, args: tuple, kwargs: dict, *rest: Any) -> Any:
+            if func not in _CONVOLUTIONS or self is not charges:
+                return call(self, func, args, kwargs, *rest)
+            n = len(ops)
+            got = call(self, func, args, kwargs, *rest)
+            name = gpu_convolution(args, kwargs)
+            if name is not None:
+                for t in ops[n:]:
+                    names[id(t)] = name
+            return got
+
+        assert self._undo is not None
+        self._undo.set(cls, "call", watched_call)
 
     def _watch_allocator(self, index: int, allocator: Any) -> None:
         allocate, free, seen = allocator.allocate, allocator.free, self.allocations
@@ -219,6 +243,47 @@ _NODE_SUFFIX = re.compile(r"Backward\d*$")
 
 def _norm(name: str) -> str:
     return name.split(" ")[0].removeprefix("aten::").replace("_", "").lower()
+
+
+# Note [Which op a GPU runs below aten::_convolution]
+# The simulation computes a convolution with the CPU's kernels, so torch's profiler records the
+# CPU's op below aten::_convolution (aten::mkldnn_convolution). A GPU's torch picks its backend
+# from the call's arguments (aten/src/ATen/native/Convolution.cpp, select_conv_backend): cuDNN
+# (aten::cudnn_convolution) while torch.backends.cudnn.enabled, except a depthwise convolution
+# (groups == input channels, > 1) of a contiguous float32/float64 4-D input, which runs CUDA's
+# own kernel (aten::_conv_depthwise2d; use_cudnn_depthwise takes cuDNN only for channels-last
+# or half-precision inputs, under conditions not modeled here). The call's charge notes the
+# GPU's op while a profile records, and the CPU's op that owns its kernel takes that name, in
+# the table and the trace. Where the arguments do not settle it (cuDNN off, half-precision or
+# 3-D/5-D depthwise, another dtype) the CPU's name stays. A GPU's cuDNN path adds the bias
+# with an aten::add_ the CPU's fused kernel does not show: not added. (A batch norm's cuDNN
+# op is not renamed: its backward's events, which would need the same name, are not all
+# matched to their forward call: docs/profiler-validation.md.)
+_CONVOLUTIONS = frozenset({torch.conv1d, torch.conv2d, torch.conv3d})
+_CPU_CONVOLUTION = "aten::mkldnn_convolution"
+_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+def gpu_convolution(args: tuple, kwargs: dict) -> str | None:
+    """The op a GPU's torch runs below aten::_convolution for `torch.conv{1,2,3}d(*args,
+    **kwargs)`, or None where its arguments do not settle it. See Note [Which op a GPU runs
+    below aten::_convolution]."""
+    if len(args) < 2 or not torch.backends.cudnn.enabled:
+        return None
+    x, w = args[0], args[1]
+    if type(x) not in (torch.Tensor, torch.nn.Parameter) or not isinstance(w, torch.Tensor):
+        return None
+    if x.dtype not in _FLOATS or x.numel() == 0:
+        return None
+    groups = kwargs.get("groups", args[6] if len(args) > 6 else 1)
+    if not isinstance(groups, int):
+        return None
+    if groups > 1 and x.dim() in (4, 5) and x.shape[1] == groups and w.shape[0] % groups == 0:
+        if (x.dim() == 4 and x.dtype in (torch.float32, torch.float64) and x.is_contiguous()
+                and w.is_contiguous()):
+            return "aten::_conv_depthwise2d"
+        return None
+    return "aten::cudnn_convolution"
 
 
 class _Tree:
@@ -446,6 +511,12 @@ def activities(rec: _Recorder, events: list[FunctionEvent],
         begin = max(begin, track_end.get(key, begin), at_ns + launch_ns)
         track_end[key] = begin + dur_ns
         correlation += 1
+        if owner is not None and owner.name == _CPU_CONVOLUTION and op is not None:
+            # See Note [Which op a GPU runs below aten::_convolution].
+            gpu = rec.gpu_names.get(id(op))
+            if gpu is not None:
+                owner.name = owner.trace_name = gpu
+                rec.renamed[owner.id] = gpu
         if span.kind == kinds.COPY_SPAN:
             kind, name = MEMCPY, _copy_name(span)
         else:
@@ -624,6 +695,11 @@ def _wrap_export(orig: Callable) -> Callable:
                 cpu = json.load(f)
         finally:
             os.unlink(tmp)
+        if rec.renamed:  # the ops named as on a GPU in the table are so named in the trace
+            for e in cpu.get("traceEvents", ()):
+                ext = e.get("args", {}).get("External id") if e.get("cat") == "cpu_op" else None
+                if ext in rec.renamed:
+                    e["name"] = rec.renamed[ext]
         names = {(a.device, a.stream): f"stream {a.stream}" + (" (NCCL)" if a.stream ==
                                                                 NCCL_STREAM else "")
                  for a in rec.activities}
