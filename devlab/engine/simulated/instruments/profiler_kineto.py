@@ -11,10 +11,13 @@ by cycle under a `schedule`) is patched through the simulation's undo log:
   have CUDA columns) but hands the C++ profiler CPU activity only;
 - `_start_trace` / `__exit__`: while the profile records, the clock's watched spans
   (`clock.Clock.spans`) are a list that notes, for each kernel, copy and collective, when and
-  on which host thread it was launched and on which stream it runs; with `profile_memory`,
-  each GPU's allocator notes its allocations and frees;
+  on which host thread it was launched and on which stream it runs; a convolution call's
+  charge notes the op a GPU runs for it (See Note [Which op a GPU runs below
+  aten::_convolution]); with `profile_memory`, each GPU's allocator notes its allocations and
+  frees;
 - `_parse_kineto_results`: torch's FunctionEvents get their kernels (`append_kernel`, so
-  Self CUDA and CUDA total hold the modeled times), a device event per kernel (the table's
+  Self CUDA and CUDA total hold the modeled times; a convolution's CPU op takes the GPU's
+  name), a device event per kernel (the table's
   kernel rows), and the allocator's bytes as CUDA memory;
 - `export_chrome_trace`: torch's trace of the CPU side, with the GPU work added as Kineto
   writes it (`kineto_trace`).
