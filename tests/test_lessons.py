@@ -258,6 +258,21 @@ def claims_02(nb: nbformat.NotebookNode, env: Env) -> None:
     held = int(re.search(r"after del x: +allocated +0 MiB, reserved +(\d+) MiB", cached)[1])
     assert held >= 64
     assert re.search(r"after empty_cache: +allocated +0 MiB, reserved +0 MiB", cached)
+    # NVML, read in the kernel with pynvml (no second process: Binder's 2 GB): this process's
+    # figure is the allocator's reserved memory, not what tensors use (the simulated GPU models
+    # no board, so no context); a modeled T4's context is the figure devlab models.
+    nvml = text(cell_with(nb, "def nvml_report(when)"))
+    rows = {when: tuple(map(int, numbers)) for when, *numbers in re.findall(
+        r"^(with x|after del x|after empty_cache): +NVML +(\d+) MiB, reserved +(\d+) MiB, "
+        r"allocated +(\d+) MiB$", nvml, re.M)}
+    assert set(rows) == {"with x", "after del x", "after empty_cache"}, nvml
+    assert all(got == reserved for got, reserved, _ in rows.values()), nvml
+    assert rows["with x"][0] >= 64 and rows["with x"][2] >= 64, nvml
+    assert rows["after del x"][0] == rows["with x"][0], nvml  # freed, still reserved
+    assert rows["after del x"][2] == rows["with x"][2] - 64, nvml
+    assert rows["after empty_cache"][0] < rows["after del x"][0], nvml
+    assert (f"On a T4, NVML would add its CUDA context: {capacity.context_bytes(t4) >> 20} MiB "
+            "(modeled by devlab from published measurements)") in nvml, nvml
     # Fragmentation: half of 240 MiB free in 4 MiB holes, and 24 MiB do not fit.
     pieces = cell_with(nb, "%%memwatch --device /GPU:0\npieces")
     assert re.search(r"every other freed: +allocated 120 MiB, reserved 240 MiB", text(pieces))

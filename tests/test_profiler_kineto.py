@@ -313,3 +313,69 @@ def test_merge_is_a_pure_function_of_the_trace_and_activities() -> None:
     assert [e["ph"] for e in by_cat["ac2g"]] == ["s", "f"]
     assert [e["name"] for e in by_cat["cpu_op"]] == ["aten::mm"]
     assert out["distributedInfo"]["rank"] == 1 and out["deviceProperties"] == [{"id": 1}]
+
+
+def test_a_layers_backward_kernels_go_to_its_own_backward_op() -> None:
+    # A batch norm's and a max pool's backward kernels are theirs on the table (the nodes
+    # are NativeBatchNormBackward0 and MaxPool2DWithIndicesBackward0, their calls
+    # aten::batch_norm and aten::max_pool2d), not the next node's.
+    devlab.simulated.start(1, model="T4")
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8),
+                                torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 8, 3),
+                                torch.nn.BatchNorm2d(8)).cuda()
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+    model(x).sum().backward()
+    backward = [s.name for s in devlab.simulated.timeline(
+        lambda: model(x).sum().backward()).spans if s.kind == KERNEL]
+    with profile(activities=BOTH) as prof:
+        model(x).sum().backward()
+        torch.cuda.synchronize()
+    rows = {r.key: r for r in prof.key_averages()}
+    assert rows["aten::native_batch_norm_backward"].count == 2
+    norms = [k for e in prof.events() if e.name == "aten::native_batch_norm_backward"
+             for k in e.kernels]
+    assert len(norms) == backward.count("aten::batch_norm (backward)") > 0
+    pools = [k for e in prof.events() if e.name == "aten::max_pool2d_with_indices_backward"
+             for k in e.kernels]
+    assert len(pools) == backward.count("aten::max_pool2d (backward)") > 0
+
+
+def test_a_convolution_is_named_as_a_gpus_torch_runs_it(tmp_path) -> None:
+    # Below aten::_convolution a GPU runs cuDNN's (aten::cudnn_convolution), or CUDA's own
+    # depthwise kernel for a float32 depthwise convolution; the CPU's name stays for a
+    # convolution on the host, and where the arguments do not settle it (cuDNN off).
+    devlab.simulated.start(1, model="T4")
+    x = torch.randn(2, 8, 16, 16, device="cuda")
+    dense = torch.nn.Conv2d(8, 8, 3).cuda()
+    depthwise = torch.nn.Conv2d(8, 8, 3, groups=8).cuda()
+    host = torch.nn.Conv2d(8, 8, 3)
+    with profile(activities=BOTH) as prof:
+        dense(x).sum().backward()
+        dense(x)
+        depthwise(x)
+        host(x.cpu())
+        torch.cuda.synchronize()
+    rows = {r.key: r for r in prof.key_averages()}
+    assert rows["aten::cudnn_convolution"].count == 2
+    assert rows["aten::cudnn_convolution"].self_device_time_total > 0
+    assert rows["aten::_conv_depthwise2d"].count == 1
+    assert rows["aten::mkldnn_convolution"].count == 1  # the host's
+    assert rows["aten::mkldnn_convolution"].self_device_time_total == 0
+    kernels = [k.name for k in _kernels(prof)]
+    assert sum(n.startswith(MODELED + "aten::cudnn_convolution (") for n in kernels) == 2
+    assert not any("mkldnn" in n for n in kernels)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    ops = [e["name"] for e in json.loads(path.read_text())["traceEvents"]
+           if e.get("cat") == "cpu_op"]
+    assert ops.count("aten::cudnn_convolution") == 2 and ops.count("aten::_conv_depthwise2d") == 1
+    assert ops.count("aten::mkldnn_convolution") == 1
+    torch.backends.cudnn.enabled = False
+    try:
+        with profile(activities=BOTH) as off:
+            dense(x)
+            torch.cuda.synchronize()
+    finally:
+        torch.backends.cudnn.enabled = True
+    names = {r.key for r in off.key_averages()}
+    assert "aten::mkldnn_convolution" in names and "aten::cudnn_convolution" not in names

@@ -485,8 +485,9 @@ def test_torch_func_transforms_keep_the_gpu(two) -> None:
         assert torch.allclose(got.cpu(), ref), name
     assert torch.cuda.memory_allocated(1) > before  # the results count on their GPU
     del results, got, ref
-    # What is left is cuBLAS's workspace, taken at the GPU's first matrix product and kept.
-    assert torch.cuda.memory_allocated(1) == before + cublas_workspace_bytes(None)
+    # What is left is cuBLAS's workspaces, taken at the GPU's first matrix product and kept:
+    # the host's, and autograd's device thread's (grad runs the autograd engine).
+    assert torch.cuda.memory_allocated(1) == before + 2 * cublas_workspace_bytes(None)
 
     models = [nn.Linear(4, 2).to("cuda:0") for _ in range(3)]  # the model-ensembling pattern
     params, buffers = stack_module_state(models)
@@ -621,7 +622,10 @@ def test_memory_is_accounted_per_gpu_like_cuda(two) -> None:
 def test_gradients_count_on_their_gpu_once_backward_made_them(two) -> None:
     w = torch.zeros(256, 256, device="cuda:1", requires_grad=True)  # 256 KiB
     x = torch.ones(256, device="cuda:1")
-    w @ x  # the GPU's first product takes cuBLAS's workspace, which stays
+    # The GPU's first product takes cuBLAS's workspace, and the first backward with one
+    # autograd's thread's: both stay.
+    (w @ x).sum().backward()
+    w.grad = None
     before = torch.cuda.memory_allocated(1)
     (w @ x).sum().backward()
     assert torch.cuda.memory_allocated(1) == before + 256 * 256 * 4  # w.grad

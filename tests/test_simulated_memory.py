@@ -161,6 +161,7 @@ def test_a_backward_pass_counts_what_it_allocates_on_its_gpu() -> None:
 @pytest.mark.parametrize(("model", "config", "expected"), [
     ("T4", None, 4096 * 2 * 1024 + 16 * 8 * 1024),  # ":4096:2:16:8", torch's default
     ("H100", None, 4096 * 8 * 1024),  # 32 MiB on Hopper
+    ("B200", None, 4096 * 8 * 1024),  # and on Blackwell
     ("T4", ":1024:4", 4 * MIB),
     ("T4", ":0:0", 0),
 ])
@@ -185,6 +186,32 @@ def test_the_first_matrix_product_allocates_cublas_workspace(monkeypatch, model,
     assert grown() - 512 == expected  # cleared, it is allocated again
     torch.cuda.empty_cache()  # empty_cache keeps it: it is allocated, not cached
     assert torch.cuda.memory_allocated() >= expected
+
+
+def test_a_training_step_holds_two_cublas_workspaces(monkeypatch) -> None:
+    # Autograd's engine runs a GPU's backward on a device thread with a cuBLAS handle of its
+    # own, and torch keeps a workspace per handle: forward products take the host thread's,
+    # the backward's products their own, and both stay until they are cleared.
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    devlab.config.simulate_gpus(1, model="T4")
+    workspace = 4096 * 2 * 1024 + 16 * 8 * 1024
+    model = torch.nn.Linear(64, 64).cuda()
+    x = torch.randn(8, 64, device="cuda")
+    held = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        model(x)  # inference: the host's handle alone
+    assert torch.cuda.memory_allocated() == held + workspace
+    model(x).sum().backward()
+    grads = sum(-(-p.grad.nbytes // 512) * 512 for p in model.parameters())  # 512-byte blocks
+    assert torch.cuda.memory_allocated() == held + 2 * workspace + grads
+    model(x).sum().backward()  # a second step takes no more
+    assert torch.cuda.memory_allocated() == held + 2 * workspace + grads
+    torch._C._cuda_clearCublasWorkspaces()
+    assert torch.cuda.memory_allocated() == held + grads
+    # A backward with no product (an element-wise graph) runs no cuBLAS: no workspace.
+    y = torch.randn(8, 64, device="cuda", requires_grad=True)
+    (y * y).sum().backward()
+    assert torch.cuda.memory_allocated() == held + grads + 2 * y.nbytes
 
 
 def test_a_product_launched_on_the_worker_takes_cublas_workspace_once(monkeypatch) -> None:
@@ -232,6 +259,9 @@ def test_a_model_parallel_backward_counts_each_gpus_part_on_that_gpu() -> None:
         for p in (*l1.parameters(), *l2.parameters()):
             p.grad = None
 
+    # A first pass takes each GPU's cuBLAS workspace for autograd's thread, kept from then on.
+    l2(torch.relu(l1(x)).to("cuda:1")).sum().backward()
+    clear()
     loss = l2(torch.relu(l1(x)).to("cuda:1")).sum()
     both = peaks(loss.backward)
     clear()

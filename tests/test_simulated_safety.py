@@ -170,10 +170,12 @@ def test_devlab_forked_ranks_use_the_gpus_they_inherit() -> None:
 
 
 def _allocated() -> int:
-    """memory_allocated() less cuBLAS's workspace, which a GPU's first product takes and keeps
-    (as torch's cuBLAS handle does): what the program's own tensors hold."""
-    block = _session.session.devices[0].workspace  # type: ignore[union-attr]
-    return torch.cuda.memory_allocated() - (block.size if block is not None else 0)
+    """memory_allocated() less cuBLAS's workspaces, which a GPU's first product takes and keeps
+    (as torch's cuBLAS handles do, the host's and autograd's): what the program's own tensors
+    hold."""
+    dev = _session.session.devices[0]  # type: ignore[union-attr]
+    blocks = (dev.workspace, dev.backward_workspace)
+    return torch.cuda.memory_allocated() - sum(b.size for b in blocks if b is not None)
 
 
 # --- 2. memory after `del`, while the product still runs ---------------------------------------

@@ -123,9 +123,14 @@ def context_bytes(spec: GpuSpec) -> int:
 # cuBLAS's workspace, which torch allocates through the caching allocator at a GPU's first
 # matrix product (per handle and stream) and keeps: CUBLAS_WORKSPACE_CONFIG's default
 # ":4096:2:16:8" (2 x 4096 + 8 x 16 KiB), and ":4096:8" (32 MiB) on Hopper (compute capability
-# 9.0), as torch's own test_cublas_workspace_explicit_allocation asserts (test/test_cuda.py).
+# 9.0), as torch's own test_cublas_workspace_explicit_allocation asserts (test/test_cuda.py),
+# and on Blackwell (10.x, 12.x): aten/src/ATen/cuda/CublasHandlePool.cpp's
+# parseChosenWorkspaceSize, "32MiB for Hopper and Blackwell" (`properties->major == 9 ||
+# properties->major == 10 || properties->major == 12`). cuBLASLt shares it by default
+# (TORCH_CUBLASLT_UNIFIED_WORKSPACE).
 _WORKSPACE_DEFAULT = 4096 * 2 * 1024 + 16 * 8 * 1024
 _WORKSPACE_HOPPER = 4096 * 8 * 1024
+_WORKSPACE_32MIB_MAJORS = frozenset({"9", "10", "12"})
 _WORKSPACE_PAIR = re.compile(r":([0-9]+):([0-9]+)")
 
 
@@ -137,7 +142,7 @@ def cublas_workspace_bytes(spec: GpuSpec | None, config: str | None = None) -> i
         pairs = _WORKSPACE_PAIR.findall(config)
         if pairs:
             return sum(int(size) * int(count) for size, count in pairs) * 1024
-    if spec is not None and spec.compute_capability == "9.0":
+    if spec is not None and spec.compute_capability.split(".")[0] in _WORKSPACE_32MIB_MAJORS:
         return _WORKSPACE_HOPPER
     return _WORKSPACE_DEFAULT
 

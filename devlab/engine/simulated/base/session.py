@@ -53,7 +53,8 @@ class DeviceState:
 
     __slots__ = ("allocator", "context", "graphs", "index", "limit", "opened", "outside",
                  "queued", "raw",
-                 "reserve_up_front", "torch_device", "watches", "workspace", "workspace_bytes")
+                 "reserve_up_front", "torch_device", "watches", "workspace", "workspace_bytes",
+                 "backward_workspace")
 
     def __init__(self, index: int, limit: int | None, reserve_up_front: bool = False,
                  spec: GpuSpec | None = None, config: AllocatorConfig | None = None) -> None:
@@ -71,9 +72,13 @@ class DeviceState:
         # Device memory libraries hold outside the caching allocator (NCCL's buffers), by
         # owner: charged to free memory as the CUDA context is (`hold_outside`).
         self.outside: dict[int, int] = {}
-        # cuBLAS's workspace: allocated at the GPU's first matrix product, kept until
-        # torch._C._cuda_clearCublasWorkspaces() (`take_workspace`).
+        # cuBLAS's workspaces: torch keeps one per (cuBLAS handle, stream), allocated at the
+        # handle's first matrix product and kept until torch._C._cuda_clearCublasWorkspaces()
+        # (`take_workspace`). The host's threads' handle takes `workspace`; autograd's engine
+        # runs a GPU's backward on a device thread of its own, with its own handle, whose
+        # products take `backward_workspace`: a training step holds both.
         self.workspace: Block | None = None
+        self.backward_workspace: Block | None = None
         self.raw: dict[int, Block] = {}  # torch.cuda.caching_allocator_alloc's, by address
         self.workspace_bytes = capacity.cublas_workspace_bytes(
             spec, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
@@ -135,24 +140,30 @@ class DeviceState:
         """What `owner` held outside the allocator is freed (the caller holds the lock)."""
         self.allocator.context -= self.outside.pop(owner, 0)
 
-    def take_workspace(self) -> OutOfMemory | None:
-        """The first matrix product on this GPU: cuBLAS's workspace is allocated (the caller
-        holds the lock); the allocator's out-of-memory where it does not fit."""
-        if self.workspace is not None or not self.workspace_bytes:
+    def take_workspace(self, backward: bool = False) -> OutOfMemory | None:
+        """The first matrix product on this GPU of the host's handle (`backward`: of autograd's
+        device thread's): cuBLAS's workspace for that handle is allocated (the caller holds
+        the lock); the allocator's out-of-memory where it does not fit."""
+        have = self.backward_workspace if backward else self.workspace
+        if have is not None or not self.workspace_bytes:
             return None
         if not self.opened:
             self.open()
         got = self.allocator.allocate(self.workspace_bytes)
         if isinstance(got, OutOfMemory):
             return got
-        self.workspace = got
+        if backward:
+            self.backward_workspace = got
+        else:
+            self.workspace = got
         return None
 
     def clear_workspace(self) -> None:
-        """torch._C._cuda_clearCublasWorkspaces (the caller holds the lock)."""
-        if self.workspace is not None:
-            self.allocator.free(self.workspace)
-            self.workspace = None
+        """torch._C._cuda_clearCublasWorkspaces: every handle's (the caller holds the lock)."""
+        for block in (self.workspace, self.backward_workspace):
+            if block is not None:
+                self.allocator.free(block)
+        self.workspace = self.backward_workspace = None
 
     def settle(self) -> None:
         """Free the blocks of storages only queued work, or a CUDA graph, still uses (the

@@ -99,6 +99,7 @@ def _asked_in_place(at: int | None, args: tuple, kwargs: dict) -> bool:
 
 
 _BACKWARD = "devlab_clock"  # a graph node's metadata: the modeled kernels of its backward
+BACKWARD_KEY = _BACKWARD  # the same key, for mode/autograd.py (which GPU a node runs on)
 _STREAM = "devlab_clock_stream"  # ... and the stream its forward ran on, if not the default
 
 

@@ -11,10 +11,13 @@ by cycle under a `schedule`) is patched through the simulation's undo log:
   have CUDA columns) but hands the C++ profiler CPU activity only;
 - `_start_trace` / `__exit__`: while the profile records, the clock's watched spans
   (`clock.Clock.spans`) are a list that notes, for each kernel, copy and collective, when and
-  on which host thread it was launched and on which stream it runs; with `profile_memory`,
-  each GPU's allocator notes its allocations and frees;
+  on which host thread it was launched and on which stream it runs; a convolution call's
+  charge notes the op a GPU runs for it (See Note [Which op a GPU runs below
+  aten::_convolution]); with `profile_memory`, each GPU's allocator notes its allocations and
+  frees;
 - `_parse_kineto_results`: torch's FunctionEvents get their kernels (`append_kernel`, so
-  Self CUDA and CUDA total hold the modeled times), a device event per kernel (the table's
+  Self CUDA and CUDA total hold the modeled times; a convolution's CPU op takes the GPU's
+  name), a device event per kernel (the table's
   kernel rows), and the allocator's bytes as CUDA memory;
 - `export_chrome_trace`: torch's trace of the CPU side, with the GPU work added as Kineto
   writes it (`kineto_trace`).
@@ -33,7 +36,7 @@ import re
 import tempfile
 import threading
 import time
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -54,6 +57,7 @@ DEFAULT_STREAM, NCCL_STREAM, SIDE_STREAMS = 7, 13, 100
 MODELED = "modeled: "
 
 _profile = _tprof.profile
+_time_ns, _native_id = time.time_ns, threading.get_native_id
 _recorders: set[_Recorder] = set()  # the profiles recording now (stop() detaches them)
 
 
@@ -68,24 +72,22 @@ class _Launch(NamedTuple):
 
 
 class _Spans(list):
-    """`clock.spans` while a profile records: each span also notes its launch (`_Launch`)."""
+    """`clock.spans` while a profile records: notes, for each span, what its launch needs
+    that only the moment of its launch knows (`_Recorder.launches` makes them `_Launch`es
+    once the profile is parsed; noted as a tuple, since this runs for every span)."""
 
     def __init__(self, rec: _Recorder) -> None:
         super().__init__()
         self.rec = rec
+        # (wall ns, thread, stream id or -1 for NCCL's, host's modeled time, charges before)
+        self.notes: list[tuple[int, int, int, float, int]] = []
 
     def append(self, span: Any) -> None:
         list.append(self, span)
         rec = self.rec
-        op = rec.last_op
-        if span.stream == rec.comm:
-            stream = NCCL_STREAM
-        else:
-            sid = _session.current_streams().get(span.device, 0)
-            stream = SIDE_STREAMS + sid if sid else DEFAULT_STREAM
-        rec.launches.append(_Launch(time.time_ns(), threading.get_native_id(), stream,
-                                    rec.clock.host,
-                                    op if op is not None and op.op == span.name else None))
+        self.notes.append((_time_ns(), _native_id(), -1 if span.stream == rec.comm else
+                           _session.current_streams().get(span.device, 0),
+                           rec.clock.host, len(rec.ops)))
 
     def extend(self, spans: Any) -> None:
         for s in spans:
@@ -93,22 +95,12 @@ class _Spans(list):
 
 
 class _Ops(list):
-    """`clock.recording` while a profile records: keeps the last charge (a kernel's terms)."""
+    """`clock.recording` while a profile records: the clock's charges (a kernel's terms), in
+    order; the clock appends them itself, so a charge costs the profile nothing here."""
 
-    def __init__(self, rec: _Recorder) -> None:
-        super().__init__()
-        self.rec = rec
-
-    def append(self, t: Any) -> None:
-        rec = self.rec
-        rec.last_op = t  # nothing kept: the span that follows a kernel's carries it
-        # A copy's spans come before its charge (one per GPU it touches).
-        launches, spans = rec.launches, rec.spans
-        k = len(launches) - 1
-        while k >= 0 and spans is not None and k < len(spans) and spans[k].name == t.op \
-                and launches[k].op is None:
-            launches[k] = launches[k]._replace(op=t)
-            k -= 1
+    def extend(self, ts: Any) -> None:
+        """A nested `record()` hands back its charges: they were not this profile's to see
+        (their spans come through `_Spans.extend`, with no charge of their own)."""
 
 
 class _Recorder:
@@ -119,8 +111,9 @@ class _Recorder:
 
         self.clock, self.spec, self.memory = clock, spec, memory
         self.comm, self.kinds = _clock.COMM, _clock
-        self.last_op: Any = None
-        self.launches: list[_Launch] = []
+        self.ops = _Ops()
+        self.gpu_names: dict[int, str] = {}  # id(charge) -> the op a GPU runs for it
+        self.renamed: dict[int, str] = {}  # a CPU event's id -> the GPU's name for it
         self.allocations: list[tuple[int, int, int]] = []  # (wall ns, device, +/- bytes)
         self.spans: _Spans | None = None
         self.thread = threading.get_native_id()
@@ -133,13 +126,35 @@ class _Recorder:
         self.spans = _Spans(self)
         with clock.lock:
             self._outer = clock.spans, clock.recording
-            clock.spans, clock.recording = self.spans, _Ops(self)
+            clock.spans, clock.recording = self.spans, self.ops
+        self._undo = Patcher()
+        sess = _session.session
+        if sess is not None:
+            self._watch_charges(sess.charges)
         if self.memory:
-            self._undo = Patcher()
-            sess = _session.session
             for dev in sess.devices if sess is not None else ():
                 self._watch_allocator(dev.index, dev.allocator)
         _recorders.add(self)
+
+    def _watch_charges(self, charges: Any) -> None:
+        """Each convolution call's charges note the op a GPU runs for it (`gpu_convolution`):
+        its arguments decide it, and only the call sees them."""
+        cls = type(charges)  # (its instances have slots: the class's method is watched)
+        call, ops, names = cls.call, self.ops, self.gpu_names
+
+        def watched_call(self: Any, func: Any, args: tuple, kwargs: dict, *rest: Any) -> Any:
+            if func not in _CONVOLUTIONS or self is not charges:
+                return call(self, func, args, kwargs, *rest)
+            n = len(ops)
+            got = call(self, func, args, kwargs, *rest)
+            name = gpu_convolution(args, kwargs)
+            if name is not None:
+                for t in ops[n:]:
+                    names[id(t)] = name
+            return got
+
+        assert self._undo is not None
+        self._undo.set(cls, "call", watched_call)
 
     def _watch_allocator(self, index: int, allocator: Any) -> None:
         allocate, free, seen = allocator.allocate, allocator.free, self.allocations
@@ -172,6 +187,28 @@ class _Recorder:
         if self._undo is not None:
             self._undo.restore()
             self._undo = None
+
+
+    @property
+    def launches(self) -> list[_Launch]:
+        """Each span's launch, from what `_Spans` noted: its stream's track, and the charge it
+        ran, where known (the last charge before it, where that names it; a copy's spans come
+        before its charge, one per GPU it touches, and get the charge that follows them)."""
+        spans, ops = self.spans or [], self.ops
+        notes = spans.notes if isinstance(spans, _Spans) else []
+        out = []
+        for span, (wall, thread, sid, host, n) in zip(spans, notes, strict=True):
+            op = ops[n - 1] if n else None
+            stream = NCCL_STREAM if sid < 0 else SIDE_STREAMS + sid if sid else DEFAULT_STREAM
+            out.append(_Launch(wall, thread, stream, host,
+                               op if op is not None and op.op == span.name else None))
+        before = [n for *_, n in notes]
+        for j, t in enumerate(ops):
+            k = bisect_left(before, j + 1) - 1  # the last span noted before charge j
+            while k >= 0 and spans[k].name == t.op and out[k].op is None:
+                out[k] = out[k]._replace(op=t)
+                k -= 1
+        return out
 
 
 def _detach_all() -> None:
@@ -209,6 +246,47 @@ _NODE_SUFFIX = re.compile(r"Backward\d*$")
 
 def _norm(name: str) -> str:
     return name.split(" ")[0].removeprefix("aten::").replace("_", "").lower()
+
+
+# Note [Which op a GPU runs below aten::_convolution]
+# The simulation computes a convolution with the CPU's kernels, so torch's profiler records the
+# CPU's op below aten::_convolution (aten::mkldnn_convolution). A GPU's torch picks its backend
+# from the call's arguments (aten/src/ATen/native/Convolution.cpp, select_conv_backend): cuDNN
+# (aten::cudnn_convolution) while torch.backends.cudnn.enabled, except a depthwise convolution
+# (groups == input channels, > 1) of a contiguous float32/float64 4-D input, which runs CUDA's
+# own kernel (aten::_conv_depthwise2d; use_cudnn_depthwise takes cuDNN only for channels-last
+# or half-precision inputs, under conditions not modeled here). The call's charge notes the
+# GPU's op while a profile records, and the CPU's op that owns its kernel takes that name, in
+# the table and the trace. Where the arguments do not settle it (cuDNN off, half-precision or
+# 3-D/5-D depthwise, another dtype) the CPU's name stays. A GPU's cuDNN path adds the bias
+# with an aten::add_ the CPU's fused kernel does not show: not added. (A batch norm's cuDNN
+# op is not renamed: its backward's events, which would need the same name, are not all
+# matched to their forward call: docs/profiler-validation.md.)
+_CONVOLUTIONS = frozenset({torch.conv1d, torch.conv2d, torch.conv3d})
+_CPU_CONVOLUTION = "aten::mkldnn_convolution"
+_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+def gpu_convolution(args: tuple, kwargs: dict) -> str | None:
+    """The op a GPU's torch runs below aten::_convolution for `torch.conv{1,2,3}d(*args,
+    **kwargs)`, or None where its arguments do not settle it. See Note [Which op a GPU runs
+    below aten::_convolution]."""
+    if len(args) < 2 or not torch.backends.cudnn.enabled:
+        return None
+    x, w = args[0], args[1]
+    if type(x) not in (torch.Tensor, torch.nn.Parameter) or not isinstance(w, torch.Tensor):
+        return None
+    if x.dtype not in _FLOATS or x.numel() == 0:
+        return None
+    groups = kwargs.get("groups", args[6] if len(args) > 6 else 1)
+    if not isinstance(groups, int):
+        return None
+    if groups > 1 and x.dim() in (4, 5) and x.shape[1] == groups and w.shape[0] % groups == 0:
+        if (x.dim() == 4 and x.dtype in (torch.float32, torch.float64) and x.is_contiguous()
+                and w.is_contiguous()):
+            return "aten::_conv_depthwise2d"
+        return None
+    return "aten::cudnn_convolution"
 
 
 class _Tree:
@@ -288,7 +366,11 @@ def _pick(window: list[FunctionEvent], name: str) -> FunctionEvent | None:
 # decomposes: `x @ w` is aten::matmul, its node MmBackward0).
 _NODES = {"matmul": ("mm", "bmm", "mv", "dot", "unsafeview"), "linear": ("addmm", "mm", "t"),
           "conv2d": ("convolution",), "conv1d": ("convolution",), "conv3d": ("convolution",),
-          "crossentropy": ("nllloss", "logsoftmax"), "relu": ("relu", "threshold")}
+          "crossentropy": ("nllloss", "logsoftmax"), "relu": ("relu", "threshold"),
+          "batchnorm": ("nativebatchnorm", "cudnnbatchnorm"),
+          "maxpool2d": ("maxpool2dwithindices",), "maxpool1d": ("maxpool2dwithindices",),
+          "maxpool3d": ("maxpool3dwithindices",), "adaptiveavgpool2d": ("mean",),
+          "adaptiveavgpool1d": ("mean",), "layernorm": ("nativelayernorm",)}
 
 
 def _backward_target(evaluated: list[FunctionEvent], name: str,
@@ -432,6 +514,12 @@ def activities(rec: _Recorder, events: list[FunctionEvent],
         begin = max(begin, track_end.get(key, begin), at_ns + launch_ns)
         track_end[key] = begin + dur_ns
         correlation += 1
+        if owner is not None and owner.name == _CPU_CONVOLUTION and op is not None:
+            # See Note [Which op a GPU runs below aten::_convolution].
+            gpu = rec.gpu_names.get(id(op))
+            if gpu is not None:
+                owner.name = owner.trace_name = gpu
+                rec.renamed[owner.id] = gpu
         if span.kind == kinds.COPY_SPAN:
             kind, name = MEMCPY, _copy_name(span)
         else:
@@ -610,6 +698,11 @@ def _wrap_export(orig: Callable) -> Callable:
                 cpu = json.load(f)
         finally:
             os.unlink(tmp)
+        if rec.renamed:  # the ops named as on a GPU in the table are so named in the trace
+            for e in cpu.get("traceEvents", ()):
+                ext = e.get("args", {}).get("External id") if e.get("cat") == "cpu_op" else None
+                if ext in rec.renamed:
+                    e["name"] = rec.renamed[ext]
         names = {(a.device, a.stream): f"stream {a.stream}" + (" (NCCL)" if a.stream ==
                                                                 NCCL_STREAM else "")
                  for a in rec.activities}

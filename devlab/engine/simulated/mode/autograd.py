@@ -24,6 +24,7 @@ from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base import storage_marks as _marks
 from devlab.engine.simulated.base.session import tls
 from devlab.engine.simulated.base.storage_marks import index_of
+from devlab.engine.simulated.clock.charges import BACKWARD_KEY as _BACKWARD
 from devlab.engine.simulated.mode import device_rule as _ops
 from devlab.engine.simulated.mode import dispatch_devices as _dispatched
 from devlab.engine.simulated.mode.routing import SimulationMode
@@ -135,6 +136,7 @@ def backward(func: Callable, args: tuple, kwargs: dict) -> Any:
     grad_roots = (kwargs.get("gradient") if func is Tensor.backward
                   else kwargs.get("grad_tensors", kwargs.get("grad_variables")))
     leaves, nodes = _graph(roots)
+    _take_backward_workspace(nodes, first)
     charges = _begin()
     try:
         _engine(roots, grad_roots, kwargs.get("retain_graph"),
@@ -166,6 +168,8 @@ def grad(func: Callable, args: tuple, kwargs: dict) -> Any:
         create_graph = bool(kwargs.get("create_graph", False))
         leaves, nodes = _graph(outputs)
         first = next((i for i in map(index_of, outputs) if i is not None), None)
+        if first is not None:
+            _take_backward_workspace(nodes, first)
         charges = _begin()
         try:
             out = _engine(outputs, kwargs.get("grad_outputs"), kwargs.get("retain_graph"),
@@ -246,6 +250,51 @@ def _distributed() -> bool:
     """Whether this process runs a torch.distributed process group."""
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized()
+
+
+# The autograd nodes whose backward runs matrix products (cuBLAS on a GPU): MmBackward0,
+# AddmmBackward0 (nn.Linear), BmmBackward0, ...
+_node_runs_cublas: dict[type, bool] = {}
+
+
+def _take_backward_workspace(nodes: list[Any], first: int) -> None:
+    """A backward pass with matrix products: on each GPU they run on, cuBLAS's workspace for
+    autograd's device thread there, whose handle is not the host's (CublasHandlePool.cpp keys
+    workspaces by handle and stream), at the pass's start, while the forward's tensors are
+    all still held (on a GPU, at the GPU's first product in the pass: its place in the pass
+    is not modeled). CUDA's out-of-memory, before the pass begins, where it does not fit."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    sess = _session.session
+    if sess is None:
+        return
+    devices = sess.devices
+    taken: set[int] = set()
+    for node in nodes:
+        kind = type(node)
+        runs = _node_runs_cublas.get(kind)
+        if runs is None:
+            op = kind.__name__.removesuffix("0").removesuffix("Backward").lower()
+            runs = _node_runs_cublas[kind] = op in _ops.CUBLAS_NAMES
+        if not runs:
+            continue
+        index = _node_device(node, first)
+        if index in taken or not 0 <= index < len(devices):
+            continue
+        taken.add(index)
+        dev = devices[index]
+        if dev.backward_workspace is None:
+            with _session.lock:
+                oom = dev.take_workspace(backward=True)
+            if oom is not None:
+                raise _errors.out_of_memory(dev, oom)
+
+
+def _node_device(node: Any, first: int) -> int:
+    """The GPU a product's backward node runs on: its modeled kernels' (with a model), else
+    the pass's first GPU. (Not its saved operands': reading one runs saved-tensor hooks, a
+    checkpoint's recomputation among them, before the pass.)"""
+    costs = node.metadata.get(_BACKWARD)
+    return costs[0].device if costs else first
 
 
 def _begin() -> Any:

@@ -176,7 +176,7 @@ def placement(func: Callable, args: tuple, kwargs: dict
 
 
 # The ops that run cuBLAS (`ops_catalog`'s `cublas`): a GPU's first one allocates its workspace.
-_CUBLAS_NAMES = ops_catalog.names("cublas")
+CUBLAS_NAMES = _CUBLAS_NAMES = ops_catalog.names("cublas")
 _runs_cublas: dict[Callable, bool] = {}
 
 
@@ -195,8 +195,9 @@ def take_workspace(func: Callable, index: int) -> None:
     """cuBLAS's workspace on GPU `index` if `func` runs cuBLAS and the GPU has none yet (CUDA's
     out-of-memory where it does not fit). Every path a product takes asks here (this module's
     `run`, `launch.launch`), so each GPU takes it once: torch keeps one workspace per (cuBLAS
-    handle, stream); devlab takes one per GPU whatever the stream (not modeled: a side
-    stream's own)."""
+    handle, stream); devlab takes one per GPU for the host's threads whatever the stream (not
+    modeled: a side stream's own, another thread's), and one for autograd's device thread
+    (`autograd._take_backward_workspace`)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if not _uses_cublas(func):
         return
