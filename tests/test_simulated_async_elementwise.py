@@ -272,3 +272,23 @@ def test_a_queued_op_waits_when_another_thread_reads_it(no_simulation) -> None:
     gate.set()
     t.join(10)
     assert got == [(x.cpu() * 2).sum().item()]
+
+
+def test_under_the_profiler_and_in_inference_mode(no_simulation) -> None:
+    devlab.simulated.start(1)
+    x = torch.rand(1024, 1024, device="cuda")
+    with torch.profiler.profile() as prof:
+        gate = _hold(0)
+        threading.Timer(0.05, gate.set).start()
+        y = x * 2  # runs here, after the queue: the profiler records it on this thread
+        assert _workers.idle(0)
+    assert any(e.name == "aten::mul" for e in prof.events())
+    with torch.inference_mode():
+        gate = _hold(0)
+        z = x * y
+        z.add_(1)  # queued on an inference tensor: no version counter to bump
+        assert not _workers.idle(0)
+        gate.set()
+    assert z.is_inference() and torch.equal(z.cpu(), x.cpu() * x.cpu() * 2 + 1)
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside"):
+        z.mul_(2)  # outside inference mode: torch's error, raised here

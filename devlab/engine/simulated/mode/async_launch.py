@@ -5,7 +5,8 @@ fills it with `out=`. The worker is another thread, and torch keeps much of its 
 thread (grad mode, inference mode, autocast, dispatch keys, functorch transforms), so a launch
 carries the state the product depends on: grad mode and inference mode. Any other state that
 could change the product's meaning (autocast, a transform, a mode, a subclass, an extra
-dispatch key) keeps it on the calling thread, synchronous.
+dispatch key), or a profiler recording the thread's ops, keeps it on the calling thread,
+synchronous. Large elementwise ops and reductions launch the same way (`launch_elementwise`).
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def carried_state() -> tuple[bool, bool] | None:
     global _PLAIN_SETS
     if (torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack()
             or torch._C._is_any_autocast_enabled()
+            # torch.profiler records an op on the thread that runs it: the host's, as on a GPU
+            or torch._C._autograd._profiler_enabled()
             or torch._C._functorch.peek_interpreter_stack() is not None):
         return None
     if _PLAIN_SETS is None:
