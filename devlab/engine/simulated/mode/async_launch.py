@@ -201,7 +201,9 @@ ELEMENTWISE = _table()
 
 def elementwise_runs_here(args: tuple, kwargs: dict) -> bool:
     """Whether `launch_elementwise` runs this call as any op runs before it asks anything else:
-    no asynchronous launch, or no tensor among its arguments as large as MIN_ELEMENTS. Cheap, as the fast path asks it of every small elementwise op."""
+    no asynchronous launch, or no tensor among its arguments as large as MIN_ELEMENTS. Cheap:
+    the fast path asks it of every small elementwise op (See Note [The mode's fast path] in
+    routing.py)."""
     if not enabled:
         return True
     for a in args:
