@@ -292,3 +292,14 @@ def test_under_the_profiler_and_in_inference_mode(no_simulation) -> None:
     assert z.is_inference() and torch.equal(z.cpu(), x.cpu() * x.cpu() * 2 + 1)
     with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside"):
         z.mul_(2)  # outside inference mode: torch's error, raised here
+
+
+def test_the_switch_takes_the_elementwise_launch_out(no_simulation, monkeypatch) -> None:
+    monkeypatch.setenv("DEVLAB_ASYNC_ELEMENTWISE", "0")
+    devlab.simulated.start(1)
+    assert torch.Tensor.__mul__ not in routing.HANDLERS and torch.mm in routing.HANDLERS
+    x = torch.rand(1024, 1024, device="cuda")
+    gate = _hold(0)
+    threading.Timer(0.05, gate.set).start()
+    y = x * 2  # waits for the queue and runs here
+    assert _workers.idle(0) and torch.equal(y.cpu(), x.cpu() * 2)

@@ -11,6 +11,7 @@ synchronous. Large elementwise ops and reductions launch the same way (`launch_e
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -315,5 +316,14 @@ def launch_elementwise(func: Callable, args: tuple, kwargs: dict) -> Any:
 
 launch_elementwise.plain_when = elementwise_runs_here  # type: ignore[attr-defined]
 
-HANDLERS: dict[Callable, Callable] = {
-    **dict.fromkeys(ELEMENTWISE, launch_elementwise), **dict.fromkeys(OPS, launch)}
+
+
+def handlers() -> dict[Callable, Callable]:
+    """The mode's handlers for what launches here, as start() reads them: the products, and
+    the elementwise ops and reductions unless DEVLAB_ASYNC_ELEMENTWISE=0. Each of those is a
+    handler the mode's fast path asks `elementwise_runs_here` of, a few hundred nanoseconds
+    per small elementwise op (issue 39 counts them); the switch takes them out whole."""
+    table = dict.fromkeys(OPS, launch)
+    if os.environ.get("DEVLAB_ASYNC_ELEMENTWISE", "1") != "0":
+        table.update(dict.fromkeys(ELEMENTWISE, launch_elementwise))
+    return table
