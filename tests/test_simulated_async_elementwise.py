@@ -5,9 +5,14 @@ figures, modeled times and errors with the asynchronous launch on and off."""
 
 from __future__ import annotations
 
+import collections
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,7 +55,7 @@ def test_a_large_elementwise_op_and_its_sum_return_before_the_work(no_simulation
 
 def test_a_small_op_on_an_idle_gpu_runs_here_and_one_behind_queued_work_is_queued(
         no_simulation) -> None:
-    routing.fallbacks = __import__("collections").Counter()
+    routing.fallbacks = collections.Counter()
     try:
         devlab.simulated.start(1)
         a = torch.ones(8, 8, device="cuda")
@@ -303,3 +308,20 @@ def test_the_switch_takes_the_elementwise_launch_out(no_simulation, monkeypatch)
     threading.Timer(0.05, gate.set).start()
     y = x * 2  # waits for the queue and runs here
     assert _workers.idle(0) and torch.equal(y.cpu(), x.cpu() * 2)
+
+
+def test_the_interpreter_exits_cleanly_with_elementwise_work_queued(tmp_path) -> None:
+    script = (
+        "import threading, torch, devlab\n"
+        "from devlab.engine.simulated.base import gpu_workers as _workers\n"
+        "devlab.config.simulate_gpus(1)\n"
+        "x = torch.rand(1024, 1024, device='cuda')\n"
+        "gate = threading.Event(); _workers.submit(0, lambda: gate.wait(30))\n"
+        "y = (x * x).sum(0); x.mul_(2)\n"
+        "assert _workers._workers[0].pending == 4\n"
+        "threading.Timer(0.3, gate.set).start()\n"
+        "print('queued')\n")  # no sync: exit drains the queue, and the process ends cleanly
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert done.returncode == 0 and done.stdout.split() == ["queued"], done.stderr
