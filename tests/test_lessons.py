@@ -420,6 +420,14 @@ def claims_03(nb: nbformat.NotebookNode, env: Env) -> None:
     # questions does not end the loop early)
     launch_ms = gpu_spec("T4").launch_latency_us / 1000
     assert polled - queued >= (polls + 1) * launch_ms - 1e-6, asked
+    # ... and in wall time: ten steps of a 2048 x 2048 product and sum queued on the simulated
+    # GPU's worker, a timer without a sync stops at the launches, one after it at the work.
+    walled = text(cell_with(nb, "def ten_steps():"))
+    got = re.fullmatch(r"no sync: +([0-9.]+) ms \(the launches\); GPU still working: True\n"
+                       r"with sync: +([0-9.]+) ms \(the work\)\n"
+                       r"\(wall time on this machine; the simulated GPU's work is this CPU "
+                       r"computing it\)\n", walled)
+    assert got and float(got[1]) < 0.5 * float(got[2]), walled
 
 
 def claims_04(nb: nbformat.NotebookNode, env: Env) -> None:

@@ -133,7 +133,7 @@ def test_a_child_forked_before_initialization_may_use_the_gpus() -> None:
 
 
 def test_queued_work_is_finished_before_any_fork() -> None:
-    # A product still queued when the process forks: the fork waits for it, so even a child
+    # A product (and work behind it) still queued when the process forks: the fork waits for it, so even a child
     # allowed to use the GPUs (devlab's forked ranks: reset_after_fork_for_rank) reads its
     # finished values, never the zeros of an output allocated at launch.
     done = _python(
@@ -143,6 +143,7 @@ def test_queued_work_is_finished_before_any_fork() -> None:
         "w = torch.randn(1024, 1024, device='cuda')\n"
         "gate = threading.Event(); _workers.submit(0, lambda: gate.wait(30))\n"
         "feats = w @ w\n"
+        "scaled = (w * 3).sum(1)\n"  # an elementwise op and a reduction, queued behind it
         "assert not _workers.idle(0)\n"
         "threading.Timer(0.5, gate.set).start()\n"
         "r, wfd = os.pipe()\n"
@@ -150,6 +151,7 @@ def test_queued_work_is_finished_before_any_fork() -> None:
         "if pid == 0:\n"
         "    devlab.simulated.reset_after_fork_for_rank()\n"
         "    ok = torch.allclose(feats.cpu(), w.cpu() @ w.cpu())\n"
+        "    ok = ok and torch.allclose(scaled.cpu(), (w.cpu() * 3).sum(1))\n"
         "    os.write(wfd, b'1' if ok else b'0'); os._exit(0)\n"
         "os.waitpid(pid, 0); print(os.read(r, 1).decode())\n")
     assert done.returncode == 0, done.stderr
@@ -289,14 +291,17 @@ def test_an_interrupt_inside_an_op_keeps_nothing_alive(monkeypatch, fast) -> Non
     assert frames and not any(os.path.join("devlab", "simulated") in f for f in frames)
 
 
-def test_an_interrupt_while_waiting_for_the_queue_leaves_it_working(monkeypatch) -> None:
+@pytest.mark.parametrize("work", [lambda a: a @ a, lambda a: (a * a).sum(0)],
+                         ids=["product", "elementwise and sum"])
+def test_an_interrupt_while_waiting_for_the_queue_leaves_it_working(monkeypatch, work) -> None:
     monkeypatch.setattr(_launch, "MIN_MACS", 1)
+    monkeypatch.setattr(_launch, "MIN_ELEMENTS", 1)
     simulated.start(1)
     a = torch.randn(256, 256, device="cuda")
     (a @ a).cpu()  # the GPU's worker thread exists before
     before = _state()
     gate = _hold_queue(0)
-    b = a @ a
+    b = work(a)
     main = threading.main_thread().ident
     # Ctrl-C as a kernel raises it. In a process that ran torch elastic's launcher in its main
     # thread before (its PContext.start replaces SIGINT's handler for good), it would not be.
@@ -311,7 +316,7 @@ def test_an_interrupt_while_waiting_for_the_queue_leaves_it_working(monkeypatch)
         signal.signal(signal.SIGINT, previous)
     assert not _workers.idle(0)
     gate.set()
-    assert torch.allclose(b.cpu(), a.cpu() @ a.cpu())  # the queue finished its work
+    assert torch.allclose(b.cpu(), work(a.cpu()))  # the queue finished its work
     assert _workers.idle(0) and _workers._pending_total == 0
     del a, b
     assert _allocated() == 0 and _state() == before

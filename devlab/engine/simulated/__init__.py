@@ -221,8 +221,7 @@ def start(count: int, memory_limits_mb: list[int | None] | None = None, *,
 
         # The mode's handlers build on the mode's module, so the table is filled from here.
         _routing.fill_handlers(_moves.HANDLERS, _autograd.HANDLERS, _amp.HANDLERS,
-                               _cufft.HANDLERS, _capability.HANDLERS,
-                               dict.fromkeys(_launch.OPS, _launch.launch))
+                               _cufft.HANDLERS, _capability.HANDLERS, _launch.handlers())
         # A stop() from another thread could only disarm this thread's old modes.
         for old in torch.overrides._get_current_function_mode_stack():
             if isinstance(old, _routing.SimulationMode) and old.inert:

@@ -1,0 +1,327 @@
+"""Elementwise ops and reductions launched on a simulated GPU's worker (mode/async_launch.py,
+Note [What an elementwise launch keeps as it was]): they return before the work is done and a
+read waits for it; random programs give the same values, versions, autograd results, memory
+figures, modeled times and errors with the asynchronous launch on and off."""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import devlab
+from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import session as _session
+from devlab.engine.simulated.mode import async_launch as _launch
+from devlab.engine.simulated.mode import routing
+
+
+def _hold(index: int) -> threading.Event:
+    """Hold GPU `index`'s queue until the returned gate is set."""
+    gate = threading.Event()
+    _workers.submit(index, lambda: gate.wait(10))
+    return gate
+
+
+def test_a_large_elementwise_op_and_its_sum_return_before_the_work(no_simulation) -> None:
+    devlab.simulated.start(1, model="T4")
+    x = torch.rand(1024, 1024, device="cuda")
+    y = torch.rand(1024, 1024, device="cuda")
+    assert x.numel() >= _launch.MIN_ELEMENTS
+    expected = (x.cpu() * y.cpu()).sum()
+    gate = _hold(0)
+    z = x * y  # queued behind the gate, as the sum of it is
+    s = z.sum()
+    z.mul_(2)
+    assert not _workers.idle(0) and _workers._workers[0].pending == 4
+    assert (z.device, z.shape, z.dtype, s.shape, z._version) == (
+        torch.device("cuda:0"), (1024, 1024), torch.float32, (), 1)
+    # both outputs are counted at launch, as a GPU's caching allocator counts them
+    assert torch.cuda.memory_allocated() == 3 * 1024 * 1024 * 4 + 512
+    threading.Timer(0.05, gate.set).start()
+    assert s.item() == expected.item()  # the read waited for the queue
+    assert _workers.idle(0)
+    assert torch.equal(z.cpu(), x.cpu() * y.cpu() * 2)
+
+
+def test_a_small_op_on_an_idle_gpu_runs_here_and_one_behind_queued_work_is_queued(
+        no_simulation) -> None:
+    routing.fallbacks = collections.Counter()
+    try:
+        devlab.simulated.start(1)
+        a = torch.ones(8, 8, device="cuda")
+        a + a
+        assert routing.fallbacks["fast"] >= 1 and _workers.idle(0)  # nothing extra to pay
+        gate = _hold(0)
+        b = a + a  # behind queued work: queued too, not waited for
+        assert not _workers.idle(0) and _workers._workers[0].pending == 2
+        gate.set()
+        assert b.sum().item() == 128.0
+    finally:
+        routing.fallbacks = None
+
+
+def test_launch_errors_are_torch_errors_at_once(no_simulation) -> None:
+    devlab.simulated.start(1)
+    big = torch.rand(512, 512, device="cuda")
+    other = torch.rand(512, 512, device="cuda")
+    with pytest.raises(RuntimeError, match="must match the size"):
+        big + torch.rand(512, 7, device="cuda")
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        big[:1].add_(other)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        big[:1].expand(512, 512).mul_(2)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        big[1:].add_(big[:-1])  # overlap: torch looks at the memory itself
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        big + torch.rand(512, 512)
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+        torch.ones(512, 512, dtype=torch.long, device="cuda").mul_(other)
+    w = _workers._workers.get(0)
+    assert w is None or (w.pending == 0 and w.error is None)  # nothing was queued
+    torch.cuda.synchronize()  # nothing was left for the sync to raise
+
+
+def test_an_in_place_op_on_a_saved_tensor_is_seen_by_backward(no_simulation) -> None:
+    devlab.simulated.start(1)
+    w = torch.rand(512, 512, device="cuda", requires_grad=True)
+    a = torch.rand(512, 512, device="cuda")
+    y = w * a  # autograd records it here: w requires grad
+    gate = _hold(0)
+    a.mul_(2)  # queued; the version is a's at once
+    assert a._version == 1 and not _workers.idle(0)
+    gate.set()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+# --- the same answers ------------------------------------------------------------------------
+
+
+def _program(seed: int, gpus: int) -> list[Any]:
+    """A random program of elementwise ops, reductions, views, in-place ops and autograd on
+    `gpus` simulated GPUs, its queues held now and then; what it saw at every step."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    seen: list[Any] = []
+    dev = [f"cuda:{i}" for i in range(gpus)]
+    live: list[torch.Tensor] = [torch.randn(16, 16, device=dev[i % gpus]) for i in range(4)]
+    live.append(torch.randn(16, 16, device=dev[0], dtype=torch.float16))
+    w = torch.randn(16, 16, device=dev[0], requires_grad=True)
+    queued = [0]
+
+    def pick() -> torch.Tensor:
+        return rng.choice(live)
+
+    def pair() -> tuple[torch.Tensor, torch.Tensor]:
+        a = pick()
+        return a, rng.choice([t for t in live if t.device == a.device])
+
+    def backward() -> None:
+        loss = (w * pick().float()).sum() if live[0].device == w.device else (w * 2).mean()
+        loss.backward()
+        seen.append(w.grad.clone())
+
+    def step_w() -> None:
+        with torch.no_grad():
+            w.add_(w.grad if w.grad is not None else torch.ones_like(w), alpha=-0.1)
+            w.mul_(0.99)
+        seen.append(w._version)
+
+    def stale() -> None:
+        a = pick()
+        y = w * a.float()
+        a.add_(1)  # in place on what backward saved, when it saved a itself
+        y.sum().backward()
+
+    ops = [
+        lambda: live.append(torch.add(*pair(), alpha=rng.choice([1, 0.5]))),
+        lambda: live.append(torch.mul(*pair())),
+        lambda: live.append(pick() * rng.choice([2, 0.5, -1.0])),
+        lambda: live.append(pick() / pick()),
+        lambda: live.append(pick() - pick()[:1]),  # broadcast
+        lambda: live.append(pick()[:, :1] + pick()[:1]),  # broadcast both ways
+        lambda: live.append(torch.maximum(*pair())),
+        lambda: live.append(pick().t() * 3),  # a transposed input: the output's strides
+        lambda: live.append(rng.choice([torch.exp, torch.tanh, torch.sigmoid, torch.sqrt,
+                                        torch.abs, torch.neg, torch.erf])(pick())),
+        lambda: live.append(pick().clamp(min=-0.5, max=0.5)),
+        lambda: live.append(-pick()),
+        lambda: live.append(pick() ** 2),
+        lambda: pick().add_(pick(), alpha=2),
+        lambda: pick().mul_(1.5),
+        lambda: pick()[2:10].sub_(1),  # in place on a view
+        lambda: pick().t().relu_(),
+        lambda: live.__setitem__(0, live[0].__iadd__(live[0].new_ones(16, 16))),
+        lambda: live.append(pick().sum(dim=rng.choice([0, 1]), keepdim=True).expand(16, 16)),
+        lambda: seen.append(pick().sum().item()),
+        lambda: seen.append(pick().mean(dtype=torch.float64).item()),
+        lambda: seen.append(pick().norm().item()),
+        lambda: seen.append(torch.linalg.vector_norm(pick(), ord=rng.choice([1, 2])).item()),
+        lambda: live.append(torch.sum(pick(), 1, True) * pick()),
+        lambda: live.append(pick() + torch.ones(16, 16)),  # a host tensor: the mixed error
+        lambda: live.append(pick() + pick()),  # two GPUs: the mixed error, when they differ
+        lambda: live.append(pick() + pick()[:7]),  # a shape error
+        lambda: pick()[:1].add_(pick()),  # an in-place shape error
+        lambda: live.append(pick().to(rng.choice(dev))),
+        lambda: live.append(pick() @ pick().t()),  # a product (queued when large)
+        backward,
+        step_w,
+        stale,
+        lambda: seen.append(pick().cpu()),
+        # the GPU busy a while: what follows queues behind it
+        lambda: _workers.submit(rng.randrange(gpus), lambda: time.sleep(0.003)),
+        lambda: live.pop(rng.randrange(len(live))) if len(live) > 3 else None,
+        lambda: live.pop(rng.randrange(len(live))) if len(live) > 3 else None,
+    ]
+    for _ in range(150):
+        op = rng.randrange(len(ops))
+        try:
+            if rng.random() < 0.2:
+                with torch.no_grad():
+                    ops[op]()
+            else:
+                ops[op]()
+            seen.append(("ok", op))
+        except Exception as e:  # noqa: BLE001 - the error is what is compared
+            seen.append(("error", op, type(e).__name__, str(e)))
+        queued[0] += sum(not _workers.idle(i) for i in range(gpus))
+        live[:] = [t if t.shape == (16, 16) else t.expand(16, 16).contiguous()
+                   for t in live if t.dim() == 2][-12:]
+        seen.append([(str(t.device), t.dtype, tuple(t.shape), t.stride(), t._version,
+                      t.requires_grad) for t in live])
+        seen.append([torch.cuda.memory_allocated(i) for i in range(gpus)])
+    torch.cuda.synchronize()
+    seen.append([t.cpu() for t in live])
+    seen.append(w.detach().cpu())
+    seen.append([torch.cuda.memory_stats(i) for i in range(gpus)])
+    clock = _session.session.charges.clock
+    if clock is not None:
+        seen.append((clock.host, list(clock.free), list(clock.busy), list(clock.compute)))
+    seen.append(("queued", queued[0] > 0))  # some GPU was busy after some step
+    return seen
+
+
+def _same(x: Any, y: Any) -> bool:
+    """Equal, tensors by their values and dtype, NaN where NaN (sqrt of a negative)."""
+    if isinstance(x, torch.Tensor):
+        return (isinstance(y, torch.Tensor) and x.dtype == y.dtype
+                and torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num()))
+    if isinstance(x, float) and x != x:
+        return isinstance(y, float) and y != y
+    if isinstance(x, (list, tuple)):
+        return (type(x) is type(y) and len(x) == len(y)
+                and all(_same(a, b) for a, b in zip(x, y, strict=True)))
+    if isinstance(x, dict):
+        return x.keys() == y.keys() and all(_same(x[k], y[k]) for k in x)
+    return x == y
+
+
+@pytest.mark.usefixtures("modeled_host")
+@pytest.mark.parametrize(("model", "seed", "gpus"), [(None, 1, 1), ("T4", 2, 1), ("T4", 3, 2),
+                                                     (None, 4, 2)])
+def test_random_programs_answer_alike_with_the_launch_on_and_off(no_simulation, monkeypatch,
+                                                                 model, seed, gpus) -> None:
+    monkeypatch.setattr(_launch, "MIN_ELEMENTS", 1)  # every op the launch takes is queued
+    monkeypatch.setattr(_launch, "MIN_MACS", 1)
+    runs = []
+    for asynchronous in (True, False):
+        devlab.simulated.start(gpus, model=model, asynchronous=asynchronous)
+        try:
+            runs.append(_program(seed, gpus))
+        finally:
+            devlab.simulated.stop()
+            devlab.runtime.reset()
+    on, off = runs
+    assert on[-1] == ("queued", True)
+    assert len(on) == len(off)
+    for i, (x, y) in enumerate(zip(on, off, strict=True)):
+        assert _same(x, y), f"step {i}: {x!r} != {y!r}"
+
+
+def test_the_launch_took_the_random_programs_ops(no_simulation, monkeypatch) -> None:
+    # The comparison above is only worth something if the launch queued the program's ops.
+    monkeypatch.setattr(_launch, "MIN_ELEMENTS", 1)
+    launched = []
+    real = _workers.submit
+    monkeypatch.setattr(_workers, "submit", lambda i, fn, holds=None: (
+        launched.append(fn.__qualname__), real(i, fn, holds))[1])
+    devlab.simulated.start(1)
+    try:
+        _program(1, 1)
+    finally:
+        devlab.simulated.stop()
+        devlab.runtime.reset()
+    assert launched.count("launch_elementwise.<locals>.op") > 50
+
+
+def test_a_queued_op_waits_when_another_thread_reads_it(no_simulation) -> None:
+    devlab.simulated.start(1)
+    x = torch.rand(1024, 1024, device="cuda")
+    gate = _hold(0)
+    y = x * 2
+    got = []
+    t = threading.Thread(target=lambda: got.append(y.sum().item()))
+    t.start()
+    time.sleep(0.05)
+    assert not got  # the other thread waits for the queue, as the host would
+    gate.set()
+    t.join(10)
+    assert got == [(x.cpu() * 2).sum().item()]
+
+
+def test_under_the_profiler_and_in_inference_mode(no_simulation) -> None:
+    devlab.simulated.start(1)
+    x = torch.rand(1024, 1024, device="cuda")
+    with torch.profiler.profile() as prof:
+        gate = _hold(0)
+        threading.Timer(0.05, gate.set).start()
+        y = x * 2  # runs here, after the queue: the profiler records it on this thread
+        assert _workers.idle(0)
+    assert any(e.name == "aten::mul" for e in prof.events())
+    with torch.inference_mode():
+        gate = _hold(0)
+        z = x * y
+        z.add_(1)  # queued on an inference tensor: no version counter to bump
+        assert not _workers.idle(0)
+        gate.set()
+    assert z.is_inference() and torch.equal(z.cpu(), x.cpu() * x.cpu() * 2 + 1)
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside"):
+        z.mul_(2)  # outside inference mode: torch's error, raised here
+
+
+def test_the_switch_takes_the_elementwise_launch_out(no_simulation, monkeypatch) -> None:
+    monkeypatch.setenv("DEVLAB_ASYNC_ELEMENTWISE", "0")
+    devlab.simulated.start(1)
+    assert torch.Tensor.__mul__ not in routing.HANDLERS and torch.mm in routing.HANDLERS
+    x = torch.rand(1024, 1024, device="cuda")
+    gate = _hold(0)
+    threading.Timer(0.05, gate.set).start()
+    y = x * 2  # waits for the queue and runs here
+    assert _workers.idle(0) and torch.equal(y.cpu(), x.cpu() * 2)
+
+
+def test_the_interpreter_exits_cleanly_with_elementwise_work_queued(tmp_path) -> None:
+    script = (
+        "import threading, torch, devlab\n"
+        "from devlab.engine.simulated.base import gpu_workers as _workers\n"
+        "devlab.config.simulate_gpus(1)\n"
+        "x = torch.rand(1024, 1024, device='cuda')\n"
+        "gate = threading.Event(); _workers.submit(0, lambda: gate.wait(30))\n"
+        "y = (x * x).sum(0); x.mul_(2)\n"
+        "assert _workers._workers[0].pending == 4\n"
+        "threading.Timer(0.3, gate.set).start()\n"
+        "print('queued')\n")  # no sync: exit drains the queue, and the process ends cleanly
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert done.returncode == 0 and done.stdout.split() == ["queued"], done.stderr
