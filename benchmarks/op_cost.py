@@ -12,7 +12,9 @@ each simulated variant interleaved round by round, the median of the rounds):
   forced off (`full path`, Note [The mode's fast path] in devlab/engine/simulated/mode/
   routing.py), against the targets;
 - the per-op overhead of `a + b` (simulated minus CPU, microseconds) against the number of
-  live tensors on the GPU (10 to 100,000) and the number of simulated GPUs (1 to 8).
+  live tensors on the GPU (10 to 100,000) and the number of simulated GPUs (1 to 8);
+  `--ranks` alone: against the number of processes on the simulated machine (1 to 8: this
+  one and idle ranks holding memory, each on the machine's register).
 
 `--before TREE` also runs each round in a fresh process with TREE's devlab (a checkout of the
 code before a change, e.g. /work/main) first on the import path, interleaved with this tree's,
