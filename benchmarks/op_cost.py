@@ -12,7 +12,9 @@ each simulated variant interleaved round by round, the median of the rounds):
   forced off (`full path`, Note [The mode's fast path] in devlab/engine/simulated/mode/
   routing.py), against the targets;
 - the per-op overhead of `a + b` (simulated minus CPU, microseconds) against the number of
-  live tensors on the GPU (10 to 100,000) and the number of simulated GPUs (1 to 8).
+  live tensors on the GPU (10 to 100,000) and the number of simulated GPUs (1 to 8);
+  `--ranks` alone: against the number of processes on the simulated machine (1 to 8: this
+  one and idle ranks holding memory, each on the machine's register).
 
 `--before TREE` also runs each round in a fresh process with TREE's devlab (a checkout of the
 code before a change, e.g. /work/main) first on the import path, interleaved with this tree's,
@@ -192,6 +194,66 @@ def scaling(quick: bool) -> dict[str, dict[int, float]]:
     return res
 
 
+_RANK = """
+import sys, torch, devlab
+from devlab.engine import simulated
+simulated.start(1, model=sys.argv[1] if sys.argv[1] != "none" else None)
+keep = [torch.randn(64, 64, device="cuda:0") for _ in range(8)]  # memory on the register
+print("ready", flush=True)
+sys.stdin.read()  # held until the benchmark closes the pipe
+"""
+
+
+def ranks(quick: bool, model: str | None = None) -> dict[int, float]:
+    """Per-op overhead of `a + b` (8x8; simulated minus CPU, microseconds) in this process
+    with N processes (this one and N - 1 idle ranks, 1 to 8) on one simulated machine, each
+    publishing its memory on the machine's register (base/machine.py): what the register of
+    processes costs an op."""
+    from devlab.engine.simulated.base import machine
+
+    n = 1000 if quick else 4000
+    group = f"op-cost-{os.getpid()}"
+    env = dict(os.environ, **{machine.ENV: group}, PYTHONPATH=str(ROOT))
+    previous = os.environ.get(machine.ENV)
+    os.environ[machine.ENV] = group
+    out: dict[int, float] = {}
+    children: list[subprocess.Popen] = []
+    try:
+        for count in (1, 2, 4, 8):
+            while len(children) < count - 1:
+                c = subprocess.Popen([sys.executable, "-c", _RANK, model or "none"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                children.append(c)
+                if c.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+                    raise RuntimeError("a rank did not start")
+            a, b = torch.randn(8, 8), torch.randn(8, 8)
+            cpu = _us(lambda a=a, b=b: a + b, n)
+            stop = _simulating(model, True)
+            try:
+                x = torch.randn(8, 8, device="cuda:0")
+                y = torch.randn(8, 8, device="cuda:0")
+                key = machine.machine_key(1, model)
+                for _ in range(100):  # the ranks publish within their interval (50 ms)
+                    others = [e for e in machine.entries(key) if e.pid != os.getpid()]
+                    if len(others) >= count - 1:
+                        break
+                    time.sleep(0.05)
+                else:
+                    raise RuntimeError(f"the register lists {len(others)} of {count - 1} ranks")
+                out[count] = _us(lambda x=x, y=y: x + y, n) - cpu
+            finally:
+                stop()
+    finally:
+        for c in children:
+            c.stdin.close()  # type: ignore[union-attr]
+            c.wait(timeout=60)
+        if previous is None:
+            os.environ.pop(machine.ENV, None)
+        else:
+            os.environ[machine.ENV] = previous
+    return out
+
+
 def _median_rounds(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, list]]:
     """Per case and variant: the median time and the median of the rounds' ratios to CPU."""
     out: dict[str, dict[str, list]] = {}
@@ -238,6 +300,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--before", metavar="TREE", help="also run TREE's devlab, interleaved")
     p.add_argument("--no-scaling", action="store_true", help="skip the overhead's growth")
+    p.add_argument("--ranks", action="store_true",
+                   help="only the per-op overhead with 1 to 8 ranks on the machine")
     p.add_argument("--round", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--callgrind", nargs=3, metavar=("CASE", "MODE", "N"))
     p.add_argument("--layers", action="store_true", help="the per-layer breakdown of a + b")
@@ -266,6 +330,14 @@ def main() -> None:
                 print(f"  {k:16s} {v:6.2f}")
         return
     torch.set_num_threads(1)
+    if opts.ranks:
+        print(f"devlab from {Path(devlab.__file__).parent}, load average {_load()}")
+        for model in (None, "T4"):
+            row = ranks(opts.quick, model)
+            print(f"per-op overhead of a + b (8x8), {model or 'simulated'}, us, by ranks on "
+                  "the machine: " + "   ".join(f"{k}: {v:5.2f}" for k, v in row.items()))
+        print(f"load average now {_load()}")
+        return
     print(f"torch {torch.__version__}, devlab from {Path(devlab.__file__).parent}, 1 thread, "
           f"load average {_load()}; a simulated GPU is this CPU, no figure here is a GPU's")
     if opts.before:

@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 import devlab
 from devlab.core import placement_log
 from devlab.engine.simulated.base import gpu_workers as _workers
+from devlab.engine.simulated.base import hazards as _hazards
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.mode import routing
 
@@ -75,7 +76,8 @@ def test_each_unusual_call_falls_back_to_the_full_path(counted) -> None:
         with pytest.raises(RuntimeError, match="cuda:0 and cpu"):
             a + host
     assert _taken(counted, with_host) == {"host tensor": 1}
-    assert _taken(counted, lambda: torch.ones(3, device="cuda:0")) == {"handler": 1}
+    assert _taken(counted, lambda: torch.ones(3, device="cuda:0")) == {"fast factory": 1}
+    assert _taken(counted, lambda: torch.ones(3)) == {"handler": 1}  # the host's: full path
     assert _taken(counted, lambda: torch.zeros_like(a, device="cuda:1")) == {
         "device keyword": 1}
     assert _taken(counted, lambda: host + host) == {"host tensor": 1}  # the host's own work
@@ -110,11 +112,100 @@ def test_each_unusual_call_falls_back_to_the_full_path(counted) -> None:
             torch.cuda.synchronize(0)
     assert _taken(counted, queued) == {"queued work": 1}
 
+    side = torch.cuda.Stream()
+
     def on_a_stream() -> None:
-        with torch.cuda.stream(torch.cuda.Stream()):
+        with torch.cuda.stream(side):
             a * b
-    assert _taken(counted, on_a_stream) == {"hazards": 1}
-    assert _taken(counted, lambda: a * b) == {"hazards": 1}  # streams stay noted: full path
+    assert _taken(counted, on_a_stream) == {"stream": 1}
+    # back on the default stream: the fast path again, noting the op's stream as the full
+    # path's note_streams does (the hazards' count of work on the default stream moves)
+    queued = _hazards._queued.get((0, 0), 0)
+    assert _taken(counted, lambda: a * b) == {"fast": 1}
+    assert _hazards._queued[(0, 0)] == queued + 1
+    # GPU 1 is on its default stream while GPU 0 is not: its ops take the fast path
+    with torch.cuda.stream(side):
+        assert _taken(counted, lambda: on1 * on1) == {"fast": 1}
+        assert _taken(counted, lambda: a * b) == {"stream": 1}
+
+    def pending_copy() -> None:
+        dst = torch.empty(8, 8, pin_memory=True)
+        dst.copy_(a, non_blocking=True)  # the host's copy is pending until a sync
+        a * b
+        torch.cuda.synchronize()
+    assert _taken(counted, pending_copy)["hazards"] >= 1
+
+
+def test_a_factory_given_a_simulated_gpu_takes_the_fast_path(counted) -> None:
+    devlab.simulated.start(2, model="T4")
+    gpu1 = torch.device("cuda", 1)
+    made = {
+        "empty": lambda: torch.empty(1000, device="cuda:0"),
+        "zeros": lambda: torch.zeros(4, 5, device=gpu1),
+        "ones": lambda: torch.ones((3, 3), device="cuda", dtype=torch.float16),
+        "full": lambda: torch.full((2, 2), 7.0, device="cuda:1", requires_grad=True),
+        "rand": lambda: torch.rand(6, device="cuda:0"),
+        "randn": lambda: torch.randn(torch.Size([2, 3]), device="cuda:0"),
+    }
+    kept = []
+    for name, make in made.items():
+        before = torch.cuda.memory_allocated(0) + torch.cuda.memory_allocated(1)
+        assert _taken(counted, lambda make=make: kept.append(make())) == {"fast factory": 1}, name
+        grown = torch.cuda.memory_allocated(0) + torch.cuda.memory_allocated(1) - before
+        assert grown == (kept[-1].untyped_storage().nbytes() + 511) // 512 * 512, name
+    assert torch.equal(made["empty"]().cpu(), torch.zeros(1000))  # See Note [Why empty ...]
+    assert made["zeros"]().device == torch.device("cuda:1")
+    assert made["ones"]().dtype == torch.float16 and made["ones"]().cpu().sum() == 9
+    assert made["full"]().requires_grad and made["full"]().cpu().eq(7).all()
+    with torch.cuda.device(1):  # "cuda" is the current GPU
+        assert _taken(counted, lambda: torch.zeros(2, device="cuda").device.index) == {
+            "fast factory": 1}
+        assert torch.zeros(2, device="cuda").device == torch.device("cuda:1")
+    # a stream is the allocator's business: the factory's block is cached on it
+    with torch.cuda.stream(torch.cuda.Stream()):
+        assert _taken(counted, lambda: torch.empty(10, device="cuda:0")) == {"fast factory": 1}
+
+
+def test_each_unusual_factory_falls_back_to_the_full_path(counted) -> None:
+    devlab.simulated.start(2, model="T4")
+    assert _taken(counted, lambda: torch.empty(3)) == {"handler": 1}  # no device: the host's
+    assert _taken(counted, lambda: torch.arange(3, device="cuda:0")) == {"handler": 1}
+    assert _taken(counted, lambda: torch.empty(3, device="cuda:0", pin_memory=False)) == {
+        "handler": 1}
+    assert _taken(counted, lambda: torch.empty(3, device="cuda:0",
+                                               memory_format=torch.contiguous_format)) == {
+        "factory keyword": 1}
+    assert _taken(counted, lambda: torch.empty(3, device="cpu")) == {"device keyword": 1}
+    assert _taken(counted, lambda: torch.empty(3, device="meta")) == {"device keyword": 1}
+    assert _taken(counted, lambda: torch.empty(3, device=1)) == {"device keyword": 1}
+
+    def missing_gpu() -> None:
+        with pytest.raises(RuntimeError, match="invalid device ordinal"):
+            torch.empty(3, device="cuda:2")
+    assert _taken(counted, missing_gpu) == {"device keyword": 1}
+
+    def not_a_device() -> None:
+        with pytest.raises(RuntimeError):
+            torch.empty(3, device="cuda:x")
+    assert _taken(counted, not_a_device) == {"device keyword": 1}
+
+    def too_big() -> None:  # the full path's check, in the fast path: CUDA's error
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(2**40, device="cuda:0")
+    assert _taken(counted, too_big) == {}  # raised before it was counted as taken
+
+    under: list[torch.Tensor] = []
+
+    def default_device() -> None:  # torch's DeviceContext places it (the full path's place)
+        with torch.device("cuda:1"):
+            under.append(torch.zeros(3))
+    assert "fast factory" not in _taken(counted, default_device)
+    assert under[0].device == torch.device("cuda:1")
+
+    def logged() -> None:
+        with placement_log.capture(io.StringIO()):
+            torch.zeros(3, device="cuda:0")
+    assert _taken(counted, logged)["mode or hook"] == 1
 
 
 def test_a_capture_and_a_mode_below_fall_back(counted) -> None:
@@ -191,6 +282,19 @@ def _sequence(seed: int, gpus: int) -> list[Any]:
             8, 8)),
         lambda: live.append(torch.randn(256, 256, device="cuda:0")
                             @ torch.randn(256, 256, device="cuda:0")),  # a queued product
+        # factories (the fast path's `_fast_factory`) and their frees
+        lambda: live.append(torch.zeros(8, 8, device=f"cuda:{rng.randrange(gpus)}",
+                                        dtype=rng.choice([torch.float32, torch.float64]))),
+        lambda: live.append(torch.full((8, 8), 3.0, requires_grad=rng.random() < 0.5,
+                                       device=torch.device("cuda", rng.randrange(gpus)))
+                            .detach()),
+        lambda: live.append(_on_current(rng.randrange(gpus),
+                                        lambda: torch.randn(8, 8, device="cuda"))),
+        lambda: live.append(torch.rand(64, device="cuda:0").view(8, 8)),
+        lambda: seen.append(torch.empty(rng.randrange(1, 3000), device="cuda:1").sum().item()),
+        lambda: live.append(torch.ones(8, 8, device=f"cuda:{gpus}")),  # no such GPU: an error
+        lambda: live.append(torch.empty(2**33, device="cuda:1"))  # 32 GB: out of memory
+        if _session.session.devices[1].allocator.total is not None else None,
         lambda: live.pop(rng.randrange(len(live))) if len(live) > 2 else None,
         lambda: live.pop(rng.randrange(len(live))) if len(live) > 2 else None,
     ]
@@ -202,6 +306,11 @@ def _sequence(seed: int, gpus: int) -> list[Any]:
     finally:
         caught.__exit__(None, None, None)
     return seen
+
+
+def _on_current(index: int, make: Any) -> torch.Tensor:
+    with torch.cuda.device(index):
+        return make()
 
 
 def _steps(rng: random.Random, ops: list, live: list, streams: list, seen: list, gpus: int,
@@ -263,6 +372,7 @@ def test_random_programs_answer_alike_with_the_fast_path_on_and_off(counted, mod
             devlab.runtime.reset()
     routing.fast_path = True
     assert counted["fast"] > 50  # the fast run took it, and fell back too
+    assert counted["fast factory"] > 5
     assert sum(v for k, v in counted.items() if k != "fast") > 0
     fast, full = runs
     assert len(fast) == len(full)

@@ -83,6 +83,69 @@ def place(func: Callable, args: tuple, kwargs: dict, device: Any) -> Any:
     return out
 
 
+# The fast path's factories (See Note [The mode's fast path] in mode/routing.py): the sized
+# ones (`torch.empty/zeros/ones/full/rand/randn`), given a simulated GPU by `device=` and
+# nothing else but a dtype and requires_grad.
+FAST = _SIZED
+_FAST_KEYWORDS = frozenset({"device", "dtype", "requires_grad"})
+# A `device=` value (a str or torch.device) -> its CUDA index (None: the current GPU), or
+# OTHER for any other device: `target`'s parsing, read once per value
+_cuda_of: dict[Any, Any] = {}
+_UNSEEN = object()
+_Tensor = torch.Tensor
+_NO_CHARGES = _session.NO_CHARGES
+
+
+def fast_place(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
+    """`place(func, args, kwargs, kwargs["device"])`, step for step, for a sized factory given
+    a simulated GPU by a plain `device=` (the caller has checked that nothing unusual is in
+    play); or the reason (a str) it needs `place` itself, before anything has happened."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if not _FAST_KEYWORDS.issuperset(kwargs):
+        return "factory keyword"
+    d = kwargs.get("device")
+    td = type(d)
+    if td is not str and td is not _devices.DEVICE_TYPE:
+        return "device keyword"  # None, an int, a wrapper: `target` reads it
+    index = _cuda_of.get(d, _UNSEEN)
+    if index is _UNSEEN:
+        try:
+            kind, index = _devices.parse(d)
+        except Exception:  # noqa: BLE001 - `place` raises it, in its own words
+            return "device keyword"
+        if kind != "cuda":
+            index = _devices.OTHER
+        if len(_cuda_of) < 64:  # a program names a few devices
+            _cuda_of[d] = index
+    if index is _devices.OTHER:
+        return "device keyword"  # the host, meta: `place` runs them
+    if index is None:
+        index = _session.current_device()
+    if not 0 <= index < sess.count:
+        return "device keyword"  # `place` raises CUDA's invalid-ordinal error
+    a = sess.devices[index].allocator
+    if a.total is not None or a.allowed is not None:  # check_fits asks only then
+        size = _nbytes(func, args, kwargs)
+        if size:
+            _marks.check_fits(index, size)
+    # _workers.wait(index) waits for nothing: the caller found no queued work
+    kw = dict(kwargs, device="cpu")
+    with _DisableTF():
+        out = _ops.call(index, func, args, kw)
+        # no FakeTensorMode below (no dispatch mode): never a meta tensor here
+        if func in _EMPTY and type(out) is _Tensor:
+            out.zero_()  # See Note [Why empty memory reads as zeros]
+    s = out.untyped_storage() if type(out) is _Tensor else None
+    if s is not None and getattr(s, _marks.MARK, None) is None:
+        _marks.mark_one(s, index)  # mark_outputs' step for a fresh storage
+    else:
+        _marks.mark_outputs(out, index)
+    charges = sess.charges
+    if charges is not _NO_CHARGES:
+        charges.factory(func, args, out, index)
+    return out
+
+
 def default_device() -> torch.device | None:
     """The default device if it names a simulated GPU (`torch.set_default_device("cuda")`)."""
     cur = _torch_device.CURRENT_DEVICE

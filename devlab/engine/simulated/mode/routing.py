@@ -173,16 +173,23 @@ class SimulationMode(TorchFunctionMode):
 # Note [The mode's fast path]
 # Most calls a learner's loop makes are one op on tensors of one simulated GPU, with nothing
 # else in play: `_fast` runs those as the full path (`_ops.run`) would, step for step (the
-# call with `tls.index` and `tls.calls` set, `mark_outputs`, `take_workspace`, the charge),
-# without the full path's questions, which it answers once per call (`_plain_calls`) or from
-# a few module flags. Anything unusual sends the call down the full path, before anything has
-# happened: a handler's call, a factory, a higher-order operator or a keyword naming a device
-# (`_plain_calls`); a pending non-blocking copy or a non-default stream (`hazards`' flags); a
-# CUDA graph's capture; queued work on a worker or a worker's error; another function mode
-# below the simulation's (`with torch.device(...)`), a dispatch mode (the placement log,
-# `Marking`), saved-tensor hooks; and among the tensors, a subclass, a host tensor, a tensor
-# without a storage, or two GPUs. `fallbacks`, when a test sets it to a Counter, counts each
-# call taken (`"fast"`) and each reason to fall back (tests/test_simulated_fast_path.py);
+# call with `tls.index` and `tls.calls` set, `mark_outputs`, `note_streams` once a stream was
+# used, `take_workspace`, the charge), without the full path's questions, which it answers
+# once per call (`_plain_calls`) or from a few module flags. A sized factory given a simulated
+# GPU (`torch.empty(1000, device="cuda")`, `torch.zeros`, `ones`, `full`, `rand`, `randn`) is
+# run as `_factories.place` runs it (`_fast_factory`, `_factories.fast_place`), and a tensor's
+# free is the mark's callback on either path. Anything unusual sends the call down the full
+# path, before anything has happened: a handler's call, another factory, a higher-order
+# operator or a keyword naming a device (`_plain_calls`); for a factory, no `device=`, a
+# keyword beside device, dtype and requires_grad, or a device that is not a simulated GPU
+# named by a str or torch.device; a pending non-blocking copy (`hazards.armed`); an op's GPU
+# on a non-default current stream (`"stream"`; after a stream was used, an op on the default
+# stream takes the fast path and notes its stream as the full path does); a CUDA graph's
+# capture; queued work on a worker or a worker's error; another function mode below the
+# simulation's (`with torch.device(...)`), a dispatch mode (the placement log, `Marking`),
+# saved-tensor hooks; and among the tensors, a subclass, a host tensor, a tensor without a
+# storage, or two GPUs. `fallbacks`, when a test sets it to a Counter, counts each call taken
+# (`"fast"`, `"fast factory"`) and each reason to fall back (tests/test_simulated_fast_path.py);
 # `fast_path = False` sends every call down the full path (the equivalence test, and the
 # benchmark's before-and-after in one run: benchmarks/op_cost.py).
 
@@ -198,21 +205,49 @@ _NO_CHARGES = _session.NO_CHARGES
 _mark_outputs = _marks.mark_outputs
 _recount = _marks.recount
 _take_workspace = _ops.take_workspace
+_note_streams = _ops.note_streams
+_current_stream = _session.current_stream
 _runs_cublas = _ops._runs_cublas  # func -> whether it runs cuBLAS, as take_workspace learns it
 # func -> whether the fast path may take it: True (no handler, not a factory, not a
 # higher-order op), False, or the handler's `plain_when(args, kwargs)`, which says when the
 # handler would run the call as any op runs (async_launch's small products)
 _plain_calls: dict[Callable, Any] = {}
+_FACTORY = object()  # ... or a sized factory: `_fast_factory` decides
 
 
 def _plain(func: Callable) -> Any:
     h = HANDLERS.get(func)
     if h is not None:
         plain = getattr(h, "plain_when", False)
+    elif func in _factories.FAST:
+        plain = _FACTORY
     else:
         plain = func not in _factories.CONSTRUCTORS and not isinstance(func, _HigherOrder)
     _plain_calls[func] = plain
     return plain
+
+
+def _fast_factory(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
+    """A sized factory given a simulated GPU (`torch.empty(n, device="cuda")`) as the full
+    path's `_factories.place` runs it, or `_MISS` (nothing done): the fast path's checks, then
+    `_factories.fast_place`'s own."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+    if "device" not in kwargs or "pin_memory" in kwargs:
+        return _miss("handler")  # a default device's, a pinned one's: the full path's
+    if _session.capture is not None:
+        return _miss("capture")
+    if _hazards.armed:  # a factory's stream is the allocator's business: no note of it
+        return _miss("hazards")
+    if _workers._pending_total or _workers._alert:
+        return _miss("queued work")
+    if _tf_stack_len() or _dispatch_stack_len() or _saved_tensor_hooks(False) is not None:
+        return _miss("mode or hook")
+    out = _factories.fast_place(sess, func, args, kwargs)
+    if type(out) is str:
+        return _miss(out)
+    if fallbacks is not None:
+        fallbacks["fast factory"] += 1
+    return out
 
 
 def _miss(reason: str) -> object:
@@ -228,13 +263,16 @@ def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
     plain = _plain_calls.get(func)
     if plain is None:
         plain = _plain(func)
-    if plain is not True and (plain is False or not plain(args, kwargs)):
-        return _miss("handler")
+    if plain is not True:
+        if plain is _FACTORY:
+            return _fast_factory(sess, func, args, kwargs)
+        if plain is False or not plain(args, kwargs):
+            return _miss("handler")
     if kwargs and ("device" in kwargs or "pin_memory" in kwargs):
         return _miss("device keyword")
     if _session.capture is not None:
         return _miss("capture")
-    if _hazards.armed or _hazards.tracking:
+    if _hazards.armed:
         return _miss("hazards")
     if _workers._pending_total or _workers._alert:
         return _miss("queued work")
@@ -276,6 +314,9 @@ def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
             return _miss("subclass")
     if index is None:
         return _miss("no tensor")
+    tracking = _hazards.tracking  # a stream was used: the op notes its stream (note_streams)
+    if tracking and _current_stream(index):
+        return _miss("stream")
     if fallbacks is not None:
         fallbacks["fast"] += 1
     # _ops.call, inline
@@ -308,6 +349,8 @@ def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
                 fresh = False
     else:
         fresh = _mark_outputs(out, index, None)
+    if tracking:
+        _note_streams(func, index, args, kwargs)
     if _runs_cublas.get(func) is not False:  # take_workspace asks only of products
         _take_workspace(func, index)
     charges = sess.charges
