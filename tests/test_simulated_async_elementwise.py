@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from answers import same
 
 import devlab
 from devlab.engine.simulated.base import gpu_workers as _workers
@@ -211,21 +212,6 @@ def _program(seed: int, gpus: int) -> list[Any]:
     return seen
 
 
-def _same(x: Any, y: Any) -> bool:
-    """Equal, tensors by their values and dtype, NaN where NaN (sqrt of a negative)."""
-    if isinstance(x, torch.Tensor):
-        return (isinstance(y, torch.Tensor) and x.dtype == y.dtype
-                and torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num()))
-    if isinstance(x, float) and x != x:
-        return isinstance(y, float) and y != y
-    if isinstance(x, (list, tuple)):
-        return (type(x) is type(y) and len(x) == len(y)
-                and all(_same(a, b) for a, b in zip(x, y, strict=True)))
-    if isinstance(x, dict):
-        return x.keys() == y.keys() and all(_same(x[k], y[k]) for k in x)
-    return x == y
-
-
 @pytest.mark.usefixtures("modeled_host")
 @pytest.mark.parametrize(("model", "seed", "gpus"), [(None, 1, 1), ("T4", 2, 1), ("T4", 3, 2),
                                                      (None, 4, 2)])
@@ -245,7 +231,7 @@ def test_random_programs_answer_alike_with_the_launch_on_and_off(no_simulation, 
     assert on[-1] == ("queued", True)
     assert len(on) == len(off)
     for i, (x, y) in enumerate(zip(on, off, strict=True)):
-        assert _same(x, y), f"step {i}: {x!r} != {y!r}"
+        assert same(x, y), f"step {i}: {x!r} != {y!r}"
 
 
 def test_the_launch_took_the_random_programs_ops(no_simulation, monkeypatch) -> None:
