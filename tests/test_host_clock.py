@@ -8,6 +8,7 @@ fails if the host's time stood still (the clock before it had a host) or ran wit
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -176,3 +177,33 @@ def test_a_modeled_board_describes_itself_as_its_datasheet_does(no_simulation) -
     assert p.multi_processor_count == devlab._helpers.host.cpu_cores()
     assert "this machine's CPU cores: no board modeled" in repr(p)
     devlab.config.stop_simulation()
+
+
+def test_a_storage_freed_on_a_thread_devlab_runs_is_not_the_hosts_time(t4, monkeypatch) -> None:
+    # A queued product's worker drops the last reference to an input the program had deleted:
+    # the block's free runs on the worker, while the host, outside the simulation, sleeps.
+    from devlab.engine.simulated.base import gpu_workers
+    from devlab.engine.simulated.base import session as _session
+
+    x = torch.empty(1000, device="cuda")
+    allocator = _session.session.devices[0].allocator
+    free = allocator.free
+
+    def slow_free(block):
+        time.sleep(0.2)  # a free long enough to see: the host's clock must not stop for it
+        return free(block)
+
+    monkeypatch.setattr(allocator, "free", slow_free)
+    held = [x]
+    del x
+    worker = threading.Thread(target=held.clear)
+    setattr(worker, gpu_workers.UNROUTED, True)
+    start, end = _events()
+    start.record()
+    worker.start()
+    time.sleep(0.3)
+    worker.join()
+    end.record()
+    monkeypatch.undo()
+    torch.cuda.synchronize()
+    assert start.elapsed_time(end) >= 300.0

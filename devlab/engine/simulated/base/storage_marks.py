@@ -11,6 +11,7 @@ when the C++ storage dies. Bytes are counted in CUDA's 512-byte blocks, so
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
@@ -44,9 +45,14 @@ def _release(m: Mark) -> None:
     sess = m.session
     if sess is _session.session and m.block is not None:
         charges = sess.charges  # the allocator's work is not the host's (Note [The host's
-        modeled = charges is not _session.NO_CHARGES  # modeled time] in
-        if modeled:  # gpu_model/modeled_clock.py; without a model there is no host time to
-            charges.enter()  # stop: no calls per free)
+        # modeled time] in gpu_model/modeled_clock.py; without a model there is no host time to
+        # stop: no calls per free). A free on a thread devlab runs (a GPU's worker dropping a
+        # queued op's inputs) is not the host's either: bracketed, it would stop the host's
+        # clock while the program, outside the simulation, sleeps or loads data.
+        modeled = (charges is not _session.NO_CHARGES
+                   and not getattr(threading.current_thread(), _workers.UNROUTED, False))
+        if modeled:
+            charges.enter()
         try:
             with _session.lock:
                 if m.block is not None:
