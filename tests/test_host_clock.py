@@ -64,13 +64,15 @@ def test_a_stall_between_two_products_is_an_idle_gpu_in_explain_and_the_timeline
     assert [op.op for op in e.ops] == ["aten::matmul", "aten::matmul"]
     assert e.ops[0].gpu == e.ops[1].gpu == pytest.approx(_product(1024))  # kernels unchanged
     stalls = [w for w in e.waits if w[0] == 1]
-    assert stalls and stalls[0][2] >= 0.05 - _product(1024)
+    # At least most of the sleep: a host clock that stood still (or ran with the CPU) waits
+    # none of it. (torch 2.15's job at load 25 once read it 40 µs short of the whole sleep.)
+    assert stalls and stalls[0][2] >= 0.9 * 0.05 - _product(1024)
     names = [row[0] for row in e.rows()]
     second = max(i for i, name in enumerate(names) if name == "aten::matmul")
     assert names[second - 1].startswith(WAIT_HOST)  # listed just before the op it delayed
     assert "waiting for the host" in str(e)
     step = simulated.timeline(stalled).gpu_step(0)
-    assert step.waited_for_host >= 0.05 - _product(1024)
+    assert step.waited_for_host >= 0.9 * 0.05 - _product(1024)
     assert step.idle >= step.waited_for_host - 1e-9
     assert step.compute == pytest.approx(2 * _product(1024))
 
