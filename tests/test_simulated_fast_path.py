@@ -208,6 +208,11 @@ def test_each_unusual_factory_falls_back_to_the_full_path(counted) -> None:
             torch.zeros(3, device="cuda:0")
     assert _taken(counted, logged)["mode or hook"] == 1
 
+    settled: list[int] = []  # settings set after the start, read again at the first question
+    devlab.simulated.settle_at_first_use(lambda: settled.append(1))
+    assert _taken(counted, lambda: torch.empty(3, device="cuda:0")) == {"first use": 1}
+    assert settled == [1]
+
 
 def test_a_capture_and_a_mode_below_fall_back(counted) -> None:
     devlab.simulated.start(1, model="T4")

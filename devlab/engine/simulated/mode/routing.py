@@ -234,6 +234,8 @@ def _fast_factory(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     if "device" not in kwargs or "pin_memory" in kwargs:
         return _miss("handler")  # a default device's, a pinned one's: the full path's
+    if _session.at_first_use is not None:  # CUDA_VISIBLE_DEVICES and settings set after the
+        return _miss("first use")  # start count until here: the full path reads them again
     if _session.capture is not None:
         return _miss("capture")
     if _hazards.armed:  # a factory's stream is the allocator's business: no note of it
