@@ -1,9 +1,10 @@
 """Run a command and measure what it costs: wall time and the peak RSS of its process tree.
 
 The peak is the largest sum of resident memory over the command and all its descendants (a
-Jupyter server or nbconvert and its kernel), sampled every `interval` seconds. Pages shared
-between processes are counted once per process, so the figure errs high, as a container's
-memory limit would rather than low.
+Jupyter server or nbconvert and its kernel), sampled every `interval` seconds. Each process
+counts its proportional share of the pages it shares (Linux's Pss), so a page shared by a
+kernel and the workers it forked (a DataLoader's) counts once, as a container's memory limit
+(mybinder's) charges it; where Pss cannot be read, the process's whole resident size.
 """
 
 from __future__ import annotations
@@ -42,10 +43,23 @@ def tree_rss(proc: psutil.Process) -> int:
         return 0
     for p in family:
         try:
-            total += p.memory_info().rss
-        except psutil.Error:  # ended between listing and reading
-            pass
+            total += _proportional(p.pid)
+        except (OSError, ValueError):
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:  # ended between listing and reading
+                pass
     return total
+
+
+def _proportional(pid: int) -> int:
+    """The process's Pss in bytes, from /proc/PID/smaps_rollup (one small read, unlike smaps);
+    OSError or ValueError where there is none."""
+    with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+        for line in f:
+            if line.startswith(b"Pss:"):
+                return int(line.split()[1]) * 1024
+    raise ValueError("no Pss line")
 
 
 def run_measured(cmd: list[str], *, env: Mapping[str, str], cwd: Path, timeout: float,
