@@ -478,6 +478,28 @@ def test_a_real_nvidia_smi_that_lists_gpus_runs_instead(no_simulation, key, tmp_
         assert r.stdout.startswith("GPU 0: Tesla T4 (UUID: GPU-"), r.stdout
 
 
+def test_another_simulating_process_launcher_is_never_taken_for_a_real_one(no_simulation, key,
+                                                                            tmp_path, monkeypatch):
+    """A simulating child's PATH holds its parent's launcher too (a rank a kernel forks): that
+    one is a launcher, not a real nvidia-smi, and is not run, even to ask it `-L` (two launchers
+    had probed each other without end, a process each time)."""
+    from devlab.engine.simulated.instruments import nvidia_smi
+
+    probed = tmp_path / "probed"
+    (tmp_path / "nvidia-smi").write_text(
+        f"#!/bin/sh\n{nvidia_smi.SHIM_MARK} (removed when they stop)\n"
+        f"touch {probed}\necho 'GPU 0: a parent launcher (UUID: GPU-p)'\n")
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    devlab.config.simulate_gpus(1, model="T4")
+    try:
+        r = _smi("-L")
+    finally:
+        devlab.simulated.stop()
+    assert r.stdout.startswith("GPU 0: Tesla T4 (UUID: GPU-"), r.stdout
+    assert not probed.exists()
+
+
 def test_the_table_keeps_the_real_layout_for_any_board():
     """A pure function of NVML's view: every line of the board table as wide as the real one's
     (driver 550: 91 characters), whatever the names and figures."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from devlab.engine.simulated.instruments import nvml_answers as nv
 WIDTH = 89  # between the outer bars of the real table (driver 550's layout)
 _MIB = 1024 * 1024
 NA = "[N/A]"
+SHIM_MARK = "# devlab: nvidia-smi for the simulated GPUs"  # the launcher's second line
 
 
 def banner(view: nv.View) -> str:
@@ -348,30 +348,55 @@ def launcher_script(python: str, machine_file: str) -> str:
             "    m=types.ModuleType(n); m.__path__=p; sys.modules[n]=m\n"
             f"from {__spec__.name} import main\n"
             "sys.exit(main(sys.argv[1:]))\n")
-    return ("#!/bin/sh\n# devlab: nvidia-smi for the simulated GPUs (removed when they stop)\n"
+    return (f"#!/bin/sh\n{SHIM_MARK} (removed when they stop)\n"
             f"exec {shlex.quote(python)} -S -c {shlex.quote(boot)} {shlex.quote(machine_file)} "
             '"$@"\n')
 
 
-def _real_nvidia_smi(own_dir: str) -> str | None:
-    """A real nvidia-smi further along the PATH that lists GPUs, if there is one."""
-    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
-                           if p and os.path.realpath(p) != os.path.realpath(own_dir))
-    real = shutil.which("nvidia-smi", path=path)
-    if real is None:
-        return None
+def _is_shim(path: str) -> bool:
+    """Whether `path` is a devlab launcher (this process's or another simulating process's)."""
     try:
-        out = subprocess.run([real, "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return real if out.returncode == 0 and out.stdout.startswith("GPU ") else None
+        with open(path, "rb") as f:
+            return SHIM_MARK.encode() in f.read(256)
+    except OSError:
+        return False
+
+
+def _real_nvidia_smi() -> str | None:
+    """A real nvidia-smi on the PATH that lists GPUs, if there is one.
+
+    See Note [Launchers of nested simulations]."""
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        if not folder:
+            continue
+        candidate = os.path.join(folder, "nvidia-smi")
+        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+            continue
+        if _is_shim(candidate):
+            continue
+        try:
+            out = subprocess.run([candidate, "-L"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return candidate if out.returncode == 0 and out.stdout.startswith("GPU ") else None
+    return None
+
+
+# Note [Launchers of nested simulations]
+# A simulating process's children that simulate too (a rank a kernel forks, a program a
+# simulating program starts) put their own launcher's folder first on the PATH they inherited,
+# so the PATH holds several launchers. Each launcher looks for a real nvidia-smi to run
+# instead; had it taken every other launcher for a real one, two launchers would probe each
+# other with `-L` without end (each probe a process, orphaned at the 10 s timeout), and every
+# call of accelerate's, which asks nvidia-smi before each launch, took over 10 s. Every
+# launcher is marked (`SHIM_MARK`) and no launcher is ever probed.
 
 
 def main(argv: list[str]) -> int:
     """The launcher's entry: argv[0] is the machine's description file, the rest nvidia-smi's
     own arguments."""
     machine_file, args = argv[0], argv[1:]
-    real = _real_nvidia_smi(os.path.dirname(machine_file))
+    real = _real_nvidia_smi()
     if real is not None:
         os.execv(real, [real, *args])
     with open(machine_file, encoding="utf-8") as f:
