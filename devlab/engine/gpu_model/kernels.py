@@ -34,6 +34,7 @@ from devlab.engine.gpu_model.calibration import (
     LARGE_OPERAND_EXPONENT,
     PROLOGUE_K,
     REREAD,
+    SUSTAIN_WINDOW,
     WARP_SOFTMAX,
     WARP_SOFTMAX_ROW,
     Calibration,
@@ -200,6 +201,12 @@ def _gemm(spec: GpuSpec, batch: int, m: int, n: int, k: int, dtype: str, itemsiz
         operand = max(m * k, k * n) * itemsize
         if operand > size * 1e9:
             compute *= min(slowest, (operand / (size * 1e9)) ** LARGE_OPERAND_EXPONENT)
+    if batched and fit.burst != 1.0 and compute > 0:
+        # A slot-powered board: short products near its boost clock, sustained ones at what its
+        # power holds (calibration.py, See Note [Short products on slot-powered boards]).
+        lo, hi = SUSTAIN_WINDOW
+        x = min(1.0, max(0.0, log(hi / compute) / log(hi / lo)))
+        compute *= fit.burst ** (0.5 - x)
     nbytes = batch * (m * k + k * n + m * n) * itemsize + extra_bytes
     bandwidth = cal.bandwidth * spec.memory_bandwidth_gbs * 1e9
     return Kernel(GEMM, compute, nbytes / bandwidth, KERNEL_FLOOR_US * 1e-6,
