@@ -306,7 +306,7 @@ def breakdown_markdown(gpu: str = "T4", batch: int = 4) -> str:
     total = sum(k.seconds for _, k in parts)
     lines = ["| op | modeled | share | limited by | achieved |", "|---|---|---|---|---|"]
     for label, k in parts:
-        achieved = (f"{k.achieved_tflops:.3g} TFLOPS, {k.waves} waves" if k.bound == "compute-bound"
+        achieved = (f"{k.running_tflops:.3g} TFLOPS, {k.waves} waves" if k.bound == "compute-bound"
                     else f"{k.bandwidth_gbs:,.0f} GB/s")
         lines.append(f"| {label} | {k.seconds * 1e3:.3f} ms | {k.seconds / total:.1%} | "
                      f"{k.bound} | {achieved} |")

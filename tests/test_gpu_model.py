@@ -428,6 +428,17 @@ def test_explain_breaks_an_op_into_launch_waves_achieved_rate_and_floor(t4) -> N
     assert float(got) < 0.01 * float(of.replace(",", ""))
 
 
+def test_explain_shows_the_rate_a_short_batched_product_runs_at_on_a_t4(t4) -> None:
+    a = torch.randn(8, 512, 512, device="cuda:0")
+    e = simulated.explain(lambda: torch.bmm(a, a))
+    k = gpu_model.predict("bmm", ((8, 512, 512), (8, 512, 512)), "float32", "T4")
+    assert k.clock == pytest.approx(CALIBRATION["T4"].bmm.burst ** 0.5) and k.clock > 1
+    row = dict(zip(e.HEADERS, e.rows()[0], strict=True))
+    assert row["achieved"] == (f"{k.achieved_tflops * k.clock:.3g} TFLOPS (short on a "
+                               f"slot-powered board: {k.clock:.2f}x its fitted rate)")
+    assert e.ops[0].alone == pytest.approx(k.alone)
+
+
 def test_every_modeled_figure_says_it_is_modeled(t4) -> None:
     x = torch.randn(256, 256)
     comparison = timing.compare(lambda: x.to(torch.get_default_device()) @ x.to(
