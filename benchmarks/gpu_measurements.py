@@ -30,6 +30,7 @@ from devlab.engine.gpu_model.calibration import (
     WARP_SOFTMAX_ROW,
     DatasheetRule,
     GemmFit,
+    bursts,
     from_datasheet,
 )
 from devlab.engine.gpu_model.kernels import ELEMENTWISE, LAYER_NORM, SOFTMAX, l2_miss
@@ -294,6 +295,26 @@ def fit_large_operand(rows: list[Row], cal: Calibration) -> Calibration:
     return cal
 
 
+def fit_burst(rows: list[Row], cal: Calibration) -> Calibration:
+    """On a board that `bursts`: how much faster its short batched products run than its
+    sustained ones (calibration.py, Note [Short products on slot-powered boards]), fitted with
+    the batched fraction again (least mean absolute percentage error)."""
+    group = [r for r in rows if r.family == "bmm"]
+
+    def by_burst(base: Calibration, burst: float) -> float:
+        return _mape(group, replace(base, bmm=replace(base.bmm, burst=burst)))
+
+    def by_fraction(base: Calibration, fraction: float) -> float:
+        return _mape(group, replace(base, bmm=replace(base.bmm, fp32=fraction)))
+
+    for _ in range(2):
+        burst = round(_golden(partial(by_burst, cal), 1.0, 1.6), 2)
+        cal = replace(cal, bmm=replace(cal.bmm, burst=burst))
+        fraction = round(_golden(partial(by_fraction, cal), 0.05, 1.2), 3)
+        cal = replace(cal, bmm=replace(cal.bmm, fp32=fraction))
+    return cal
+
+
 PASCAL = ("6.0", "6.1")
 
 
@@ -317,6 +338,8 @@ def fit_gpu(rows: list[Row], gpu: str, memory: tuple[float, float, float, float]
         else:  # only batched products are tried as one whole kernel
             fit = fit_gemm(mine, cal, kind, TILES, (False, True) if kind == "bmm" else (False,))
         cal = replace(cal, **{"bmm" if kind == "bmm" else "mm": fit})
+    if bursts(SPECS[gpu]) and any(r.family == "bmm" for r in mine):
+        cal = fit_burst(mine, cal)
     if SPECS[gpu].compute_capability in PASCAL:
         cal = fit_large_operand(mine, cal)
     return cal

@@ -144,7 +144,10 @@ def calibration_markdown() -> str:
         def gemm(fit: object, peak: float = spec.fp32_tflops) -> str:
             tm, tn, per_sm = fit.tile  # type: ignore[attr-defined]
             frac = fit.fp32  # type: ignore[attr-defined]
-            return (f"{tm}×{tn} ({per_sm}/SM), {frac:.3f} = {frac * peak:.3g} TFLOPS")
+            burst = getattr(fit, "burst", 1.0)
+            short = (f"; short ones {burst ** 0.5:.2f}x faster, sustained {burst ** 0.5:.2f}x "
+                     "slower" if burst != 1.0 else "")
+            return (f"{tm}×{tn} ({per_sm}/SM), {frac:.3f} = {frac * peak:.3g} TFLOPS{short}")
         bw = spec.memory_bandwidth_gbs
         mem = ", ".join(f"{f:.3f} = {f * bw:,.0f} GB/s" if i == 0 else f"{f:.3f}"
                         for i, f in enumerate((cal.bandwidth, cal.softmax, cal.layer_norm)))
@@ -195,6 +198,8 @@ def calibration_source(cals: dict[str, Calibration]) -> str:
         source = "RULE" if name == "H100" else "FITTED"
         head = f'    "{name}": Calibration(GemmFit({c.mm.tile}, {c.mm.fp32}),'
         whole = f", True, {c.bmm.cut}" if c.bmm.whole else ""
+        if c.bmm.burst != 1.0:  # a slot-powered board (calibration.bursts)
+            whole += f", {c.bmm.burst}" if c.bmm.whole else f", burst={c.bmm.burst}"
         bmm = f"GemmFit({c.bmm.tile}, {c.bmm.fp32}{whole}),"
         out += [head + " " + bmm] if len(head) + len(bmm) < 100 else [head, "        " + bmm]
         out.append(f"        {c.bandwidth}, {c.softmax}, {c.layer_norm}, {c.alone_floor_us}, "
@@ -301,7 +306,7 @@ def breakdown_markdown(gpu: str = "T4", batch: int = 4) -> str:
     total = sum(k.seconds for _, k in parts)
     lines = ["| op | modeled | share | limited by | achieved |", "|---|---|---|---|---|"]
     for label, k in parts:
-        achieved = (f"{k.achieved_tflops:.3g} TFLOPS, {k.waves} waves" if k.bound == "compute-bound"
+        achieved = (f"{k.running_tflops:.3g} TFLOPS, {k.waves} waves" if k.bound == "compute-bound"
                     else f"{k.bandwidth_gbs:,.0f} GB/s")
         lines.append(f"| {label} | {k.seconds * 1e3:.3f} ms | {k.seconds / total:.1%} | "
                      f"{k.bound} | {achieved} |")

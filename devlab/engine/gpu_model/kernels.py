@@ -34,6 +34,7 @@ from devlab.engine.gpu_model.calibration import (
     LARGE_OPERAND_EXPONENT,
     PROLOGUE_K,
     REREAD,
+    SUSTAIN_WINDOW,
     WARP_SOFTMAX,
     WARP_SOFTMAX_ROW,
     Calibration,
@@ -73,6 +74,14 @@ class Kernel:
     tiles: int = 0  # output tiles (thread blocks) of a matrix product
     slots: int = 0  # tiles the GPU runs at once (SMs x tiles per SM)
     waves: int = 0  # ceil(tiles / slots)
+    clock: float = 1.0  # a slot-powered board's batched product: its rate over the fitted one
+    # (above 1 while short, below once sustained: calibration.py, Note [Short products on
+    # slot-powered boards])
+
+    @property
+    def running_tflops(self) -> float | None:
+        """The rate a product runs at here: the achieved rate, times `clock`."""
+        return None if self.achieved_tflops is None else self.achieved_tflops * self.clock
 
     @property
     def work(self) -> float:
@@ -200,11 +209,19 @@ def _gemm(spec: GpuSpec, batch: int, m: int, n: int, k: int, dtype: str, itemsiz
         operand = max(m * k, k * n) * itemsize
         if operand > size * 1e9:
             compute *= min(slowest, (operand / (size * 1e9)) ** LARGE_OPERAND_EXPONENT)
+    clock = 1.0
+    if batched and fit.burst != 1.0 and compute > 0:
+        # A slot-powered board: short products near its boost clock, sustained ones at what its
+        # power holds (calibration.py, See Note [Short products on slot-powered boards]).
+        lo, hi = SUSTAIN_WINDOW
+        x = min(1.0, max(0.0, log(hi / compute) / log(hi / lo)))
+        clock = fit.burst ** (x - 0.5)
+        compute /= clock
     nbytes = batch * (m * k + k * n + m * n) * itemsize + extra_bytes
     bandwidth = cal.bandwidth * spec.memory_bandwidth_gbs * 1e9
     return Kernel(GEMM, compute, nbytes / bandwidth, KERNEL_FLOOR_US * 1e-6,
                   cal.alone_floor_us * 1e-6, 2 * batch * m * n * k, nbytes, rate / 1e12,
-                  bandwidth / 1e9, tiles, slots, waves)
+                  bandwidth / 1e9, tiles, slots, waves, clock)
 
 
 def memory_bound(spec: GpuSpec, family: str, nbytes: int,

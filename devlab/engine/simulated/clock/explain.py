@@ -40,7 +40,10 @@ def _achieved(op: OpTime) -> str:
     if k is None:
         return f"{op.nbytes / op.memory / 1e9:,.1f} GB/s link" if op.memory else ""
     if op.compute >= op.memory and k.achieved_tflops:
-        return f"{k.achieved_tflops:.3g} TFLOPS"
+        how = ("" if k.clock == 1.0 else
+               f" ({'short' if k.clock > 1 else 'sustained'} on a slot-powered board: "
+               f"{k.clock:.2f}x its fitted rate)")
+        return f"{k.running_tflops:.3g} TFLOPS{how}"
     return f"{k.bandwidth_gbs:,.0f} of {k.achieved_gbs:,.0f} GB/s"
 
 
