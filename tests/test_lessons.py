@@ -277,10 +277,14 @@ def claims_02(nb: nbformat.NotebookNode, env: Env) -> None:
     assert rows["after empty_cache"][0] < rows["after del x"][0], nvml
     assert (f"NVML - reserved: {context} MiB, this process's CUDA context (modeled by devlab "
             "from published measurements)") in nvml, nvml
-    # The chart draws NVML's used line beside reserved and allocated (its image names them).
+    # The chart draws NVML's used line beside allocated and the limit (its image names its
+    # lines); reserved is drawn where a sample found it apart from allocated, which a loaded
+    # machine's sampler thread may miss in the cell's 0.2 s after `del x`.
     (alt,) = re.findall(r'<img src="data:image/png[^"]*" alt="memory chart: ([^"]*)"', html(cell))
-    assert sorted(alt.split(", ")) == sorted(
-        f"GPU:0 (modeled T4){kind}" for kind in ("", " reserved", " NVML used", " limit")), alt
+    drawn = set(alt.split(", "))
+    label = "GPU:0 (modeled T4)"
+    assert {label, f"{label} NVML used", f"{label} limit"} <= drawn <= {
+        label, f"{label} NVML used", f"{label} limit", f"{label} reserved"}, alt
     # Fragmentation: half of 240 MiB free in 4 MiB holes, and 24 MiB do not fit.
     pieces = cell_with(nb, "%%memwatch --device /GPU:0\npieces")
     assert re.search(r"every other freed: +allocated 120 MiB, reserved 240 MiB", text(pieces))
