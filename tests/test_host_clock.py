@@ -209,3 +209,24 @@ def test_a_storage_freed_on_a_thread_devlab_runs_is_not_the_hosts_time(t4, monke
     monkeypatch.undo()
     torch.cuda.synchronize()
     assert start.elapsed_time(end) >= 300.0
+
+
+def test_computing_says_whether_this_cpu_still_has_the_gpus_work_in_wall_time(t4) -> None:
+    # Stream.query() answers on the modeled clock; simulated.computing on this machine's:
+    # True while the GPU's worker thread has queued work it has not run.
+    from devlab.engine.simulated.base import gpu_workers
+
+    x = torch.randn(256, 256, device="cuda")
+    torch.cuda.synchronize()
+    assert not simulated.computing(0) and not simulated.computing(torch.device("cuda"))
+    gate = threading.Event()
+    gpu_workers.submit(0, lambda: gate.wait(10))  # the worker is busy until the gate opens
+    try:
+        assert simulated.computing(torch.device("cuda", 0)) and simulated.computing(0)
+    finally:
+        gate.set()
+    torch.cuda.synchronize()
+    assert not simulated.computing(0)
+    assert float((x * 0).sum()) == 0.0
+    with pytest.raises(IndexError, match="no simulated GPU 1"):
+        simulated.computing(1)

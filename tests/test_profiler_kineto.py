@@ -317,8 +317,8 @@ def test_merge_is_a_pure_function_of_the_trace_and_activities() -> None:
 
 def test_a_layers_backward_kernels_go_to_its_own_backward_op() -> None:
     # A batch norm's and a max pool's backward kernels are theirs on the table (the nodes
-    # are NativeBatchNormBackward0 and MaxPool2DWithIndicesBackward0, their calls
-    # aten::batch_norm and aten::max_pool2d), not the next node's.
+    # are CudnnBatchNormBackward0, as on a GPU, and MaxPool2DWithIndicesBackward0, their
+    # calls aten::batch_norm and aten::max_pool2d), not the next node's.
     devlab.simulated.start(1, model="T4")
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8),
                                 torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 8, 3),
@@ -331,8 +331,8 @@ def test_a_layers_backward_kernels_go_to_its_own_backward_op() -> None:
         model(x).sum().backward()
         torch.cuda.synchronize()
     rows = {r.key: r for r in prof.key_averages()}
-    assert rows["aten::native_batch_norm_backward"].count == 2
-    norms = [k for e in prof.events() if e.name == "aten::native_batch_norm_backward"
+    assert rows["aten::cudnn_batch_norm_backward"].count == 2
+    norms = [k for e in prof.events() if e.name == "aten::cudnn_batch_norm_backward"
              for k in e.kernels]
     assert len(norms) == backward.count("aten::batch_norm (backward)") > 0
     pools = [k for e in prof.events() if e.name == "aten::max_pool2d_with_indices_backward"
@@ -379,3 +379,72 @@ def test_a_convolution_is_named_as_a_gpus_torch_runs_it(tmp_path) -> None:
         torch.backends.cudnn.enabled = True
     names = {r.key for r in off.key_averages()}
     assert "aten::mkldnn_convolution" in names and "aten::cudnn_convolution" not in names
+
+
+def _names(prof) -> set[str]:
+    return {r.key for r in prof.key_averages()}
+
+
+def test_a_batch_norm_is_named_as_a_gpus_torch_runs_it(tmp_path) -> None:
+    # With cuDNN on, a GPU's torch runs aten::cudnn_batch_norm, its node is
+    # CudnnBatchNormBackward0, and in training the node runs aten::cudnn_batch_norm_backward
+    # (in evaluation, aten::native_batch_norm_backward): every one of a network's batch norms,
+    # though some of their backward kernels are not matched to their own node.
+    devlab.simulated.start(1, model="T4")
+    blocks = [m for _ in range(6) for m in (torch.nn.Conv2d(4, 4, 3, padding=1, bias=False),
+                                            torch.nn.BatchNorm2d(4), torch.nn.ReLU(inplace=True))]
+    net = torch.nn.Sequential(*blocks).cuda()
+    x = torch.randn(2, 4, 8, 8, device="cuda")
+    net(x).sum().backward()
+    with profile(activities=BOTH) as prof:
+        net(x).sum().backward()
+        torch.cuda.synchronize()
+    rows = {r.key: r for r in prof.key_averages()}
+    assert rows["aten::cudnn_batch_norm"].count == 6
+    assert rows["aten::cudnn_batch_norm"].self_device_time_total > 0
+    assert rows["aten::cudnn_batch_norm_backward"].count == 6
+    assert rows["CudnnBatchNormBackward0"].count == 6
+    assert rows["autograd::engine::evaluate_function: CudnnBatchNormBackward0"].count == 6
+    assert not {"aten::native_batch_norm", "aten::native_batch_norm_backward",
+                "NativeBatchNormBackward0"} & set(rows)
+    kernels = [k.name for k in _kernels(prof)]
+    assert sum(n.startswith(MODELED + "aten::cudnn_batch_norm (") for n in kernels) == 6
+    assert not any("native_batch_norm" in n for n in kernels)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    ops = [e["name"] for e in json.loads(path.read_text())["traceEvents"]
+           if e.get("cat") == "cpu_op"]
+    assert ops.count("aten::cudnn_batch_norm") == 6 and "NativeBatchNormBackward0" not in ops
+    assert ops.count("CudnnBatchNormBackward0") == 6
+    # Evaluation: cuDNN's forward, CUDA's own backward below cuDNN's node.
+    net.eval()
+    with profile(activities=BOTH) as evaluated:
+        net(x).sum().backward()
+        torch.cuda.synchronize()
+    names = _names(evaluated)
+    assert {"aten::cudnn_batch_norm", "CudnnBatchNormBackward0",
+            "aten::native_batch_norm_backward"} <= names
+    assert not {"aten::cudnn_batch_norm_backward", "NativeBatchNormBackward0"} & names
+
+
+@pytest.mark.parametrize("case", ["cudnn off", "2-D input", "no affine", "on the host"])
+def test_a_batch_norm_keeps_the_cpus_name_where_a_gpu_runs_cudas_own(case: str) -> None:
+    # _select_batch_norm_backend runs CUDA's own kernels (aten::native_batch_norm, the CPU's
+    # name too) with cuDNN off, for fewer than 3 dimensions, without weight and bias.
+    devlab.simulated.start(1, model="T4")
+    bn = torch.nn.BatchNorm1d(4, affine=case != "no affine")
+    x = torch.randn(8, 4, 5) if case != "2-D input" else torch.randn(8, 4)
+    if case != "on the host":
+        bn, x = bn.cuda(), x.cuda()
+    x.requires_grad_()
+    torch.backends.cudnn.enabled = case != "cudnn off"
+    try:
+        with profile(activities=BOTH) as prof:
+            bn(x).sum().backward()
+            torch.cuda.synchronize()
+    finally:
+        torch.backends.cudnn.enabled = True
+    names = _names(prof)
+    assert {"aten::native_batch_norm", "aten::native_batch_norm_backward",
+            "NativeBatchNormBackward0"} <= names, names
+    assert not any("cudnn" in n.lower() for n in names), names

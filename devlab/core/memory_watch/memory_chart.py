@@ -32,7 +32,7 @@ def _nice_above(x: float, steps: tuple[float, ...] = (1, 1.5, 2, 3, 5, 7.5)) -> 
 class MemoryChart:
     """A line chart of memory over time: one color per device, allocated solid, reserved
     dotted (only where it differs from allocated), NVML's used dash-dotted (a real GPU where
-    NVML answers: what nvidia-smi shows), the device's limit dashed.
+    NVML answers, or a modeled simulated one: what nvidia-smi shows), the device's limit dashed.
 
     `update(series)` sets the lines' data; `png()` renders. With `live=True` (widgets) the
     axes move in steps and are cached: most renders only redraw the lines over the cached
@@ -146,6 +146,10 @@ class MemoryChart:
         y_b = np.concatenate([y, np.full(pad, np.nan)]).reshape(-1, size)
         # fmax ignores the NaN padding (and NaN gaps) without warnings.
         return t_b, np.fmax.reduce(y_b, axis=1)
+
+    def drawn(self) -> list[str]:
+        """The lines drawn, named as the legend names them ("GPU:0 (simulated) NVML used")."""
+        return [line.get_label() for line in self._lines.values()]
 
     def __repr__(self) -> str:
         lines = ", ".join(dict.fromkeys(label for label, _ in self._lines)) or "no data yet"

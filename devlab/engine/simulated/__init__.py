@@ -55,6 +55,7 @@ from devlab.engine.simulated.torch_distributed.fork_safety.hang_report import (
 
 __all__ = [
     "check_count",
+    "computing",
     "current_index",
     "device_count",
     "allocations",
@@ -489,6 +490,18 @@ def _device(index: int) -> _session.DeviceState:
     if not 0 <= index < sess.count:
         raise IndexError(f"no simulated GPU {index} (there are {sess.count})")
     return sess.devices[index]
+
+
+def computing(device: torch.device | int) -> bool:
+    """True while simulated GPU `device` (a torch device or an index) has queued work its
+    worker thread has not run yet: in wall time, whether this CPU is still computing what was
+    launched on it, as `torch.cuda.current_stream().query()` tells of a real GPU's queue. (On
+    a simulated GPU `query()` answers from the modeled clock instead.)"""
+    index = device if isinstance(device, int) else torch.device(device).index
+    if index is None:  # "cuda": the current device
+        index = _session.current_device()
+    _device(index)  # a GPU that exists, or the error that says which do
+    return not _workers.idle(index)
 
 
 def nvml_used(index: int) -> int | None:

@@ -113,6 +113,7 @@ class _Recorder:
         self.comm, self.kinds = _clock.COMM, _clock
         self.ops = _Ops()
         self.gpu_names: dict[int, str] = {}  # id(charge) -> the op a GPU runs for it
+        self.gpu_backward: dict[int, str] = {}  # id(charge) -> the op its backward runs
         self.renamed: dict[int, str] = {}  # a CPU event's id -> the GPU's name for it
         self.allocations: list[tuple[int, int, int]] = []  # (wall ns, device, +/- bytes)
         self.spans: _Spans | None = None
@@ -137,20 +138,26 @@ class _Recorder:
         _recorders.add(self)
 
     def _watch_charges(self, charges: Any) -> None:
-        """Each convolution call's charges note the op a GPU runs for it (`gpu_convolution`):
-        its arguments decide it, and only the call sees them."""
+        """Each convolution's and batch norm's call's charges note the op a GPU runs for it
+        (`gpu_convolution`, `gpu_batch_norm`): its arguments decide it, and only the call sees
+        them."""
         cls = type(charges)  # (its instances have slots: the class's method is watched)
-        call, ops, names = cls.call, self.ops, self.gpu_names
+        call, ops, names, backward = cls.call, self.ops, self.gpu_names, self.gpu_backward
 
         def watched_call(self: Any, func: Any, args: tuple, kwargs: dict, *rest: Any) -> Any:
-            if func not in _CONVOLUTIONS or self is not charges:
+            if (func not in _CONVOLUTIONS and func not in _BATCH_NORMS) or self is not charges:
                 return call(self, func, args, kwargs, *rest)
             n = len(ops)
             got = call(self, func, args, kwargs, *rest)
-            name = gpu_convolution(args, kwargs)
+            if func in _CONVOLUTIONS:
+                name, back = gpu_convolution(args, kwargs), None
+            else:
+                name, back = gpu_batch_norm(func, args, kwargs) or (None, None)
             if name is not None:
                 for t in ops[n:]:
                     names[id(t)] = name
+                    if back is not None:
+                        backward[id(t)] = back
             return got
 
         assert self._undo is not None
@@ -259,9 +266,8 @@ def _norm(name: str) -> str:
 # GPU's op while a profile records, and the CPU's op that owns its kernel takes that name, in
 # the table and the trace. Where the arguments do not settle it (cuDNN off, half-precision or
 # 3-D/5-D depthwise, another dtype) the CPU's name stays. A GPU's cuDNN path adds the bias
-# with an aten::add_ the CPU's fused kernel does not show: not added. (A batch norm's cuDNN
-# op is not renamed: its backward's events, which would need the same name, are not all
-# matched to their forward call: docs/profiler-validation.md.)
+# with an aten::add_ the CPU's fused kernel does not show: not added.
+# A batch norm is renamed the same way (See Note [Which op a GPU runs for a batch norm]).
 _CONVOLUTIONS = frozenset({torch.conv1d, torch.conv2d, torch.conv3d})
 _CPU_CONVOLUTION = "aten::mkldnn_convolution"
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -289,6 +295,71 @@ def gpu_convolution(args: tuple, kwargs: dict) -> str | None:
     return "aten::cudnn_convolution"
 
 
+# Note [Which op a GPU runs for a batch norm]
+# aten::batch_norm runs aten::_batch_norm_impl_index, which on a GPU runs cuDNN's
+# aten::cudnn_batch_norm where `_select_batch_norm_backend` (aten/src/ATen/native/
+# Normalization.cpp) picks cuDNN, and aten::native_batch_norm (CUDA's own kernels) otherwise,
+# the op the CPU runs too. It picks cuDNN when torch.backends.cudnn.enabled (the call's own
+# cudnn_enabled argument is ignored there), the input is on the GPU, neither the input nor
+# the weight is bfloat16, a half-precision input has a float32 weight, the weight and bias
+# are both given, the running statistics are both given (or, in training, both absent), the
+# input has at least 3 dimensions (BatchNorm1d on (N, C) runs CUDA's own), its batch is at
+# most 880,801 in training or 65,535 in evaluation, it has fewer than 2^31 - 1 elements,
+# and eps is at least CUDNN_BN_MIN_EPSILON (0 since cuDNN 7). The node autograd records is
+# then CudnnBatchNormBackward0, whose backward runs aten::cudnn_batch_norm_backward in
+# training and aten::native_batch_norm_backward in evaluation (derivatives.yaml: "CuDNN
+# cannot be used to compute backward in evaluation mode"). The forward op is renamed as a
+# convolution is, where its kernel is matched to it; its backward node's events (the
+# `autograd::engine::evaluate_function:` range, the node, its op) are found by the autograd
+# sequence number torch records on the forward op and its node alike, so they are renamed
+# whether or not their kernels were matched to them (docs/profiler-validation.md).
+_BATCH_NORMS = frozenset({torch.nn.functional.batch_norm, torch.batch_norm})
+_CPU_BATCH_NORM = "aten::native_batch_norm"
+_CPU_BATCH_NORM_NODE = "NativeBatchNormBackward0"
+_CUDNN_BN_MIN_EPSILON = 0.0
+_CUDNN_MAX_BATCH = (880801, 65535)  # training, evaluation
+_INT32_MAX = 2**31 - 1
+
+
+def gpu_batch_norm(func: Any, args: tuple, kwargs: dict) -> tuple[str, str] | None:
+    """The ops a GPU's torch runs for `func(*args, **kwargs)` (F.batch_norm or
+    torch.batch_norm), forward and backward, where cuDNN's differ from the CPU's; None where
+    a GPU runs the CPU's (aten::native_batch_norm) or the arguments do not settle it. See
+    Note [Which op a GPU runs for a batch norm]."""
+    if func is torch.batch_norm:  # (input, weight, bias, running_mean, running_var, training,
+        if len(args) < 8:         #  momentum, eps, cudnn_enabled)
+            return None
+        x, w, b, mean, var, training, _, eps = args[:8]
+    else:  # (input, running_mean, running_var, weight=None, bias=None, training=False, ...)
+        names = ("input", "running_mean", "running_var", "weight", "bias", "training",
+                 "momentum", "eps")
+        given = dict(zip(names, args, strict=False)) | kwargs
+        if "input" not in given:
+            return None
+        x, mean, var = given["input"], given.get("running_mean"), given.get("running_var")
+        w, b = given.get("weight"), given.get("bias")
+        training, eps = given.get("training", False), given.get("eps", 1e-5)
+    if not torch.backends.cudnn.enabled or type(x) not in (torch.Tensor, torch.nn.Parameter):
+        return None
+    if not (isinstance(w, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return None
+    if not isinstance(training, bool) or not isinstance(eps, (int, float)):
+        return None
+    stats = (isinstance(mean, torch.Tensor), isinstance(var, torch.Tensor))
+    if x.dtype not in _FLOATS or torch.bfloat16 in (x.dtype, w.dtype):
+        return None
+    if x.dtype == torch.float16 and w.dtype != torch.float32:
+        return None
+    if not (all(stats) or (training and mean is None and var is None)):
+        return None
+    if x.dim() < 3 or x.numel() == 0 or x.numel() >= _INT32_MAX:
+        return None
+    if x.shape[0] > _CUDNN_MAX_BATCH[0 if training else 1] or eps < _CUDNN_BN_MIN_EPSILON:
+        return None
+    return ("aten::cudnn_batch_norm",
+            "aten::cudnn_batch_norm_backward" if training else "aten::native_batch_norm_backward")
+
+
 class _Tree:
     """The CPU events of a profile, nested per thread as torch nests them."""
 
@@ -310,6 +381,20 @@ class _Tree:
                 self.children.setdefault(id(parent), []).append(e)
             stack.append(e)
         self.starts = [e.time_range.start for e in cpu]
+        self._nodes: dict[tuple[int, int], list[FunctionEvent]] | None = None
+
+    def backward_of(self, e: FunctionEvent) -> list[FunctionEvent]:
+        """The events of the autograd node forward op `e` made (its evaluate_function range
+        and the node): torch records the forward op's sequence number on both."""
+        if self._nodes is None:
+            self._nodes = {}
+            for n in self.events:
+                if n.sequence_nr >= 0 and n.fwd_thread is not None and (
+                        _NODE_SUFFIX.search(n.name)):
+                    self._nodes.setdefault((n.sequence_nr, n.fwd_thread), []).append(n)
+        if e.sequence_nr < 0:
+            return []
+        return self._nodes.get((e.sequence_nr, e.thread), [])
 
     def inside(self, after: float, until: float) -> list[FunctionEvent]:
         """The events that began after `after` and ended by `until`, in order."""
@@ -368,6 +453,7 @@ _NODES = {"matmul": ("mm", "bmm", "mv", "dot", "unsafeview"), "linear": ("addmm"
           "conv2d": ("convolution",), "conv1d": ("convolution",), "conv3d": ("convolution",),
           "crossentropy": ("nllloss", "logsoftmax"), "relu": ("relu", "threshold"),
           "batchnorm": ("nativebatchnorm", "cudnnbatchnorm"),
+          "nativebatchnorm": ("cudnnbatchnorm",),  # its node, once named as a GPU's
           "maxpool2d": ("maxpool2dwithindices",), "maxpool1d": ("maxpool2dwithindices",),
           "maxpool3d": ("maxpool3dwithindices",), "adaptiveavgpool2d": ("mean",),
           "adaptiveavgpool1d": ("mean",), "layernorm": ("nativelayernorm",)}
@@ -514,12 +600,15 @@ def activities(rec: _Recorder, events: list[FunctionEvent],
         begin = max(begin, track_end.get(key, begin), at_ns + launch_ns)
         track_end[key] = begin + dur_ns
         correlation += 1
-        if owner is not None and owner.name == _CPU_CONVOLUTION and op is not None:
-            # See Note [Which op a GPU runs below aten::_convolution].
+        if owner is not None and op is not None and owner.name in (_CPU_CONVOLUTION,
+                                                                   _CPU_BATCH_NORM):
+            # See Note [Which op a GPU runs below aten::_convolution] and Note [Which op a
+            # GPU runs for a batch norm].
             gpu = rec.gpu_names.get(id(op))
             if gpu is not None:
-                owner.name = owner.trace_name = gpu
-                rec.renamed[owner.id] = gpu
+                if owner.name == _CPU_BATCH_NORM:
+                    _rename_backward(rec, tree, owner, rec.gpu_backward.get(id(op)))
+                _rename(rec, owner, gpu)
         if span.kind == kinds.COPY_SPAN:
             kind, name = MEMCPY, _copy_name(span)
         else:
@@ -536,6 +625,28 @@ def activities(rec: _Recorder, events: list[FunctionEvent],
         for e in tree.ancestors(owner) if owner is not None else ():
             e.device_memory_usage += nbytes
     return out
+
+
+def _rename(rec: _Recorder, e: FunctionEvent, name: str) -> None:
+    """CPU event `e` is named `name` in the table and the trace."""
+    e.name = e.trace_name = name
+    rec.renamed[e.id] = name
+
+
+def _rename_backward(rec: _Recorder, tree: _Tree, forward: FunctionEvent,
+                     op: str | None) -> None:
+    """The batch norm `forward` ran as cuDNN's: its backward node's events are named as a
+    GPU's (CudnnBatchNormBackward0), and the op below the node `op`."""
+    for node in tree.backward_of(forward):
+        if _CPU_BATCH_NORM_NODE not in node.name:
+            continue
+        _rename(rec, node, node.name.replace(_CPU_BATCH_NORM_NODE, "CudnnBatchNormBackward0"))
+        below = list(tree.children.get(id(node), ()))
+        while below and op is not None:  # the op, and the same op nested in it (its kernel)
+            child = below.pop()
+            if child.name == "aten::native_batch_norm_backward":
+                _rename(rec, child, op)
+                below.extend(tree.children.get(id(child), ()))
 
 
 # The ranges torch records around a Python dispatch mode: the simulation's own modes (its

@@ -55,6 +55,7 @@ class MemoryMonitor(LiveWidget, ipywidgets.VBox):
         self._last_draw = 0.0
         self._draw_cost = 0.0
         self.draws = 0
+        self._alt = "memory chart: " + ", ".join(r.label for r in self.sampler.readers)
         super().__init__(children=[self._status, self._chart, self._summary], **kwargs)
 
     # -- life cycle ------------------------------------------------------------------------
@@ -99,9 +100,8 @@ class MemoryMonitor(LiveWidget, ipywidgets.VBox):
     def static(self) -> StaticView:
         """The status line, the last frame of the chart and (with `show_summary`) the summary,
         as static HTML."""
-        alt = "memory chart: " + ", ".join(r.label for r in self.sampler.readers)
         html = (f"<div class='devlab-memory-monitor'><div>{self._status.value}</div>"
-                f"{img(png_of(self._chart), alt)}"
+                f"{img(png_of(self._chart), self._alt)}"
                 + (f"<div>{self._summary.value}</div>" if self._summary.value else "") + "</div>")
         return StaticView(html, repr(self))
 
@@ -130,7 +130,10 @@ class MemoryMonitor(LiveWidget, ipywidgets.VBox):
             series = self.sampler.series()
             self.chart.update(series, self.sampler.started_at,
                               final=self.sampler.stopped_at is not None)
-            show_png(self._chart, self.chart.png(), "memory chart: " + ", ".join(series))
+            # The image's text names the lines it draws, as its legend does: what a screen
+            # reader says, and what a test reads.
+            self._alt = "memory chart: " + ", ".join(self.chart.drawn() or series)
+            show_png(self._chart, self.chart.png(), self._alt)
             if self.sampler.stopped_at is None:
                 self._status.value = self._status_text("watching", series)
             self.draws += 1
