@@ -353,9 +353,10 @@ def test_the_interpreter_exits_cleanly_with_elementwise_work_queued(tmp_path) ->
         "from devlab.engine.simulated.base import gpu_workers as _workers\n"
         "devlab.config.simulate_gpus(1)\n"
         "x = torch.rand(1024, 1024, device='cuda'); k = torch.ones(4, 1, 3, 3, device='cuda')\n"
+        "x4 = x[None, None]\n"
         "gate = threading.Event(); _workers.submit(0, lambda: gate.wait(30))\n"
         "y = (x * x).sum(0); x.mul_(2)\n"
-        "c = torch.conv2d(x[None, None], k, padding=1)\n"
+        "c = torch.conv2d(x4, k, padding=1)\n"
         "assert _workers._workers[0].pending == 5\n"
         "threading.Timer(0.3, gate.set).start()\n"
         "import sys; print('queued', 'sympy' in sys.modules)\n")
