@@ -244,9 +244,11 @@ def _alias(t: Tensor) -> Tensor:
 # it); the worker, which runs its queue in order, swaps the two storages' memory just before
 # the new op (`_swap_data_ptr_`), when the work queued before it is done with the dropped one.
 # The output keeps its own storage (version, size, resizability, marks as they were); only
-# its data pointer changes, once, before the op writes it: a `data_ptr()` read while the op
-# is still queued names the memory allocated at launch, never touched, which the dropped
-# storage takes and gives back when the op's tensors go. Nothing is cached past the work, so
+# its data pointer changes, once, before the op writes it, and a `data_ptr()` read waits for
+# the queue as any use of the tensor does, so it names the memory the output ends with (only
+# a read with torch functions off sees the launch's). The memory allocated at launch, never
+# touched, goes to the dropped storage, given back when the op's tensors go (a free of
+# untouched pages: no page to tear down). Nothing is cached past the work, so
 # a sync leaves no memory behind; values, memory figures and modeled times do not move (the
 # simulated allocator's blocks are the storages' marks', not their CPU memory). A torch
 # without `_swap_data_ptr_` allocates as before.
