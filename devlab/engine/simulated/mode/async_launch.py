@@ -389,12 +389,12 @@ launch_elementwise.plain_when = elementwise_runs_here  # type: ignore[attr-defin
 # computes the call and copies its result in (a convolution has no out=). Only where the
 # output's strides are known without the values: a CPU convolution of a contiguous input and
 # weight writes a contiguous output (torch picks channels-last from a channels-last input or
-# weight), so anything else runs here,
-# as do the cases the products keep here (autograd recording, a mode, autocast, a profiler, a
-# transform, a subclass) and the elementwise launch's (a keyword it does not know, a tensor
-# not floating point, an inference tensor outside inference mode). The worker computes with the
-# launching thread's intra-op thread count, as the elementwise launch does: oneDNN picks its
-# algorithm, and so its rounding, by it.
+# weight), so anything else runs here, as do the cases the products keep here (autograd
+# recording, a mode, autocast, a profiler, a transform, a subclass) and the elementwise
+# launch's (a tensor not floating point, an inference tensor outside inference mode), and any
+# call `conv_shape` does not answer for (torch's errors, raised here at once). The worker
+# computes with the launching thread's intra-op thread count, as the elementwise launch does:
+# oneDNN picks its algorithm, and so its rounding, by it.
 CONVOLUTIONS: dict[Callable, tuple[bool, int]] = {  # the call -> (transposed, spatial dims)
     torch.conv1d: (False, 1), torch.conv2d: (False, 2), torch.conv3d: (False, 3),
     torch.conv_transpose1d: (True, 1), torch.conv_transpose2d: (True, 2),
@@ -566,12 +566,12 @@ def launch_conv(func: Callable, args: tuple, kwargs: dict) -> Any:
 launch_conv.plain_when = conv_runs_here  # type: ignore[attr-defined]
 
 
-
 def handlers() -> dict[Callable, Callable]:
     """The mode's handlers for what launches here, as start() reads them: the products, the
-    convolutions, and the elementwise ops and reductions unless DEVLAB_ASYNC_ELEMENTWISE=0. Each of those is a
-    handler the mode's fast path asks `elementwise_runs_here` of, a few hundred nanoseconds
-    per small elementwise op (issue 39 counts them); the switch takes them out whole."""
+    convolutions, and the elementwise ops and reductions unless DEVLAB_ASYNC_ELEMENTWISE=0.
+    Each elementwise one is a handler the mode's fast path asks `elementwise_runs_here` of, a
+    few hundred nanoseconds per small elementwise op (issue 39 counts them); the switch takes
+    them out whole."""
     table = dict.fromkeys(OPS, launch)
     table.update(dict.fromkeys(CONVOLUTIONS, launch_conv))
     if os.environ.get("DEVLAB_ASYNC_ELEMENTWISE", "1") != "0":
