@@ -10,7 +10,13 @@ asynchronous=...)`), interleaved round by round, the median of the rounds:
   around an elementwise product and its sum of two N x N matrices, per call;
 - a queue of 20 products of 1024 x 1024 matrices: when the calls returned, and when a
   synchronize() after them returned;
-- a chain (a product, an in-place product, a sum): when it returned, and when `.item()` did.
+- a chain (a product, an in-place product, a sum): when it returned, and when `.item()` did;
+- ten elementwise products and their sums, `for _ in range(10): (x * y).sum()`: when the loop
+  returned, and when a synchronize() after it did (each product's output is let go of while
+  still queued: the next one takes its memory, Note [A queued output takes a dropped one's
+  memory]);
+- a queue of 5 convolutions (64 channels, 3x3, a batch of 8 56 x 56 images): when the calls
+  returned, and when a synchronize() after them did.
 
 With the launch on, the timer without a sync sees the launches and the synchronized one the
 work, as on a GPU; with it off, both see the work. A simulated GPU is this CPU: the work's
@@ -69,6 +75,24 @@ def one_round(asynchronous: bool, n: int) -> dict[str, float]:
         got["mul, mul_, sum: returned"] = (time.perf_counter() - t0) * 1e3
         s.item()
         got["mul, mul_, sum: .item()"] = (time.perf_counter() - t0) * 1e3
+        del z, s
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            (x * y).sum()
+        got["10 x (x * y).sum(): returned"] = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        got["10 x (x * y).sum(): synchronized"] = (time.perf_counter() - t0) * 1e3
+        images = torch.rand(8, 64, 56, 56, device="cuda")
+        weight = torch.rand(64, 64, 3, 3, device="cuda")
+        torch.conv2d(images, weight, None, 1, 1)  # oneDNN's first call picks its kernel
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = [torch.conv2d(images, weight, None, 1, 1) for _ in range(5)]
+        got["5 convolutions: returned"] = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        got["5 convolutions: synchronized"] = (time.perf_counter() - t0) * 1e3
+        del outs
         return got
     finally:
         devlab.simulated.stop()

@@ -118,6 +118,11 @@ def _program(seed: int, gpus: int) -> list[Any]:
     live: list[torch.Tensor] = [torch.randn(16, 16, device=dev[i % gpus]) for i in range(4)]
     live.append(torch.randn(16, 16, device=dev[0], dtype=torch.float16))
     w = torch.randn(16, 16, device=dev[0], requires_grad=True)
+    # convolution weights on each GPU: 3x3, 2x2 transposed, a 1-d one over 16 channels, a bias
+    cw = {d: torch.randn(1, 1, 3, 3, device=d) for d in dev}
+    tw = {d: torch.randn(1, 1, 2, 2, device=d) for d in dev}
+    w1 = {d: torch.randn(16, 16, 3, device=d) for d in dev}
+    cb = {d: torch.randn(1, device=d) for d in dev}
     queued = [0]
 
     def pick() -> torch.Tensor:
@@ -137,6 +142,39 @@ def _program(seed: int, gpus: int) -> list[Any]:
             w.add_(w.grad if w.grad is not None else torch.ones_like(w), alpha=-0.1)
             w.mul_(0.99)
         seen.append(w._version)
+
+    def conv() -> torch.Tensor:
+        a = pick()
+        d = str(a.device)
+        choice = rng.randrange(8)
+        if choice == 0:
+            return torch.conv2d(a[None, None], cw[d], cb[d], 1, 1)[0, 0]
+        if choice == 1:
+            return torch.nn.functional.conv2d(a[None], cw[d], padding="same")[0]
+        if choice == 2:  # 16 channels of length 16, sizes as lists
+            return torch.conv1d(a[None], w1[d], None, [1], [1])[0]
+        if choice == 3:  # an (8, 8) corner, contiguous or not, transposed to (16, 16)
+            x = a[:8, :8]
+            return torch.conv_transpose2d((x.contiguous() if rng.random() < 0.5 else x)[None, None],
+                                          tw[d], stride=2)[0, 0]
+        if choice == 4:  # the other GPU's weight, or a weight of another dtype: torch's errors
+            return torch.conv2d(a[None, None], cw[rng.choice(dev)].to(rng.choice(
+                [torch.float32, torch.float64])), padding=1)[0, 0]
+        if choice == 5:  # a weight of the wrong channels: torch's error at once
+            return torch.conv2d(a[None, None], w1[d][:, :, None], padding=1)[0, 0]
+        if choice == 6:  # channels-last: runs here
+            x = a[None, None].expand(1, 2, 16, 16).contiguous(memory_format=torch.channels_last)
+            return torch.conv2d(x, cw[d].expand(1, 2, 3, 3).contiguous(), padding=1)[0, 0]
+        # the trained weight: autograd records it here while grad is on
+        return torch.conv2d(w[None, None], cw[str(w.device)], padding=1)[0, 0] * 1.0
+
+    def chain() -> torch.Tensor:
+        # temporaries let go of while still queued: the next outputs of their size take
+        # their memory (Note [A queued output takes a dropped one's memory])
+        a = pick()
+        if rng.random() < 0.5:
+            _workers.submit(a.device.index, lambda: time.sleep(0.002))
+        return (((a + 1) * 3).exp() - a).abs()
 
     def stale() -> None:
         a = pick()
@@ -175,6 +213,11 @@ def _program(seed: int, gpus: int) -> list[Any]:
         lambda: pick()[:1].add_(pick()),  # an in-place shape error
         lambda: live.append(pick().to(rng.choice(dev))),
         lambda: live.append(pick() @ pick().t()),  # a product (queued when large)
+        lambda: live.append(conv()),
+        lambda: live.append(conv()),
+        lambda: live.append(chain()),
+        lambda: live.append(chain()),
+        lambda: seen.append(conv().sum().item()),
         backward,
         step_w,
         stale,
@@ -219,6 +262,7 @@ def test_random_programs_answer_alike_with_the_launch_on_and_off(no_simulation, 
                                                                  model, seed, gpus) -> None:
     monkeypatch.setattr(_launch, "MIN_ELEMENTS", 1)  # every op the launch takes is queued
     monkeypatch.setattr(_launch, "MIN_MACS", 1)
+    monkeypatch.setattr(_launch, "MIN_REUSE_BYTES", 1)  # every output may take dropped memory
     runs = []
     for asynchronous in (True, False):
         devlab.simulated.start(gpus, model=model, asynchronous=asynchronous)
@@ -237,10 +281,15 @@ def test_random_programs_answer_alike_with_the_launch_on_and_off(no_simulation, 
 def test_the_launch_took_the_random_programs_ops(no_simulation, monkeypatch) -> None:
     # The comparison above is only worth something if the launch queued the program's ops.
     monkeypatch.setattr(_launch, "MIN_ELEMENTS", 1)
+    monkeypatch.setattr(_launch, "MIN_MACS", 1)
+    monkeypatch.setattr(_launch, "MIN_REUSE_BYTES", 1)
     launched = []
     real = _workers.submit
     monkeypatch.setattr(_workers, "submit", lambda i, fn, holds=None: (
         launched.append(fn.__qualname__), real(i, fn, holds))[1])
+    swaps = []
+    real_swap = _launch._swap
+    monkeypatch.setattr(_launch, "_swap", lambda a, b: (swaps.append(1), real_swap(a, b)))
     devlab.simulated.start(1)
     try:
         _program(1, 1)
@@ -248,6 +297,8 @@ def test_the_launch_took_the_random_programs_ops(no_simulation, monkeypatch) -> 
         devlab.simulated.stop()
         devlab.runtime.reset()
     assert launched.count("launch_elementwise.<locals>.op") > 50
+    assert launched.count("launch_conv.<locals>.convolution") >= 3
+    assert len(swaps) > 3  # outputs took the memory of dropped, still queued ones
 
 
 def test_a_queued_op_waits_when_another_thread_reads_it(no_simulation) -> None:
@@ -301,13 +352,19 @@ def test_the_interpreter_exits_cleanly_with_elementwise_work_queued(tmp_path) ->
         "import threading, torch, devlab\n"
         "from devlab.engine.simulated.base import gpu_workers as _workers\n"
         "devlab.config.simulate_gpus(1)\n"
-        "x = torch.rand(1024, 1024, device='cuda')\n"
+        "x = torch.rand(1024, 1024, device='cuda'); k = torch.ones(4, 1, 3, 3, device='cuda')\n"
+        "x4 = x[None, None]\n"
         "gate = threading.Event(); _workers.submit(0, lambda: gate.wait(30))\n"
+        "c = torch.conv2d(x4, k, padding=1)\n"
+        "import sys; imported = 'sympy' in sys.modules\n"
         "y = (x * x).sum(0); x.mul_(2)\n"
-        "assert _workers._workers[0].pending == 4\n"
+        "assert _workers._workers[0].pending == 5\n"
         "threading.Timer(0.3, gate.set).start()\n"
-        "print('queued')\n")  # no sync: exit drains the queue, and the process ends cleanly
+        "print('queued', imported)\n")
+    # no sync: exit drains the queue, and the process ends cleanly; a convolution's launch did
+    # not import sympy (torch's meta computation of it would have; an elementwise launch's
+    # first meta call still imports torch._dynamo, and sympy with it)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
-    assert done.returncode == 0 and done.stdout.split() == ["queued"], done.stderr
+    assert done.returncode == 0 and done.stdout.split() == ["queued", "False"], done.stderr

@@ -165,11 +165,8 @@ class DeviceState:
                 self.allocator.free(block)
         self.workspace = self.backward_workspace = None
 
-    def settle(self) -> None:
-        """Free the blocks of storages only queued work, or a CUDA graph, still uses (the
-        caller holds the lock; See Note [Why queued work's storages are uncounted])."""
-        for hold in self.graphs:
-            hold.settle()
+    def _held(self) -> Any:
+        """Each mark queued work holds, with how many of its tensors hold it."""
         held: dict[int, list] = {}
         for marks in list(self.queued.values()):
             for m in marks:
@@ -178,7 +175,14 @@ class DeviceState:
                     held[id(m)] = [m, 1]
                 else:
                     entry[1] += 1
-        for m, n in held.values():
+        return held.values()
+
+    def settle(self) -> None:
+        """Free the blocks of storages only queued work, or a CUDA graph, still uses (the
+        caller holds the lock; See Note [Why queued work's storages are uncounted])."""
+        for hold in self.graphs:
+            hold.settle()
+        for m, n in self._held():
             s = m()
             if (s is not None and m.block is not None
                     and _use_count(s._cdata) == 1 + n  # type: ignore[misc]
@@ -186,6 +190,21 @@ class DeviceState:
                 # Nothing but its Python object (1) and the queued work's tensors use it.
                 self.allocator.free(m.block)
                 m.block = None
+
+    def donor(self, nbytes: int) -> torch.UntypedStorage | None:
+        """A storage of `nbytes` bytes that an asynchronous launch made (`DONOR` set), that
+        only queued work still uses and that no later launch took yet: it is marked taken and
+        returned, for the next output of its size to take its memory once that work is done
+        (the caller holds the lock; See Note [A queued output takes a dropped one's memory]
+        in mode/async_launch.py)."""
+        for m, n in self._held():
+            s = m()
+            if (s is not None and getattr(s, DONOR, False) and s.nbytes() == nbytes
+                    and _use_count(s._cdata) == 1 + n  # type: ignore[misc]
+                    and sys.getrefcount(s) <= _BARE_REFS):
+                setattr(s, DONOR, False)  # one taker: a second would get cold memory
+                return s
+        return None
 
     @property
     def reserved(self) -> int:
@@ -204,6 +223,10 @@ class DeviceState:
             return None
         return max(0, total - self.allocator.context - self.reserved)
 
+
+# Set on a storage an asynchronous launch made for its output: its memory may go to a later
+# output once the user let go of it (`DeviceState.donor`); False once taken.
+DONOR = "_devlab_donor"
 
 # A storage's C++ use count (`_requirements` checks torch has it before a simulation starts).
 _use_count = getattr(torch._C, "_storage_Use_Count", None)

@@ -40,8 +40,33 @@ _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _functorch_unwrap = torch._C._functorch.get_unwrapped
 
 
+# Note [Why a storage's CPU memory is freed on the host's clock]
+# A large simulated tensor the host lets go of costs the host the CPU's release of its memory:
+# glibc gives a large block back to the system (munmap), which tears down each of its pages,
+# about 50 ms for 64 MiB on this 2-core machine under load, and a modeled GPU's events read
+# that as host time, where CUDA's caching allocator keeps the block and the free costs
+# microseconds. It is not bracketed (`charges.enter`/`leave` around it, as `_release` brackets
+# the allocator's work) nor handed to a GPU's worker, because no devlab code runs at the free:
+# torch's storage dealloc (THPStorage_subclass_dealloc) runs the weak references' callbacks
+# (this `_release`, when the referent is already unreachable: `m()` is None) and clears the
+# storage's __dict__ before it destroys the C++ storage, whose DataPtr's deleter (the CPU
+# allocator's free) runs last, after `_release` has returned; nothing after it calls Python.
+# Taking the memory's last reference needs a DataPtr whose deleter calls Python
+# (`torch.frombuffer` over a buffer devlab owns): moving one into the storage
+# (`UntypedStorage._swap_data_ptr_`) also swaps the storage's allocator and its resizable
+# flag, so `resize_` on the tensor would raise "Trying to resize storage that is not
+# resizable" where it works on a GPU; making the memory that way from the start has the same
+# flag. Keeping freed memory instead (mallopt: no mmap, no trim) would make the free cheap but
+# keep every freed page in the process for good, against Binder's memory budget. A queued op's
+# storage the user let go of is freed on its GPU's worker (the op's tensors go there), off the
+# host's clock; an output that takes such a storage's memory (Note [A queued output takes a
+# dropped one's memory] in mode/async_launch.py) frees only untouched pages.
+
+
 def _release(m: Mark) -> None:
-    """The storage died (weakref callback): its block goes back to the GPU's allocator."""
+    """The storage died (weakref callback): its block goes back to the GPU's allocator (the
+    CPU's release of its memory follows on the host's clock: See Note [Why a storage's CPU
+    memory is freed on the host's clock])."""
     sess = m.session
     if sess is _session.session and m.block is not None:
         charges = sess.charges  # the allocator's work is not the host's (Note [The host's
