@@ -71,6 +71,39 @@ def test_a_small_op_on_an_idle_gpu_runs_here_and_one_behind_queued_work_is_queue
         routing.fallbacks = None
 
 
+def test_an_allocation_as_queued_work_ends_finds_the_memory_the_user_let_go(no_simulation) -> None:
+    """The worker takes its finished op out of the GPU's queued ops and drops the op's tensors in
+    one hold of the session's lock: a product the user let go of in between was neither queued
+    work's nor freed, and the next allocation took more memory where a synchronous run reuses
+    the product's block."""
+    devlab.simulated.start(1)
+    x = torch.rand(1024, 1024, device="cuda")
+    (x * 2).sum().item()  # the launch's first meta call (seconds) before the window
+    gate = _hold(0)
+    y = x @ x  # queued behind the gate
+    assert not _workers.idle(0)
+    reserved, allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+    in_window = threading.Event()
+
+    class HeldOpen(dict):
+        """The queued ops, with the moment between the pop and the drop held open."""
+
+        def pop(self, *args: Any) -> Any:
+            popped = super().pop(*args)
+            in_window.set()
+            time.sleep(0.3)
+            return popped
+
+    dev = _session.session.devices[0]
+    dev.queued = HeldOpen(dev.queued)
+    gate.set()
+    assert in_window.wait(10)
+    del y  # as its op ends: its block is free, as without the queue
+    z = x * 2  # launched (the worker is busy), y's size: y's block
+    assert (torch.cuda.memory_reserved(), torch.cuda.memory_allocated()) == (reserved, allocated)
+    del z
+
+
 def test_launch_errors_are_torch_errors_at_once(no_simulation) -> None:
     devlab.simulated.start(1)
     big = torch.rand(512, 512, device="cuda")

@@ -78,9 +78,14 @@ class _Worker:
                     _alert = True
             finally:
                 if dev is not None:
-                    # Before the op's tensors go. See Note [Why queued work's storages are
-                    # uncounted] in base/session.py.
-                    dev.queued.pop(id(fn), None)
+                    # Out of the queued ops before the op's tensors go, and both in one hold of
+                    # the lock: a `settle` between them (a host allocation) would find a
+                    # storage the user let go of neither queued work's nor freed, and take
+                    # memory the synchronous run reuses. See Note [Why queued work's storages
+                    # are uncounted] in base/session.py.
+                    with _session.lock:
+                        dev.queued.pop(id(fn), None)
+                        fn = None
                 # Drop the op (and the tensors its closure holds) before waiting for the next
                 # one, so freed tensors leave the device's memory at once.
                 fn = dev = None
