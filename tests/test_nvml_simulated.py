@@ -17,7 +17,7 @@ import torch
 
 import devlab
 from devlab.engine.gpu_model.caching_allocator import format_size
-from devlab.engine.gpu_model.capacity import NVML_TOTAL_MIB, TOTAL_MEMORY
+from devlab.engine.gpu_model.capacity import CONTEXT_BYTES, NVML_TOTAL_MIB, TOTAL_MEMORY
 from devlab.engine.simulated.base import machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -518,3 +518,34 @@ def test_the_table_keeps_the_real_layout_for_any_board():
         assert ("37%" in out) == (model is not None)  # utilization needs a modeled clock
         status, _, err = nvidia_smi.run(["-q"], view)
         assert status == 2 and "'-q'" in err and "--query-gpu" in err
+
+
+# docs/nvml-validation.md, "After loading a model": transformers' "Model training anatomy"
+# printed 1343 MB after `torch.ones((1, 1)).to("cuda")` and 2631 MB after bert-large-uncased's
+# `.to("cuda")` on a V100-SXM2 16 GB. The first figure is CUDA 11.2's eager context, which the
+# modeled (lazy) context is not; the model's part, the difference, is what the doc compares,
+# within 2 MiB (each printed figure is floored to a MiB).
+_ANATOMY = ROOT / "benchmarks" / "data" / "nvml_published" / "model_memory_anatomy.py"
+_ANATOMY_PUBLISHED_MIB = (0, 1343, 2631)
+
+
+def test_the_model_training_anatomy_docs_model_takes_what_it_took_on_a_v100(key):
+    env = {**os.environ, "DEVLAB_SIMULATE_GPUS": "1",
+           "DEVLAB_SIMULATE_GPU_MODEL": "V100-SXM2-16GB", "PYTHONPATH": str(ROOT)}
+    # devlab imported first, as a notebook that loaded it does: the docs' first call to NVML
+    # comes before `import torch`, which is where the start-up hook would start the GPUs.
+    code = f"import devlab, runpy; runpy.run_path({str(_ANATOMY)!r}, run_name='__main__')"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = [int(line.split()[-2]) for line in proc.stdout.splitlines()
+               if line.startswith("GPU memory occupied: ")]
+    assert len(printed) == 3, proc.stdout
+    idle, first, loaded = printed
+    # Idle and after the first tensor: NVML's version-1 used, the driver's reserve (NVML's
+    # total less CUDA's) and then the modeled context and the tensor's 2 MiB segment.
+    reserve = NVML_TOTAL_MIB["V100-SXM2-16GB"] * MiB - TOTAL_MEMORY["V100-SXM2-16GB"]
+    assert idle == reserve // MiB
+    assert first == (reserve + CONTEXT_BYTES + 2 * MiB) // MiB
+    published = _ANATOMY_PUBLISHED_MIB[2] - _ANATOMY_PUBLISHED_MIB[1]  # 1288 MiB of weights
+    assert abs((loaded - first) - published) <= 2, (loaded - first, published)
