@@ -549,3 +549,44 @@ def test_the_model_training_anatomy_docs_model_takes_what_it_took_on_a_v100(key)
     assert first == (reserve + CONTEXT_BYTES + 2 * MiB) // MiB
     published = _ANATOMY_PUBLISHED_MIB[2] - _ANATOMY_PUBLISHED_MIB[1]  # 1288 MiB of weights
     assert abs((loaded - first) - published) <= 2, (loaded - first, published)
+
+
+def _ddp_without_set_device() -> tuple[int, int, int, dict[int, dict[int, int]]]:
+    import time
+
+    import pynvml
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(10, 10).to(f"cuda:{rank}")  # no torch.cuda.set_device(rank)
+    DistributedDataParallel(model, device_ids=[rank])
+    dist.barrier()
+    time.sleep(0.5)  # each rank's register entry is written within 50 ms of a change
+    pynvml.nvmlInit()
+    seen = {i: {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(
+        pynvml.nvmlDeviceGetHandleByIndex(i))} for i in range(pynvml.nvmlDeviceGetCount())}
+    dist.barrier()
+    dist.destroy_process_group()
+    return rank, os.getpid(), torch.cuda.memory_reserved(0), seen
+
+
+def test_a_rank_without_set_device_holds_a_context_and_nccls_buffers_on_gpu_0(no_simulation,
+                                                                              key):
+    # docs/nvml-validation.md, "Per process in a DDP job" (pytorch/pytorch#114765): DDP's
+    # parameter check makes rank 1's NCCL communicator on the current device, GPU 0, where
+    # nvidia-smi then lists rank 1 although torch.cuda.memory_reserved(0) is 0.
+    from devlab.engine.gpu_model.capacity import nccl_buffer_bytes
+
+    devlab.config.simulate_gpus(2, model="T4")
+    try:
+        results = devlab.launch(_ddp_without_set_device, nprocs=2, start_method="fork",
+                                timeout=240)
+    finally:
+        devlab.simulated.stop()
+    (_, pid0, _, seen), (rank1, pid1, reserved0, _) = sorted(results)
+    assert rank1 == 1 and reserved0 == 0
+    assert seen[0][pid1] == CONTEXT_BYTES + nccl_buffer_bytes(2, "PCI")  # 272 MiB on a T4 pair
+    assert set(seen[1]) == {pid1} and seen[1][pid1] > CONTEXT_BYTES  # its own GPU: the model
+    assert pid0 in seen[0]
