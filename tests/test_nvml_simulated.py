@@ -530,13 +530,11 @@ _ANATOMY_PUBLISHED_MIB = (0, 1343, 2631)
 
 
 def test_the_model_training_anatomy_docs_model_takes_what_it_took_on_a_v100(key):
-    env = {**os.environ, "DEVLAB_SIMULATE_GPUS": "1",
-           "DEVLAB_SIMULATE_GPU_MODEL": "V100-SXM2-16GB", "PYTHONPATH": str(ROOT)}
-    # devlab imported first, as a notebook that loaded it does: the docs' first call to NVML
-    # comes before `import torch`, which is where the start-up hook would start the GPUs.
-    code = f"import devlab, runpy; runpy.run_path({str(_ANATOMY)!r}, run_name='__main__')"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = {**os.environ, "DEVLAB_SIMULATE_GPU_MODEL": "V100-SXM2-16GB", "PYTHONPATH": str(ROOT)}
+    # `devlab run`, not the start-up hook: the docs' first call to NVML comes before
+    # `import torch`, which is where the hook starts the GPUs.
+    proc = subprocess.run([sys.executable, "-m", "devlab", "run", "--simulate-gpus", "1",
+                           str(_ANATOMY)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = [int(line.split()[-2]) for line in proc.stdout.splitlines()
                if line.startswith("GPU memory occupied: ")]
