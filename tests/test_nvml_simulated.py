@@ -17,7 +17,7 @@ import torch
 
 import devlab
 from devlab.engine.gpu_model.caching_allocator import format_size
-from devlab.engine.gpu_model.capacity import NVML_TOTAL_MIB, TOTAL_MEMORY
+from devlab.engine.gpu_model.capacity import CONTEXT_BYTES, NVML_TOTAL_MIB, TOTAL_MEMORY
 from devlab.engine.simulated.base import machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -518,3 +518,73 @@ def test_the_table_keeps_the_real_layout_for_any_board():
         assert ("37%" in out) == (model is not None)  # utilization needs a modeled clock
         status, _, err = nvidia_smi.run(["-q"], view)
         assert status == 2 and "'-q'" in err and "--query-gpu" in err
+
+
+# docs/nvml-validation.md, "After loading a model": transformers' "Model training anatomy"
+# printed 1343 MB after `torch.ones((1, 1)).to("cuda")` and 2631 MB after bert-large-uncased's
+# `.to("cuda")` on a V100-SXM2 16 GB. The first figure is CUDA 11.2's eager context, which the
+# modeled (lazy) context is not; the model's part, the difference, is what the doc compares,
+# within 2 MiB (each printed figure is floored to a MiB).
+_ANATOMY = ROOT / "benchmarks" / "data" / "nvml_published" / "model_memory_anatomy.py"
+_ANATOMY_PUBLISHED_MIB = (0, 1343, 2631)
+
+
+def test_the_model_training_anatomy_docs_model_takes_what_it_took_on_a_v100(key):
+    env = {**os.environ, "DEVLAB_SIMULATE_GPU_MODEL": "V100-SXM2-16GB", "PYTHONPATH": str(ROOT)}
+    # `devlab run`, not the start-up hook: the docs' first call to NVML comes before
+    # `import torch`, which is where the hook starts the GPUs.
+    proc = subprocess.run([sys.executable, "-m", "devlab", "run", "--simulate-gpus", "1",
+                           str(_ANATOMY)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = [int(line.split()[-2]) for line in proc.stdout.splitlines()
+               if line.startswith("GPU memory occupied: ")]
+    assert len(printed) == 3, proc.stdout
+    idle, first, loaded = printed
+    # Idle and after the first tensor: NVML's version-1 used, the driver's reserve (NVML's
+    # total less CUDA's) and then the modeled context and the tensor's 2 MiB segment.
+    reserve = NVML_TOTAL_MIB["V100-SXM2-16GB"] * MiB - TOTAL_MEMORY["V100-SXM2-16GB"]
+    assert idle == reserve // MiB
+    assert first == (reserve + CONTEXT_BYTES + 2 * MiB) // MiB
+    published = _ANATOMY_PUBLISHED_MIB[2] - _ANATOMY_PUBLISHED_MIB[1]  # 1288 MiB of weights
+    assert abs((loaded - first) - published) <= 2, (loaded - first, published)
+
+
+def _ddp_without_set_device() -> tuple[int, int, int, dict[int, dict[int, int]]]:
+    import time
+
+    import pynvml
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(10, 10).to(f"cuda:{rank}")  # no torch.cuda.set_device(rank)
+    DistributedDataParallel(model, device_ids=[rank])
+    dist.barrier()
+    time.sleep(0.5)  # each rank's register entry is written within 50 ms of a change
+    pynvml.nvmlInit()
+    seen = {i: {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(
+        pynvml.nvmlDeviceGetHandleByIndex(i))} for i in range(pynvml.nvmlDeviceGetCount())}
+    dist.barrier()
+    dist.destroy_process_group()
+    return rank, os.getpid(), torch.cuda.memory_reserved(0), seen
+
+
+def test_a_rank_without_set_device_holds_a_context_and_nccls_buffers_on_gpu_0(no_simulation,
+                                                                              key):
+    # docs/nvml-validation.md, "Per process in a DDP job" (pytorch/pytorch#114765): DDP's
+    # parameter check makes rank 1's NCCL communicator on the current device, GPU 0, where
+    # nvidia-smi then lists rank 1 although torch.cuda.memory_reserved(0) is 0.
+    from devlab.engine.gpu_model.capacity import nccl_buffer_bytes
+
+    devlab.config.simulate_gpus(2, model="T4")
+    try:
+        results = devlab.launch(_ddp_without_set_device, nprocs=2, start_method="fork",
+                                timeout=240)
+    finally:
+        devlab.simulated.stop()
+    (_, pid0, _, seen), (rank1, pid1, reserved0, _) = sorted(results)
+    assert rank1 == 1 and reserved0 == 0
+    assert seen[0][pid1] == CONTEXT_BYTES + nccl_buffer_bytes(2, "PCI")  # 272 MiB on a T4 pair
+    assert set(seen[1]) == {pid1} and seen[1][pid1] > CONTEXT_BYTES  # its own GPU: the model
+    assert pid0 in seen[0]

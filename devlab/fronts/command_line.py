@@ -45,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--simulate-gpus", type=int, metavar="N",
                      help="how many GPUs to simulate (default: $DEVLAB_SIMULATE_GPUS)")
     run.add_argument("--memory-limit", type=int, metavar="MB",
-                     help="each simulated GPU's memory in MB (default: unlimited, the host's)")
+                     help="each simulated GPU's memory in MB (default: unlimited, the host's); "
+                          "$DEVLAB_SIMULATE_GPU_MODEL and $DEVLAB_SIMULATE_GPU_TOPOLOGY choose "
+                          "the GPU modeled and its machine")
     run.add_argument("-m", dest="module", metavar="module", help="run a module, as python -m does")
     run.add_argument("target", nargs="?", metavar="script.py", help="the script to run")
     return parser
@@ -96,7 +98,18 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["DEVLAB_SIMULATE_GPU_MEMORY_MB"] = str(args.memory_limit)
     from devlab.core import config
 
-    config.simulate_gpus(count, memory_limit=args.memory_limit)
+    # The GPU they model and the machine, as the start-up hook reads them for the processes the
+    # program starts: this process models the same GPU as its children.
+    model = os.environ.get("DEVLAB_SIMULATE_GPU_MODEL", "").strip() or None
+    topology = os.environ.get("DEVLAB_SIMULATE_GPU_TOPOLOGY", "").strip() or None
+    try:
+        config.simulate_gpus(count, memory_limit=args.memory_limit, model=model,
+                             topology=topology)
+    except ValueError as e:
+        named = ", ".join(f"{name}={value!r}" for name, value in (
+            ("DEVLAB_SIMULATE_GPU_MODEL", model), ("DEVLAB_SIMULATE_GPU_TOPOLOGY", topology))
+            if value)
+        parser.error(f"{named}: {e}" if named else str(e))
     if args.module is not None:
         sys.argv = [args.module, *program_args]
         runpy.run_module(args.module, run_name="__main__", alter_sys=True)

@@ -77,6 +77,9 @@ NVML_TOTAL_MIB: dict[str, int] = {
     "H100": 81559,  # "0MiB / 81559MiB", H100 80GB HBM3 (nccl#1264); modal-client PR #2797
     "V100": 32768,  # "Tesla PG500-216, 32768 MiB", a V100 PCIe 32 GB (provider-configs PR #90)
     "TITAN-RTX": 24219,  # "24,219MiB" from nvidia-smi (lambda-tensorflow-benchmark PR #11)
+    # "2631MiB / 16160MiB", Tesla V100-SXM2 "with 16GB" (transformers' docs, "Model training
+    # anatomy", driver 460.91.03)
+    "V100-SXM2-16GB": 16160,
     "P4": 7680,  # "The cluster's Tesla P4 reports 7680 MiB" (a public repository's plan, index
     #              file id 62791967842): 8,192 x 15/16, ECC on GDDR5 as on the T4
     # No published nvidia-smi table found; derived, and said so in docs/gpu-memory-sources.md:

@@ -65,6 +65,8 @@ BOARD_NAMES: dict[str, str] = {
     "A100-80GB": "NVIDIA A100-SXM4-80GB", "A100-PCIe-40GB": "NVIDIA A100-PCIE-40GB",
     "A100-PCIe-80GB": "NVIDIA A100 80GB PCIe", "H100": "NVIDIA H100 80GB HBM3",
     "H100-PCIe": "NVIDIA H100 PCIe", "TITAN-RTX": "NVIDIA TITAN RTX",
+    # deviceQuery's `Device 0: "Tesla V100-SXM2-16GB"` (docs/gpu-memory-sources.md)
+    "V100-SXM2-16GB": "Tesla V100-SXM2-16GB",
 }
 
 # Published maximum clocks (MHz: graphics and SM, memory) from `nvidia-smi -q` "Max Clocks":
