@@ -63,8 +63,9 @@ class AfterTorch:
     list, not by removing itself from it: a thread importing at the same time iterates the old
     list, and a removal would make its iterator skip the finder after this one."""
 
-    def __init__(self, then: "Callable[[], None]") -> None:
+    def __init__(self, then: "Callable[[], None]", module: str = "torch") -> None:
         self.then = then
+        self.module = module  # the module waited for (torch; or pynvml, `found`)
         self.ran = False
 
     def __repr__(self) -> str:
@@ -72,7 +73,7 @@ class AfterTorch:
 
     def find_spec(self, name: str, path: "Any" = None, target: "ModuleType | None" = None
                   ) -> "ModuleSpec | None":
-        if name != "torch" or self.ran:
+        if name != self.module or self.ran:
             return None
         finders = sys.meta_path
         after = finders[finders.index(self) + 1:] if self in finders else finders
@@ -123,7 +124,7 @@ class AfterTorch:
             # drops torch all the same).
             print(f"devlab: interrupted while starting the simulated GPUs ({VARIABLE}): they "
                   "did not start; `import devlab` starts them.", file=sys.stderr)
-            _interrupt_when_imported("torch")
+            _interrupt_when_imported(self.module)
 
     def invalidate_caches(self) -> None:
         """Nothing cached (importlib.invalidate_caches calls this on every finder)."""
@@ -149,15 +150,23 @@ def _interrupt_when_imported(name: str, limit: float = 10.0) -> None:
 
 
 _finder = AfterTorch(_start)
+# pynvml imported before torch (a program that asks NVML first): devlab starts, torch with it,
+# once pynvml's module is executed, and points that module at the simulated GPUs (devlab answers
+# a pynvml imported before it as one imported after).
+_nvml_finder = AfterTorch(_start, "pynvml")
 
 
 def found(line_finder: "Any", name: str, path: "Any" = None, target: "ModuleType | None" = None
           ) -> "ModuleSpec | None":
-    """The .pth line's finder (`line_finder`) met torch's import with the variable set: this
-    module's finder takes its place on `sys.meta_path` (a new list, as `_ran` makes, for a
-    thread iterating the old one), and the spec for torch is its."""
+    """The .pth line's finder (`line_finder`) met torch's import, or pynvml's, with the variable
+    set: this module's finder takes its place on `sys.meta_path` (a new list, as `_ran` makes,
+    for a thread iterating the old one), and the spec for the module is its."""
     sys.meta_path = [f for f in sys.meta_path if f is not line_finder]
     install()
+    if name == _nvml_finder.module and "torch" not in sys.modules:
+        if _nvml_finder not in sys.meta_path:  # site may run the line twice (a pyenv venv does)
+            sys.meta_path = [_nvml_finder, *sys.meta_path]
+        return _nvml_finder.find_spec(name, path, target)
     return _finder.find_spec(name, path, target) if _finder in sys.meta_path else None
 
 

@@ -23,18 +23,21 @@ from setuptools.build_meta import *  # noqa: F403 - every other hook is setuptoo
 PTH_NAME = "devlab-autostart.pth"
 # One line, run by Python's site module at start-up (site runs a .pth line that begins with
 # "import"). It puts a finder first on sys.meta_path that compares each imported module's name
-# with "torch", and nothing more, until torch itself is imported: only then does it read
-# DEVLAB_SIMULATE_GPUS, so a program that sets the variable itself (`os.environ[...]` in a
+# with "torch" and "pynvml", and nothing more, until one of them is imported: only then does it
+# read DEVLAB_SIMULATE_GPUS, so a program that sets the variable itself (`os.environ[...]` in a
 # script, `%env` in a notebook) before `import torch` gets its simulated GPUs too, and only then,
 # with the variable set, is `_devlab_autostart` imported (`found` takes over from this finder).
-# A process that never imports torch, or imports it without the variable, imports nothing more.
+# (pynvml: a program that asks NVML before it imports torch, as Hugging Face's memory guide
+# does, finds the simulated GPUs.) A process that imports neither, or imports them without the
+# variable, imports nothing more.
 # The line's last clause is for torch imported before site ran this line (an earlier .pth file):
 # the hook starts the simulation at once. The finder is a class made with type() because a
 # .pth line is one line; its `environ` is bound as the lambda's default, read at each call.
 PTH_LINE = (
     'import os, sys; '
     'sys.meta_path.insert(0, type("DevlabAutostart", (), {"__slots__": (), "find_spec": '
-    'lambda self, name, path=None, target=None, environ=os.environ: None if name != "torch" '
+    'lambda self, name, path=None, target=None, environ=os.environ: None if name not in '
+    '("torch", "pynvml") '
     'or environ.get("DEVLAB_SIMULATE_GPUS", "").strip() in ("", "0") '
     'else __import__("_devlab_autostart").found(self, name, path, target)})()); '
     '"torch" in sys.modules and os.environ.get("DEVLAB_SIMULATE_GPUS", "").strip() '

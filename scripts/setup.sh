@@ -18,7 +18,9 @@ stale=0
 IFS=, read -ra names <<<"$EXTRAS"
 for name in "${names[@]}"; do
     stamp=".venv/.devlab-installed-$name"
-    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then stale=1; fi
+    # build_backend/: the start-up hook's .pth line is written into the install by it.
+    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
+        || [ build_backend/devlab_build.py -nt "$stamp" ]; then stale=1; fi
 done
 if [ "$stale" = 1 ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check "$TORCH_SPEC"

@@ -171,6 +171,22 @@ def test_the_simulation_starts_whatever_the_program_imports_first(tmp_path: Path
     assert "gpus 2 cuda:1" in outs["import torch"], outs["import torch"]
 
 
+def test_nvml_asked_before_torch_is_imported(tmp_path: Path) -> None:
+    # Hugging Face's memory guide asks NVML before its program imports torch: the simulated
+    # GPUs answer there too, whether pynvml is imported by name or `from pynvml import *`.
+    ask = ("nvmlInit(); h = nvmlDeviceGetHandleByIndex(0)\n"
+           "print('nvml', nvmlDeviceGetCount(), nvmlDeviceGetName(h), "
+           "nvmlDeviceGetMemoryInfo(h).total // 2**20, flush=True)\n")
+    outs = _run_each({
+        "import pynvml": (["-c", "import pynvml\nfrom pynvml import *\n" + ask + REPORT], {},
+                          {"DEVLAB_SIMULATE_GPU_MODEL": "T4"}),
+        "from pynvml import *": (["-c", "from pynvml import *\n" + ask + REPORT], {},
+                                 {"DEVLAB_SIMULATE_GPU_MODEL": "T4"}),
+    }, tmp_path)
+    _assert_each(outs, "nvml 1 Tesla T4 15360")
+    _assert_each(outs, SIMULATED)
+
+
 def test_a_module_run_with_dash_m_and_a_script_run_through_runpy(tmp_path: Path) -> None:
     files = {"lesson.py": ASK_FIRST + REPORT}
     _assert_each(_run_each({
