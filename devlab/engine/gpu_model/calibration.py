@@ -216,6 +216,25 @@ CALIBRATION["TITAN-RTX"] = Calibration(
 # batched fraction with tiles cut to the shape (`GemmFit.cut`), one measure on every board.
 
 
+# Note [Batched products and memory bandwidth]
+# The measured boards' batched fractions over the datasheet estimate fall as their FP32 peak per
+# byte of memory bandwidth (the roofline's machine balance, from two datasheet figures) grows:
+# 1.18 on the P100 (12.7 FLOPs per byte), 1.11 and 1.07 on the A100s (12.5, 10.1), 0.93 to 0.97
+# on the V100, H100 and T4 (15.6 to 27), 0.85 and 0.77 on the P4 and L4 (28.6, 101): a batched
+# product's many small operands wait less for memory where the memory keeps up. Below the
+# measured boards' median balance a board's batched fraction is the estimate x `bmm` x (median /
+# its balance)^exponent, a balance below the lowest measured one read as that (no trend is
+# carried past the boards it was fitted on); at or above the median, the estimate x `bmm` alone
+# (the boards there, T4, P4, L4, power-limited or not, follow no one trend, and a slope there
+# would reach far beyond them: the L4's 101). The exponent is fitted through (median, 0) by
+# least squares of log(fraction / (estimate x bmm)); products (mm) show no such trend.
+
+
+def flops_per_byte(spec: GpuSpec) -> float:
+    """The board's FP32 peak over its memory bandwidth (FLOPs per byte, datasheet figures)."""
+    return spec.fp32_tflops * 1e3 / spec.memory_bandwidth_gbs
+
+
 @dataclass(frozen=True)
 class DatasheetRule:
     """The rule's constants (See Note [The datasheet rule]), fitted on the measured boards."""
@@ -231,6 +250,10 @@ class DatasheetRule:
     softmax: float  # softmax's block kernel's fraction over the element-wise one's
     layer_norm: float  # layer norm's, the same
     alone_floor_us: float
+    # FP32 FLOPs per byte of memory bandwidth: the measured boards' lowest and median; batched
+    # products on a board below the median run x (median / its, at most median / lowest)^exponent
+    balance: tuple[float, float] = (1.0, 1.0)
+    balance_exponent: float = 0.0
 
     def fp32_fraction(self, spec: GpuSpec) -> float:
         """The estimate of a long FP32 product's achieved fraction of the datasheet peak."""
@@ -241,6 +264,14 @@ class DatasheetRule:
         clock = (self.clock_ceiling[wide]
                  * (spec.base_clock_mhz / spec.boost_clock_mhz) ** (1 - self.clock_exponent))
         return sqrt(power * clock)
+
+    def bmm_fraction(self, spec: GpuSpec) -> float:
+        """Batched products' FP32 fraction: the estimate x `bmm`, and more on a board with more
+        memory bandwidth per FLOP than the measured boards' median (See Note [Batched products
+        and memory bandwidth])."""
+        lowest, median = self.balance
+        boost = (median / min(median, max(lowest, flops_per_byte(spec)))) ** self.balance_exponent
+        return self.fp32_fraction(spec) * self.bmm * boost
 
     def memory(self, spec: GpuSpec) -> tuple[float, float, float]:
         """(element-wise, softmax, layer-norm) bandwidth fractions (softmax's and layer norm's
@@ -255,7 +286,7 @@ MEASURED = ("T4", "P4", "P100", "V100", "L4", "A100-PCIe-40GB", "A100-PCIe-80GB"
 RULE_SOURCE = ("the datasheet rule (no measured kernels); tiles of the nearest measured board "
                "(batched products: of its architecture)")
 DATASHEET_RULE = DatasheetRule((0.9, 0.75), 64.0, 0.7, (1.1, 0.9), 0.2, 1.016, 0.979, 0.821,
-                               0.978, 0.976, 18.2)
+                               0.978, 0.976, 18.2, (10.078, 17.778), 0.277)
 # --- end of the fitted rule ---------------------------------------------------------------------
 
 
@@ -297,7 +328,7 @@ def from_datasheet(spec: GpuSpec, rule: DatasheetRule = DATASHEET_RULE,
     same_generation = (SPECS[nearest_measured(spec, list(fitted))].compute_capability[0]
                        == spec.compute_capability[0])
     return Calibration(GemmFit(ref.mm.tile, round(gm * rule.mm, 3)),
-                       GemmFit(tiles.bmm.tile, round(gm * rule.bmm, 3),
+                       GemmFit(tiles.bmm.tile, round(rule.bmm_fraction(spec), 3),
                                tiles.bmm.whole and whole, None, burst),
                        round(bandwidth, 3), round(softmax, 3), round(layer_norm, 3),
                        rule.alone_floor_us,
