@@ -211,8 +211,14 @@ CALIBRATION["TITAN-RTX"] = Calibration(
 # that outgrow the L2]) are the measured boards' mean ratio to it; so is the alone
 # floor (the host's time, which no GPU datasheet gives). Products' tiles, and the Pascal boards'
 # large-operand slowdown, are those of the measured board nearest in compute capability;
-# batched products' those of the nearest of the same architecture (`tile_source`), whose one
-# whole kernel, if its fit runs one, it keeps. The power and clock estimates read each board's
+# batched products' those of the nearest of the same architecture (`tile_source`) where its fit
+# runs one whole kernel (its architecture's: ampere_sgemm_128x128 on 8.x), which it keeps.
+# Where that board's fit cuts tiles to the shape (cuBLAS picks among kernels by shape) or no
+# board of the architecture is measured, the board takes the tile the measured shape-cut fits
+# share most (`shape_cut_tile`: 64 x 64, 4 per SM, the T4's and H100's; the V100's is 128 x 32),
+# not one board's: on the 36 shapes both measured, the T4's rows fit 64 x 64 best and the
+# V100's 128 x 32, so cuBLAS's choice by shape is not the architecture's (a second board of the
+# same chip keeps its fit: the V100 SXM2). The power and clock estimates read each board's
 # batched fraction with tiles cut to the shape (`GemmFit.cut`), one measure on every board.
 
 
@@ -309,6 +315,16 @@ def tile_source(spec: GpuSpec, boards: tuple[str, ...] | list[str] = MEASURED
     return nearest_measured(spec, same or list(boards)), bool(same)
 
 
+def shape_cut_tile(fitted: dict[str, Calibration]) -> tuple[int, int, int]:
+    """The batched tile the measured boards whose batched fits cut tiles to the shape share
+    most; a tie goes to the tile with the most multiply-adds per operand byte loaded (rows x
+    cols / (rows + cols): the squarer of two of one area)."""
+    cut = [c.bmm.tile for c in fitted.values() if not c.bmm.whole]
+    if not cut:
+        return next(iter(fitted.values())).bmm.tile
+    return max(set(cut), key=lambda t: (cut.count(t), t[0] * t[1] / (t[0] + t[1]), -t[0]))
+
+
 def from_datasheet(spec: GpuSpec, rule: DatasheetRule = DATASHEET_RULE,
                    fitted: dict[str, Calibration] | None = None, tflops: dict | None = None,
                    source: str = RULE_SOURCE) -> Calibration:
@@ -327,9 +343,15 @@ def from_datasheet(spec: GpuSpec, rule: DatasheetRule = DATASHEET_RULE,
         burst = round(prod(known) ** (1 / len(known)), 2) if known else 1.0
     same_generation = (SPECS[nearest_measured(spec, list(fitted))].compute_capability[0]
                        == spec.compute_capability[0])
+    # The donor's whole kernel is its architecture's; its shape-cut tile is kept only for the
+    # same chip (same compute capability and SMs: the V100 SXM2 and PCIe boards), since cuBLAS's
+    # choice by shape differs from chip to chip (See Note [The datasheet rule]).
+    donor = SPECS[board]
+    same_chip = (donor.compute_capability, donor.sms) == (spec.compute_capability, spec.sms)
+    keep = tiles.bmm.whole and whole
     return Calibration(GemmFit(ref.mm.tile, round(gm * rule.mm, 3)),
-                       GemmFit(tiles.bmm.tile, round(rule.bmm_fraction(spec), 3),
-                               tiles.bmm.whole and whole, None, burst),
+                       GemmFit(tiles.bmm.tile if keep or same_chip else shape_cut_tile(fitted),
+                               round(rule.bmm_fraction(spec), 3), keep, None, burst),
                        round(bandwidth, 3), round(softmax, 3), round(layer_norm, 3),
                        rule.alone_floor_us,
                        tflops if tflops is not None else CITED_TFLOPS.get(spec.name, {}),
