@@ -31,6 +31,7 @@ from devlab.engine.gpu_model.calibration import (
     DatasheetRule,
     GemmFit,
     bursts,
+    flops_per_byte,
     from_datasheet,
 )
 from devlab.engine.gpu_model.kernels import ELEMENTWISE, LAYER_NORM, SOFTMAX, l2_miss
@@ -489,7 +490,16 @@ def fit_datasheet_rule(cals: dict[str, Calibration], measured_memory: Iterable[s
         return round(statistics.fmean(getattr(cals[g], field) / cals[g].bandwidth
                                       for g in memory), 3)
 
-    return replace(rule, mm=round(mm, 3), bmm=round(bmm, 3),
+    # Batched products on boards with more bandwidth per FLOP than the median (calibration.py,
+    # See Note [Batched products and memory bandwidth]): the exponent through (median, bmm).
+    balances = [flops_per_byte(SPECS[g]) for g in cals]
+    balance = (round(min(balances), 3), round(statistics.median(balances), 3))
+    xs = [min(0.0, math.log(b / balance[1])) for b in balances]
+    ys = [math.log(c.bmm.fp32 / est[g] / round(bmm, 3)) for g, c in cals.items()]
+    sxx = sum(x * x for x in xs)
+    exponent = -sum(x * y for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    return replace(rule, mm=round(mm, 3), bmm=round(bmm, 3), balance=balance,
+                   balance_exponent=round(exponent, 3),
                    bandwidth=round(statistics.fmean(cals[g].bandwidth for g in memory), 3),
                    softmax=ratio("softmax"), layer_norm=ratio("layer_norm"),
                    alone_floor_us=round(statistics.fmean(cals[g].alone_floor_us

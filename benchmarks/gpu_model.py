@@ -160,8 +160,11 @@ def calibration_markdown() -> str:
 
 def datasheet_rule_text(rule: DatasheetRule) -> str:
     """The datasheet rule's constants in words (docs/gpu-models.md)."""
+    lowest, median = rule.balance
     return (f"FP32 fraction = √(power × clock) × {rule.mm:g} for products ({rule.bmm:g} for "
-            f"batched ones); power = min({rule.power_ceiling[0]:g} with 16 FP32 lanes per "
+            f"batched ones, × (median / balance)^{rule.balance_exponent:g} on a board with fewer "
+            f"FP32 FLOPs per byte of bandwidth than the measured boards' median {median:g}, "
+            f"read as at least their lowest {lowest:g}); power = min({rule.power_ceiling[0]:g} with 16 FP32 lanes per "
             f"scheduler, {rule.power_ceiling[1]:g} with 32; {rule.gflops_per_watt:g} GFLOPS per "
             f"board watt × (12 nm / node)^{rule.node_exponent:g} × watts / FP32 peak); clock = "
             f"{rule.clock_ceiling[0]:g} (16 lanes) or {rule.clock_ceiling[1]:g} (32) × (base / "

@@ -211,9 +211,34 @@ CALIBRATION["TITAN-RTX"] = Calibration(
 # that outgrow the L2]) are the measured boards' mean ratio to it; so is the alone
 # floor (the host's time, which no GPU datasheet gives). Products' tiles, and the Pascal boards'
 # large-operand slowdown, are those of the measured board nearest in compute capability;
-# batched products' those of the nearest of the same architecture (`tile_source`), whose one
-# whole kernel, if its fit runs one, it keeps. The power and clock estimates read each board's
+# batched products' those of the nearest of the same architecture (`tile_source`) where its fit
+# runs one whole kernel (its architecture's: ampere_sgemm_128x128 on 8.x), which it keeps.
+# Where that board's fit cuts tiles to the shape (cuBLAS picks among kernels by shape) or no
+# board of the architecture is measured, the board takes the tile the measured shape-cut fits
+# share most (`shape_cut_tile`: 64 x 64, 4 per SM, the T4's and H100's; the V100's is 128 x 32),
+# not one board's: on the 36 shapes both measured, the T4's rows fit 64 x 64 best and the
+# V100's 128 x 32, so cuBLAS's choice by shape is not the architecture's (a second board of the
+# same chip keeps its fit: the V100 SXM2). The power and clock estimates read each board's
 # batched fraction with tiles cut to the shape (`GemmFit.cut`), one measure on every board.
+
+
+# Note [Batched products and memory bandwidth]
+# The measured boards' batched fractions over the datasheet estimate fall as their FP32 peak per
+# byte of memory bandwidth (the roofline's machine balance, from two datasheet figures) grows:
+# 1.18 on the P100 (12.7 FLOPs per byte), 1.11 and 1.07 on the A100s (12.5, 10.1), 0.93 to 0.97
+# on the V100, H100 and T4 (15.6 to 27), 0.85 and 0.77 on the P4 and L4 (28.6, 101): a batched
+# product's many small operands wait less for memory where the memory keeps up. Below the
+# measured boards' median balance a board's batched fraction is the estimate x `bmm` x (median /
+# its balance)^exponent, a balance below the lowest measured one read as that (no trend is
+# carried past the boards it was fitted on); at or above the median, the estimate x `bmm` alone
+# (the boards there, T4, P4, L4, power-limited or not, follow no one trend, and a slope there
+# would reach far beyond them: the L4's 101). The exponent is fitted through (median, 0) by
+# least squares of log(fraction / (estimate x bmm)); products (mm) show no such trend.
+
+
+def flops_per_byte(spec: GpuSpec) -> float:
+    """The board's FP32 peak over its memory bandwidth (FLOPs per byte, datasheet figures)."""
+    return spec.fp32_tflops * 1e3 / spec.memory_bandwidth_gbs
 
 
 @dataclass(frozen=True)
@@ -231,6 +256,10 @@ class DatasheetRule:
     softmax: float  # softmax's block kernel's fraction over the element-wise one's
     layer_norm: float  # layer norm's, the same
     alone_floor_us: float
+    # FP32 FLOPs per byte of memory bandwidth: the measured boards' lowest and median; batched
+    # products on a board below the median run x (median / its, at most median / lowest)^exponent
+    balance: tuple[float, float] = (1.0, 1.0)
+    balance_exponent: float = 0.0
 
     def fp32_fraction(self, spec: GpuSpec) -> float:
         """The estimate of a long FP32 product's achieved fraction of the datasheet peak."""
@@ -241,6 +270,14 @@ class DatasheetRule:
         clock = (self.clock_ceiling[wide]
                  * (spec.base_clock_mhz / spec.boost_clock_mhz) ** (1 - self.clock_exponent))
         return sqrt(power * clock)
+
+    def bmm_fraction(self, spec: GpuSpec) -> float:
+        """Batched products' FP32 fraction: the estimate x `bmm`, and more on a board with more
+        memory bandwidth per FLOP than the measured boards' median (See Note [Batched products
+        and memory bandwidth])."""
+        lowest, median = self.balance
+        boost = (median / min(median, max(lowest, flops_per_byte(spec)))) ** self.balance_exponent
+        return self.fp32_fraction(spec) * self.bmm * boost
 
     def memory(self, spec: GpuSpec) -> tuple[float, float, float]:
         """(element-wise, softmax, layer-norm) bandwidth fractions (softmax's and layer norm's
@@ -255,7 +292,7 @@ MEASURED = ("T4", "P4", "P100", "V100", "L4", "A100-PCIe-40GB", "A100-PCIe-80GB"
 RULE_SOURCE = ("the datasheet rule (no measured kernels); tiles of the nearest measured board "
                "(batched products: of its architecture)")
 DATASHEET_RULE = DatasheetRule((0.9, 0.75), 64.0, 0.7, (1.1, 0.9), 0.2, 1.016, 0.979, 0.821,
-                               0.978, 0.976, 18.2)
+                               0.978, 0.976, 18.2, (10.078, 17.778), 0.277)
 # --- end of the fitted rule ---------------------------------------------------------------------
 
 
@@ -278,6 +315,16 @@ def tile_source(spec: GpuSpec, boards: tuple[str, ...] | list[str] = MEASURED
     return nearest_measured(spec, same or list(boards)), bool(same)
 
 
+def shape_cut_tile(fitted: dict[str, Calibration]) -> tuple[int, int, int]:
+    """The batched tile the measured boards whose batched fits cut tiles to the shape share
+    most; a tie goes to the tile with the most multiply-adds per operand byte loaded (rows x
+    cols / (rows + cols): the squarer of two of one area)."""
+    cut = [c.bmm.tile for c in fitted.values() if not c.bmm.whole]
+    if not cut:
+        return next(iter(fitted.values())).bmm.tile
+    return max(set(cut), key=lambda t: (cut.count(t), t[0] * t[1] / (t[0] + t[1]), -t[0]))
+
+
 def from_datasheet(spec: GpuSpec, rule: DatasheetRule = DATASHEET_RULE,
                    fitted: dict[str, Calibration] | None = None, tflops: dict | None = None,
                    source: str = RULE_SOURCE) -> Calibration:
@@ -296,9 +343,15 @@ def from_datasheet(spec: GpuSpec, rule: DatasheetRule = DATASHEET_RULE,
         burst = round(prod(known) ** (1 / len(known)), 2) if known else 1.0
     same_generation = (SPECS[nearest_measured(spec, list(fitted))].compute_capability[0]
                        == spec.compute_capability[0])
+    # The donor's whole kernel is its architecture's; its shape-cut tile is kept only for the
+    # same chip (same compute capability and SMs: the V100 SXM2 and PCIe boards), since cuBLAS's
+    # choice by shape differs from chip to chip (See Note [The datasheet rule]).
+    donor = SPECS[board]
+    same_chip = (donor.compute_capability, donor.sms) == (spec.compute_capability, spec.sms)
+    keep = tiles.bmm.whole and whole
     return Calibration(GemmFit(ref.mm.tile, round(gm * rule.mm, 3)),
-                       GemmFit(tiles.bmm.tile, round(gm * rule.bmm, 3),
-                               tiles.bmm.whole and whole, None, burst),
+                       GemmFit(tiles.bmm.tile if keep or same_chip else shape_cut_tile(fitted),
+                               round(rule.bmm_fraction(spec), 3), keep, None, burst),
                        round(bandwidth, 3), round(softmax, 3), round(layer_norm, 3),
                        rule.alone_floor_us,
                        tflops if tflops is not None else CITED_TFLOPS.get(spec.name, {}),
