@@ -1,5 +1,6 @@
 """devlab's start-up hook: with DEVLAB_SIMULATE_GPUS=N set when torch is imported, every Python
-process sees N simulated GPUs, without importing devlab.
+process sees N simulated GPUs, without importing devlab. (pynvml imported first, with the
+variable set, starts them too, once its module has run: `_nvml_finder`.)
 
 pip installs `devlab-autostart.pth` into site-packages with devlab (regular and editable
 installs); Python runs its one line at start-up (`build_backend/devlab_build.py`'s PTH_LINE),
