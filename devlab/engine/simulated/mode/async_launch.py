@@ -13,6 +13,7 @@ queued (Note [A queued output takes a dropped one's memory]).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -137,13 +138,36 @@ def launch(func: Callable, args: tuple, kwargs: dict) -> Any:
         holds = [live_mark(t.untyped_storage()) for t in (wa, wb, wout, donor) if t is not None]
 
     def product() -> None:
+        impl(wa, wb, out=wout)
+
+    _workers.submit(index, _on_worker(product, wout, donor, grad, inference),
+                    [m for m in holds if m is not None])
+    return out
+
+
+def _on_worker(body: Callable[[], None], wout: Tensor, donor: Tensor | None, grad: bool,
+               inference: bool, threads: int | None = None) -> Callable[[], None]:
+    """The op a worker runs for a launch: `body` under the launching thread's autograd state
+    (and its thread count, where given), writing an output that first takes the memory of a
+    dropped one (`donor`; See Note [A queued output takes a dropped one's memory]). It bears
+    `body`'s name (the queue's entries say what each launch was)."""
+
+    @functools.wraps(body)
+    def op() -> None:
         if donor is not None:
             _swap(wout.untyped_storage(), donor.untyped_storage())
-        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-            impl(wa, wb, out=wout)
+        own = torch.get_num_threads()
+        switch = threads is not None and own != threads
+        if switch:
+            torch.set_num_threads(threads)
+        try:
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                body()
+        finally:
+            if switch:
+                torch.set_num_threads(own)
 
-    _workers.submit(index, product, [m for m in holds if m is not None])
-    return out
+    return op
 
 
 launch.plain_when = runs_here  # type: ignore[attr-defined]
@@ -358,25 +382,16 @@ def launch_elementwise(func: Callable, args: tuple, kwargs: dict) -> Any:
         holds = [live_mark(t.untyped_storage()) for t in mine if isinstance(t, Tensor)]
     threads = torch.get_num_threads()
 
-    def op() -> None:
-        if donor is not None:
-            _swap(wout.untyped_storage(), donor.untyped_storage())
-        own = torch.get_num_threads()
-        if own != threads:
-            torch.set_num_threads(threads)
-        try:
-            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-                if kind == _OUT:
-                    impl(*wargs, **kwargs, out=wout)
-                elif kind == _INPLACE:
-                    impl(*wargs, **kwargs)
-                else:
-                    wout.copy_(impl(*wargs, **kwargs))
-        finally:
-            if own != threads:
-                torch.set_num_threads(own)
+    def elementwise() -> None:
+        if kind == _OUT:
+            impl(*wargs, **kwargs, out=wout)
+        elif kind == _INPLACE:
+            impl(*wargs, **kwargs)
+        else:
+            wout.copy_(impl(*wargs, **kwargs))
 
-    _workers.submit(index, op, [m for m in holds if m is not None])
+    _workers.submit(index, _on_worker(elementwise, wout, donor, grad, inference, threads),
+                    [m for m in holds if m is not None])
     return out
 
 
@@ -542,24 +557,15 @@ def launch_conv(func: Callable, args: tuple, kwargs: dict) -> Any:
     threads = torch.get_num_threads()
 
     def convolution() -> None:
-        if donor is not None:
-            _swap(wout.untyped_storage(), donor.untyped_storage())
-        own = torch.get_num_threads()
-        if own != threads:
-            torch.set_num_threads(threads)
-        try:
-            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-                got = func(*wargs, **wkwargs)
-                if got.shape != wout.shape:  # never broadcast into the output
-                    raise RuntimeError(f"devlab: a queued {func.__name__} gave shape "
-                                       f"{tuple(got.shape)} where its launch allocated "
-                                       f"{tuple(wout.shape)}; please report this")
-                wout.copy_(got)
-        finally:
-            if own != threads:
-                torch.set_num_threads(own)
+        got = func(*wargs, **wkwargs)
+        if got.shape != wout.shape:  # never broadcast into the output
+            raise RuntimeError(f"devlab: a queued {func.__name__} gave shape "
+                               f"{tuple(got.shape)} where its launch allocated "
+                               f"{tuple(wout.shape)}; please report this")
+        wout.copy_(got)
 
-    _workers.submit(index, convolution, [m for m in holds if m is not None])
+    _workers.submit(index, _on_worker(convolution, wout, donor, grad, inference, threads),
+                    [m for m in holds if m is not None])
     return out
 
 
