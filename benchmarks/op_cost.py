@@ -69,6 +69,11 @@ TARGETS = {"small op": (3.0, 3.5), "tensor life": (3.0, 3.0), "100x100 loop": (2
            "MLP step": (1.5, 1.7), "1024^2 matmul": (1.1, 1.1)}
 
 
+# The short names --callgrind and --profile take for the cases.
+_CASE_NAMES = {"add": "small op", "life": "tensor life", "loop": "100x100 loop",
+               "mlp": "MLP step", "mm1024": "1024^2 matmul"}
+
+
 def _case(name: str, device: str) -> tuple[Callable[[], object], int]:
     """(one repeat of the case on `device`, how many repeats make a measurement)."""
     torch.manual_seed(0)
@@ -312,11 +317,11 @@ def main() -> None:
         _child(opts.quick)
         return
     if opts.callgrind:
-        callgrind_run(*opts.callgrind[:2], int(opts.callgrind[2]))
+        case, mode, n = opts.callgrind
+        callgrind_run(_CASE_NAMES.get(case, case), mode, int(n))
         return
     if opts.profile:
-        case = {"add": "small op", "life": "tensor life", "loop": "100x100 loop",
-                "mlp": "MLP step"}.get(opts.profile[0], opts.profile[0])
+        case = _CASE_NAMES.get(opts.profile[0], opts.profile[0])
         shares = profile(case, opts.profile[1])
         print(f"{case} on {opts.profile[1]} ({Path(devlab.__file__).parent}): cProfile's "
               "own time by layer: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))

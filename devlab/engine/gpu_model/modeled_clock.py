@@ -212,10 +212,14 @@ class Clock:
     def leave(self) -> None:
         """The host leaves the simulation: its clock follows the wall clock from now."""
         with self.lock:
-            if self._held:
-                self._held -= 1
-            if not self._held:
-                self._left = self.wall()
+            self._leave()
+
+    def _leave(self) -> None:
+        """`leave`'s work; the caller holds the lock."""
+        if self._held:
+            self._held -= 1
+        if not self._held:
+            self._left = self.wall()
 
     # Note [Streams on the modeled clock]
     # `free[q]` is when GPU q's default stream is done; `side[(i, id)]` when simulated GPU i's
@@ -265,30 +269,44 @@ class Clock:
         """Kernels launched one after the other, on `stream`, or, with `streams`, each on its
         GPU's stream there (a GPU not in it: its default stream)."""
         with self.lock:
-            free, busy, queue, recording = self.free, self.busy, self.queue, self.recording
-            compute, side, spans = self.compute, self.side, self.spans
-            host = self.host
-            for t in ts:
-                device = queue[t.device]
-                work = kernel_seconds(t.floor, t.compute, t.memory)
-                host += t.launch
-                sid = streams.get(t.device, 0) if streams is not None else stream
-                at = free[device] if not sid else side.get((t.device, sid), 0.0)
-                ready = max(at, compute[device])
-                start = host if host > ready else ready
-                end = compute[device] = start + work
-                if sid:
-                    side[(t.device, sid)] = end
-                else:
-                    free[device] = end
-                busy[device] += work
-                if recording is not None:
-                    recording.append(t)
-                if spans is not None:
-                    if host > ready:  # the GPU idled until the host launched this kernel
-                        spans.append(Span(t.device, COMPUTE, WAIT_HOST, WAIT_HOST, ready, host))
-                    spans.append(Span(t.device, COMPUTE, KERNEL, t.op, start, start + work))
-            self.host = host
+            self._kernels(ts, stream, streams)
+
+    def kernel_and_leave(self, t: OpTime) -> None:
+        """`kernel(t)` on its GPU's default stream, then `leave()`, in one hold of the lock:
+        the mode's fast path, the last thing of a call (Note [The mode's fast path] in
+        simulated/mode/routing.py). One thread's two sections back to back are one order of
+        the two calls, so every time is what they give."""
+        with self.lock:
+            self._kernels((t,), 0, None)
+            self._leave()
+
+    def _kernels(self, ts: tuple[OpTime, ...] | list[OpTime], stream: int,
+                 streams: Mapping[int, int] | None) -> None:
+        """`kernels`' work; the caller holds the lock."""
+        free, busy, queue, recording = self.free, self.busy, self.queue, self.recording
+        compute, side, spans = self.compute, self.side, self.spans
+        host = self.host
+        for t in ts:
+            device = queue[t.device]
+            work = kernel_seconds(t.floor, t.compute, t.memory)
+            host += t.launch
+            sid = streams.get(t.device, 0) if streams is not None else stream
+            at = free[device] if not sid else side.get((t.device, sid), 0.0)
+            ready = max(at, compute[device])
+            start = host if host > ready else ready
+            end = compute[device] = start + work
+            if sid:
+                side[(t.device, sid)] = end
+            else:
+                free[device] = end
+            busy[device] += work
+            if recording is not None:
+                recording.append(t)
+            if spans is not None:
+                if host > ready:  # the GPU idled until the host launched this kernel
+                    spans.append(Span(t.device, COMPUTE, WAIT_HOST, WAIT_HOST, ready, host))
+                spans.append(Span(t.device, COMPUTE, KERNEL, t.op, start, start + work))
+        self.host = host
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
              op: str = "copy", pinned: bool = False,
