@@ -191,6 +191,19 @@ class Clock:
                     self.host += gap
             self._held += 1
 
+    def was_inside(self, since: float) -> None:
+        """`enter()` at wall time `since` (read then) and `leave()` now, in one hold of the
+        lock: for a call whose own work between them charges nothing and calls nothing that
+        enters (a storage's free, under the session's lock: `storage_marks._release`). A thread
+        reading the wall clock, then taking the lock only after others came and went, is one
+        order of `enter` and `leave`, so every time is one they give."""
+        with self.lock:
+            if not self._held:
+                gap = since - self._left
+                if gap > 0.0:
+                    self.host += gap
+                self._left = self.wall()
+
     def host_work(self, seconds: float) -> None:
         """The host computed for `seconds` inside a call (an op on host tensors): host time."""
         with self.lock:

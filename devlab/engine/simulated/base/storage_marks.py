@@ -40,29 +40,36 @@ _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _functorch_unwrap = torch._C._functorch.get_unwrapped
 
 
+_freeing = 0  # frees under way (under the session's lock): one inside another is nested
+
+
 def _release(m: Mark) -> None:
     """The storage died (weakref callback): its block goes back to the GPU's allocator."""
+    global _freeing
     sess = m.session
     if sess is _session.session and m.block is not None:
-        charges = sess.charges  # the allocator's work is not the host's (Note [The host's
+        clock = sess.charges.clock  # the allocator's work is not the host's (Note [The host's
         # modeled time] in gpu_model/modeled_clock.py; without a model there is no host time to
         # stop: no calls per free). A free on a thread devlab runs (a GPU's worker dropping a
         # queued op's inputs) is not the host's either: bracketed, it would stop the host's
         # clock while the program, outside the simulation, sleeps or loads data.
-        modeled = (charges is not _session.NO_CHARGES
-                   and not getattr(threading.current_thread(), _workers.UNROUTED, False))
-        if modeled:
-            charges.enter()
-        try:
-            with _session.lock:
+        if clock is not None and getattr(threading.current_thread(), _workers.UNROUTED, False):
+            clock = None
+        since = clock.wall() if clock is not None else 0.0  # the bracket's `enter`
+        with _session.lock:
+            _freeing += 1
+            try:
                 if m.block is not None:
                     if _hazards.tracking:
                         _hazards.freed(m.index, m.block)
                     sess.devices[m.index].allocator.free(m.block)
                     m.block = None
-        finally:
-            if modeled:
-                charges.leave()
+            finally:
+                _freeing -= 1
+                # `enter` then and `leave` now at once (a free inside this one, which the
+                # garbage collector may start, is inside its bracket: nothing of its own)
+                if clock is not None and not _freeing:
+                    clock.was_inside(since)
 
 
 class Mark(weakref.ref):
