@@ -10,6 +10,7 @@ import collections
 import io
 import random
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -249,13 +250,14 @@ def test_the_switch_off_sends_every_call_down_the_full_path(counted) -> None:
 
 def test_the_fast_charge_leaves_the_simulation_once(counted) -> None:
     # On the host's wall clock: the fast path charges its kernel and leaves in one hold of the
-    # clock's lock (Charges.call_and_leave); after an op, one that raised, a product (the
-    # signature's charge) and a view (no kernel), nothing is held, and the host's time runs
-    # at the wall clock's pace outside the simulation again.
+    # clock's lock (Charges.call_and_leave); after two fast factories, an op, one that
+    # raised, a product (the signature's charge) and a view (no kernel), nothing is held,
+    # and the host's time runs at the wall clock's pace outside the simulation again.
     devlab.simulated.start(1, model="T4")
     clock = _session.session.charges.clock
     a = torch.ones(8, 8, device="cuda:0")
     b = torch.ones(7, 7, device="cuda:0")
+    assert counted["fast factory"] == 2
 
     def ops() -> None:
         a + a
@@ -269,7 +271,6 @@ def test_the_fast_charge_leaves_the_simulation_once(counted) -> None:
     launched = clock.now()
     a * 2.0
     assert clock.now() > launched  # the kernel's launch moved the host on
-    import time
     time.sleep(0.05)
     assert clock.catch_up() - before >= 0.05
 
