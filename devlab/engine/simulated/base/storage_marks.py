@@ -53,13 +53,19 @@ def _release(m: Mark) -> None:
         # stop: no calls per free). A free on a thread devlab runs (a GPU's worker dropping a
         # queued op's inputs) is not the host's either: bracketed, it would stop the host's
         # clock while the program, outside the simulation, sleeps or loads data.
-        if clock is not None and getattr(threading.current_thread(), _workers.UNROUTED, False):
-            clock = None
-        since = clock.wall() if clock is not None else 0.0  # the bracket's `enter`
+        if clock is None or getattr(threading.current_thread(), _workers.UNROUTED, False):
+            with _session.lock:
+                if m.block is not None:
+                    if _hazards.tracking:
+                        _hazards.freed(m.index, m.block)
+                    sess.devices[m.index].allocator.free(m.block)
+                    m.block = None
+            return
+        since = clock.wall()  # the bracket's `enter`
         with _session.lock:
             _freeing += 1
             try:
-                if m.block is not None:
+                if m.block is not None:  # as above
                     if _hazards.tracking:
                         _hazards.freed(m.index, m.block)
                     sess.devices[m.index].allocator.free(m.block)
@@ -68,7 +74,7 @@ def _release(m: Mark) -> None:
                 _freeing -= 1
                 # `enter` then and `leave` now at once (a free inside this one, which the
                 # garbage collector may start, is inside its bracket: nothing of its own)
-                if clock is not None and not _freeing:
+                if not _freeing:
                     clock.was_inside(since)
 
 
