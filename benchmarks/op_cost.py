@@ -1,6 +1,7 @@
 """What a simulated op costs against the same op on plain CPU PyTorch (issue 39).
 
 Run: .venv/bin/python benchmarks/op_cost.py [--quick] [--rounds N] [--before TREE]
+     [--short-batches]
 
 Prints, as ratios to plain CPU PyTorch measured in the same run (one CPU thread, the CPU and
 each simulated variant interleaved round by round, the median of the rounds):
@@ -16,6 +17,8 @@ each simulated variant interleaved round by round, the median of the rounds):
   `--ranks` alone: against the number of processes on the simulated machine (1 to 8: this
   one and idle ranks holding memory, each on the machine's register).
 
+`--short-batches` times each figure as the best of 30 runs of a twentieth of its repeats (not
+the best of 3 runs of all of them): on a loaded machine, a figure nearer the quiet one.
 `--before TREE` also runs each round in a fresh process with TREE's devlab (a checkout of the
 code before a change, e.g. /work/main) first on the import path, interleaved with this tree's,
 and prints both. A simulated GPU is this CPU: none of these figures is a GPU's.
