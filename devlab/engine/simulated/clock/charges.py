@@ -90,9 +90,9 @@ def _facts_of(func: Callable) -> tuple[int, int | None]:
     return kind, names.index("inplace") if "inplace" in names else None
 
 
-# ... and for the fast path's `call_and_leave`, also whether its kernel is memory-bound by its
-# family (not a product's or a lookup's, whose costs read more than the bytes) and a kernel's
-# call: then its cost follows from its bytes and its inputs needing gradients.
+# ... and for the fast path's `call_and_leave`, also whether its cost follows from its bytes
+# and its inputs needing gradients alone: a kernel's call (not a read, not sized by its
+# values) of a memory-bound family (not a product's or a lookup's, which read the shapes).
 _fast_facts: dict[Any, tuple[int, int | None, bool]] = {}
 
 
@@ -134,8 +134,8 @@ class Charges(NoCharges):
     routing mode runs on modeled GPUs, and the host's syncs; the one way to the clock (without a
     model, the session's `NoCharges` charges nothing)."""
 
-    __slots__ = ("_backward", "_by_traffic", "_costed", "_pending", "_tf32", "_timed", "clock", "enter",
-                 "leave", "spec", "topology")
+    __slots__ = ("_backward", "_by_traffic", "_costed", "_pending", "_tf32", "_timed", "clock",
+                 "enter", "leave", "spec", "topology")
 
     def __init__(self, clock: Clock, topology: Topology | None = None) -> None:
         self.clock = clock
