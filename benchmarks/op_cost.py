@@ -1,6 +1,7 @@
 """What a simulated op costs against the same op on plain CPU PyTorch (issue 39).
 
 Run: .venv/bin/python benchmarks/op_cost.py [--quick] [--rounds N] [--before TREE]
+     [--short-batches]
 
 Prints, as ratios to plain CPU PyTorch measured in the same run (one CPU thread, the CPU and
 each simulated variant interleaved round by round, the median of the rounds):
@@ -16,6 +17,8 @@ each simulated variant interleaved round by round, the median of the rounds):
   `--ranks` alone: against the number of processes on the simulated machine (1 to 8: this
   one and idle ranks holding memory, each on the machine's register).
 
+`--short-batches` times each figure as the best of 30 runs of a twentieth of its repeats (not
+the best of 3 runs of all of them): on a loaded machine, a figure nearer the quiet one.
 `--before TREE` also runs each round in a fresh process with TREE's devlab (a checkout of the
 code before a change, e.g. /work/main) first on the import path, interleaved with this tree's,
 and prints both. A simulated GPU is this CPU: none of these figures is a GPU's.
@@ -69,6 +72,11 @@ TARGETS = {"small op": (3.0, 3.5), "tensor life": (3.0, 3.0), "100x100 loop": (2
            "MLP step": (1.5, 1.7), "1024^2 matmul": (1.1, 1.1)}
 
 
+# The short names --callgrind and --profile take for the cases.
+_CASE_NAMES = {"add": "small op", "life": "tensor life", "loop": "100x100 loop",
+               "mlp": "MLP step", "mm1024": "1024^2 matmul"}
+
+
 def _case(name: str, device: str) -> tuple[Callable[[], object], int]:
     """(one repeat of the case on `device`, how many repeats make a measurement)."""
     torch.manual_seed(0)
@@ -113,13 +121,19 @@ def _us(fn: Callable[[], object], number: int) -> float:
     """Microseconds per repeat: the best of three runs of `number` (after a warm-up)."""
     for _ in range(max(1, number // 10)):
         fn()
+    runs, number = (3, number) if not short_batches else (30, max(1, number // 20))
     best = float("inf")
-    for _ in range(3):
+    for _ in range(runs):
         t0 = time.perf_counter()
         for _ in range(number):
             fn()
         best = min(best, time.perf_counter() - t0)
     return best / number * 1e6
+
+
+# --short-batches: the best of 30 runs of a twentieth of the repeats, not of 3 runs of all of
+# them: on a loaded machine a short run is more often one the scheduler left alone.
+short_batches = False
 
 
 # The variants of one round: (label, GPU model or "cpu", fast path on)
@@ -302,21 +316,25 @@ def main() -> None:
     p.add_argument("--no-scaling", action="store_true", help="skip the overhead's growth")
     p.add_argument("--ranks", action="store_true",
                    help="only the per-op overhead with 1 to 8 ranks on the machine")
+    p.add_argument("--short-batches", action="store_true",
+                   help="time the best of 30 short runs (a loaded machine's better figure)")
     p.add_argument("--round", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--callgrind", nargs=3, metavar=("CASE", "MODE", "N"))
     p.add_argument("--layers", action="store_true", help="the per-layer breakdown of a + b")
     p.add_argument("--profile", nargs=2, metavar=("CASE", "MODE"),
                    help="cProfile's split of a case by layer (MODE simulated or T4)")
     opts = p.parse_args()
+    global short_batches
+    short_batches = opts.short_batches
     if opts.round:
         _child(opts.quick)
         return
     if opts.callgrind:
-        callgrind_run(*opts.callgrind[:2], int(opts.callgrind[2]))
+        case, mode, n = opts.callgrind
+        callgrind_run(_CASE_NAMES.get(case, case), mode, int(n))
         return
     if opts.profile:
-        case = {"add": "small op", "life": "tensor life", "loop": "100x100 loop",
-                "mlp": "MLP step"}.get(opts.profile[0], opts.profile[0])
+        case = _CASE_NAMES.get(opts.profile[0], opts.profile[0])
         shares = profile(case, opts.profile[1])
         print(f"{case} on {opts.profile[1]} ({Path(devlab.__file__).parent}): cProfile's "
               "own time by layer: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
@@ -349,6 +367,8 @@ def main() -> None:
                 argv = [sys.executable, str(Path(__file__).resolve()), "--round"]
                 if opts.quick:
                     argv.append("--quick")
+                if opts.short_batches:
+                    argv.append("--short-batches")
                 got = subprocess.run(argv, env=env, capture_output=True, text=True,
                                      check=True, cwd=tree)
                 rounds[label].append(json.loads(got.stdout.strip().splitlines()[-1]))

@@ -1,12 +1,25 @@
 """Cost of the placement log per op: bare torch, an empty TorchDispatchMode (the mechanism's
 floor), devlab's log buffered, and rendering a 10,000-op log for display.
 
-Run: .venv/bin/python benchmarks/placement_log.py
+Run: .venv/bin/python benchmarks/placement_log.py [--tensorflow PYTHON] [--rounds N]
+
+`--tensorflow PYTHON` also times TensorFlow's logged op in that interpreter (one with
+TensorFlow installed; the project's environment has none): an eager 8x8 add with
+`tf.debugging.set_log_device_placement(True)`, its output sent to /dev/null so that what is
+timed is the log's work, not a terminal's; interleaved round by round with devlab's logged op
+(TensorFlow's switch, `devlab.debugging.set_log_device_placement`, its lines to /dev/null too:
+an 8x8 add on the CPU and on a simulated GPU), each round a median of its timings; prints both
+and their ratio (issue 39: devlab's at least 2x cheaper). Without it, says TensorFlow was not
+measured.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import os
 import statistics
+import subprocess
 import time
 
 import torch
@@ -40,8 +53,118 @@ class _Null:
         return None
 
 
+# The child that times TensorFlow's logged op: it reads a count per line on stdin and answers
+# microseconds per op on the descriptor it was given, its own stdout and stderr (where
+# TensorFlow writes the log's lines) sent to /dev/null.
+_TF_CHILD = r"""
+import os, sys, time
+answer = os.fdopen(os.dup(1), "w", buffering=1)
+null = os.open(os.devnull, os.O_WRONLY)
+os.dup2(null, 1)
+os.dup2(null, 2)
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+tf.debugging.set_log_device_placement(True)
+a = tf.random.normal((8, 8))
+b = tf.random.normal((8, 8))
+for _ in range(2000):
+    a + b
+answer.write(f"ready {tf.__version__}\n")
+for line in sys.stdin:
+    n = int(line)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        a + b
+    answer.write(f"{(time.perf_counter() - t0) / n * 1e6}\n")
+"""
+
+
+def _devlab_logged_op(device: str) -> tuple[object, object]:
+    """(an 8x8 add on `device` with TensorFlow's switch on, its lines to /dev/null; stop)."""
+    from devlab.core import debugging
+
+    null = open(os.devnull, "w")  # noqa: SIM115 - closed by stop
+    torch.manual_seed(0)
+    a = torch.randn(8, 8, device=device)
+    b = torch.randn(8, 8, device=device)
+    with contextlib.redirect_stdout(null):  # the switch's lines go to standard output
+        debugging.set_log_device_placement(True)
+
+    def stop() -> None:
+        debugging.set_log_device_placement(False)
+        null.close()
+    return (lambda: a + b), stop
+
+
+def _timed(fn: object, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()  # type: ignore[operator]
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def versus_tensorflow(python: str, rounds: int, n: int = 5000) -> None:
+    """devlab's logged op against TensorFlow's in `python`, interleaved round by round."""
+    from devlab.engine import simulated
+
+    child = subprocess.Popen([python, "-c", _TF_CHILD], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        ready = child.stdout.readline().split()  # type: ignore[union-attr]
+        if not ready or ready[0] != "ready":
+            raise SystemExit(f"{python}: TensorFlow did not start (is it installed there?)")
+
+        def tf_round() -> float:
+            child.stdin.write(f"{n}\n")  # type: ignore[union-attr]
+            return float(child.stdout.readline())  # type: ignore[union-attr]
+
+        got: dict[str, list[float]] = {"tf": [], "cpu": [], "simulated GPU": []}
+        for _ in range(rounds):
+            got["tf"].append(tf_round())
+            fn, stop = _devlab_logged_op("cpu")
+            try:
+                _timed(fn, n // 10)
+                got["cpu"].append(_timed(fn, n))
+            finally:
+                stop()  # type: ignore[operator]
+            simulated.start(1)
+            try:
+                fn, stop = _devlab_logged_op("cuda:0")
+                try:
+                    _timed(fn, n // 10)
+                    got["simulated GPU"].append(_timed(fn, n))
+                finally:
+                    stop()  # type: ignore[operator]
+            finally:
+                simulated.stop()
+    finally:
+        child.stdin.close()  # type: ignore[union-attr]
+        child.wait(timeout=60)
+    tf_us = statistics.median(got["tf"])
+    print(f"\nthe logged op, 8x8 add, {rounds} rounds interleaved, {n} ops each "
+          f"(median µs/op; ratio: the median of the rounds' TensorFlow / devlab):")
+    print(f"TensorFlow {ready[1]} eager, set_log_device_placement(True)  {tf_us:7.2f} µs/op")
+    for where in ("cpu", "simulated GPU"):
+        ratios = [t / d for t, d in zip(got["tf"], got[where], strict=True)]
+        print(f"devlab, set_log_device_placement(True), {where:14s} "
+              f"{statistics.median(got[where]):7.2f} µs/op   TensorFlow's costs "
+              f"{statistics.median(ratios):.2f}x devlab's (target >= 2)")
+
+
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tensorflow", metavar="PYTHON",
+                   help="an interpreter with TensorFlow: time its logged op beside devlab's")
+    p.add_argument("--rounds", type=int, default=5)
+    opts = p.parse_args()
     torch.set_num_threads(1)
+    try:
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        load = "unknown"
+    print(f"torch {torch.__version__}, 1 thread, load average {load}")
     bare = per_op_us(_Null)
     empty = per_op_us(EmptyMode)
     logged = per_op_us(placement_log.capture)
@@ -62,6 +185,16 @@ def main() -> None:
     summary_ms = (time.perf_counter() - t0) * 1e3
     print(f"10,000-op log: rendered text+HTML in {render_ms:.1f} ms ({len(text.splitlines())} text lines, "
           f"{html.count(chr(10)) + 1} HTML lines), summary in {summary_ms:.1f} ms ({sum(summary.ops_per_device.values())} ops)")
+    if opts.tensorflow:
+        versus_tensorflow(opts.tensorflow, opts.rounds)
+    else:
+        print("\nTensorFlow's logged op: not measured (give --tensorflow PYTHON, an interpreter "
+              "with TensorFlow installed)")
+    try:
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        load = "unknown"
+    print(f"load average now {load}")
 
 
 if __name__ == "__main__":

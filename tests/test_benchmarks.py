@@ -68,3 +68,16 @@ def test_op_cost_benchmark_prints_its_ratios_and_layers() -> None:
         block = out.split(f"\n{label}: ")[1]
         for layer in ("mode entry", "routing", "marking", "allocator", "clock", "total"):
             assert re.search(rf"{layer} +-?\d+\.\d\d", block), block
+
+
+def test_the_placement_log_benchmark_says_whether_tensorflow_was_measured() -> None:
+    out = _run("benchmarks/placement_log.py")
+    assert re.search(r"devlab log \(buffered\) +\d+\.\d\d µs/op", out), out
+    assert "TensorFlow's logged op: not measured" in out, out
+    # An interpreter without TensorFlow (the project's own): a clear error, no figure.
+    proc = subprocess.run([sys.executable, "benchmarks/placement_log.py", "--tensorflow",
+                           sys.executable, "--rounds", "1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "TensorFlow did not start (is it installed there?)" in proc.stderr, proc.stderr
+    assert "TensorFlow's costs" not in proc.stdout

@@ -230,3 +230,36 @@ def test_computing_says_whether_this_cpu_still_has_the_gpus_work_in_wall_time(t4
     assert float((x * 0).sum()) == 0.0
     with pytest.raises(IndexError, match="no simulated GPU 1"):
         simulated.computing(1)
+
+
+def test_a_storages_free_is_not_the_hosts_time_nor_one_inside_it(t4, monkeypatch) -> None:
+    # The free's bracket is one hold of the clock's lock after the allocator's work
+    # (Clock.was_inside): the slow free's time is cut out of the host's, and so is a second
+    # free the first one sets off (as the garbage collector may, inside the allocator),
+    # which is inside the first's bracket and charges nothing of its own.
+    from devlab.engine.simulated.base import session as _session
+
+    clock = _session.session.charges.clock
+    x = torch.empty(1000, device="cuda")
+    inner = [torch.empty(1000, device="cuda")]
+    allocator = _session.session.devices[0].allocator
+    free = allocator.free
+    calls = []
+
+    def slow_free(block):
+        calls.append(block)
+        time.sleep(0.1)
+        if len(calls) == 1:
+            inner.clear()  # the second storage dies inside the first's free
+            time.sleep(0.1)
+        return free(block)
+
+    monkeypatch.setattr(allocator, "free", slow_free)
+    before = clock.catch_up()
+    del x
+    after = clock.catch_up()
+    monkeypatch.undo()
+    assert len(calls) == 2 and clock._held == 0
+    assert after - before < 0.1  # three sleeps of 0.1 s happened inside the frees
+    time.sleep(0.05)
+    assert clock.catch_up() - after >= 0.05  # and outside, the host's time runs again

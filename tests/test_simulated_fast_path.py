@@ -10,6 +10,7 @@ import collections
 import io
 import random
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -247,6 +248,33 @@ def test_the_switch_off_sends_every_call_down_the_full_path(counted) -> None:
     assert _taken(counted, lambda: a + a) == {"fast": 1}
 
 
+def test_the_fast_charge_leaves_the_simulation_once(counted) -> None:
+    # On the host's wall clock: the fast path charges its kernel and leaves in one hold of the
+    # clock's lock (Charges.call_and_leave); after two fast factories, an op, one that
+    # raised, a product (the signature's charge) and a view (no kernel), nothing is held,
+    # and the host's time runs at the wall clock's pace outside the simulation again.
+    devlab.simulated.start(1, model="T4")
+    clock = _session.session.charges.clock
+    a = torch.ones(8, 8, device="cuda:0")
+    b = torch.ones(7, 7, device="cuda:0")
+    assert counted["fast factory"] == 2
+
+    def ops() -> None:
+        a + a
+        with pytest.raises(RuntimeError, match="must match the size"):
+            a + b
+        a @ a
+        a.t()
+    assert _taken(counted, ops) == {"fast": 4}
+    assert clock._held == 0
+    before = clock.catch_up()
+    launched = clock.now()
+    a * 2.0
+    assert clock.now() > launched  # the kernel's launch moved the host on
+    time.sleep(0.05)
+    assert clock.catch_up() - before >= 0.05
+
+
 # --- the same answers ------------------------------------------------------------------------
 
 
@@ -303,6 +331,8 @@ def _sequence(seed: int, gpus: int) -> list[Any]:
         if _session.session.devices[1].allocator.total is not None else None,
         lambda: live.pop(rng.randrange(len(live))) if len(live) > 2 else None,
         lambda: live.pop(rng.randrange(len(live))) if len(live) > 2 else None,
+        # a forward with gradients and its backward: the kernels its ops left on their nodes
+        lambda: live.append(_backward(pick(), rng.choice([1.5, 2.0]))),
     ]
     caught = warnings.catch_warnings(record=True)
     found = caught.__enter__()  # the hazards' findings (a block freed while a stream used it)
@@ -312,6 +342,12 @@ def _sequence(seed: int, gpus: int) -> list[Any]:
     finally:
         caught.__exit__(None, None, None)
     return seen
+
+
+def _backward(t: torch.Tensor, scale: float) -> torch.Tensor:
+    w = t.detach().clone().requires_grad_()
+    (torch.relu(w * scale) + w).sum().backward()
+    return w.grad
 
 
 def _on_current(index: int, make: Any) -> torch.Tensor:

@@ -191,6 +191,19 @@ class Clock:
                     self.host += gap
             self._held += 1
 
+    def was_inside(self, since: float) -> None:
+        """`enter()` at wall time `since` (read then) and `leave()` now, in one hold of the
+        lock: for a call whose own work between them charges nothing and calls nothing that
+        enters (a storage's free, under the session's lock: `storage_marks._release`). A thread
+        reading the wall clock, then taking the lock only after others came and went, is one
+        order of `enter` and `leave`, so every time is one they give."""
+        with self.lock:
+            if not self._held:
+                gap = since - self._left
+                if gap > 0.0:
+                    self.host += gap
+                self._left = self.wall()
+
     def host_work(self, seconds: float) -> None:
         """The host computed for `seconds` inside a call (an op on host tensors): host time."""
         with self.lock:
@@ -212,10 +225,14 @@ class Clock:
     def leave(self) -> None:
         """The host leaves the simulation: its clock follows the wall clock from now."""
         with self.lock:
-            if self._held:
-                self._held -= 1
-            if not self._held:
-                self._left = self.wall()
+            self._leave()
+
+    def _leave(self) -> None:
+        """`leave`'s work; the caller holds the lock."""
+        if self._held:
+            self._held -= 1
+        if not self._held:
+            self._left = self.wall()
 
     # Note [Streams on the modeled clock]
     # `free[q]` is when GPU q's default stream is done; `side[(i, id)]` when simulated GPU i's
@@ -265,30 +282,44 @@ class Clock:
         """Kernels launched one after the other, on `stream`, or, with `streams`, each on its
         GPU's stream there (a GPU not in it: its default stream)."""
         with self.lock:
-            free, busy, queue, recording = self.free, self.busy, self.queue, self.recording
-            compute, side, spans = self.compute, self.side, self.spans
-            host = self.host
-            for t in ts:
-                device = queue[t.device]
-                work = kernel_seconds(t.floor, t.compute, t.memory)
-                host += t.launch
-                sid = streams.get(t.device, 0) if streams is not None else stream
-                at = free[device] if not sid else side.get((t.device, sid), 0.0)
-                ready = max(at, compute[device])
-                start = host if host > ready else ready
-                end = compute[device] = start + work
-                if sid:
-                    side[(t.device, sid)] = end
-                else:
-                    free[device] = end
-                busy[device] += work
-                if recording is not None:
-                    recording.append(t)
-                if spans is not None:
-                    if host > ready:  # the GPU idled until the host launched this kernel
-                        spans.append(Span(t.device, COMPUTE, WAIT_HOST, WAIT_HOST, ready, host))
-                    spans.append(Span(t.device, COMPUTE, KERNEL, t.op, start, start + work))
-            self.host = host
+            self._kernels(ts, stream, streams)
+
+    def kernel_and_leave(self, t: OpTime) -> None:
+        """`kernel(t)` on its GPU's default stream, then `leave()`, in one hold of the lock:
+        the mode's fast path, the last thing of a call (Note [The mode's fast path] in
+        simulated/mode/routing.py). One thread's two sections back to back are one order of
+        the two calls, so every time is what they give."""
+        with self.lock:
+            self._kernels((t,), 0, None)
+            self._leave()
+
+    def _kernels(self, ts: tuple[OpTime, ...] | list[OpTime], stream: int,
+                 streams: Mapping[int, int] | None) -> None:
+        """`kernels`' work; the caller holds the lock."""
+        free, busy, queue, recording = self.free, self.busy, self.queue, self.recording
+        compute, side, spans = self.compute, self.side, self.spans
+        host = self.host
+        for t in ts:
+            device = queue[t.device]
+            work = kernel_seconds(t.floor, t.compute, t.memory)
+            host += t.launch
+            sid = streams.get(t.device, 0) if streams is not None else stream
+            at = free[device] if not sid else side.get((t.device, sid), 0.0)
+            ready = max(at, compute[device])
+            start = host if host > ready else ready
+            end = compute[device] = start + work
+            if sid:
+                side[(t.device, sid)] = end
+            else:
+                free[device] = end
+            busy[device] += work
+            if recording is not None:
+                recording.append(t)
+            if spans is not None:
+                if host > ready:  # the GPU idled until the host launched this kernel
+                    spans.append(Span(t.device, COMPUTE, WAIT_HOST, WAIT_HOST, ready, host))
+                spans.append(Span(t.device, COMPUTE, KERNEL, t.op, start, start + work))
+        self.host = host
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
              op: str = "copy", pinned: bool = False,

@@ -63,31 +63,44 @@ _functorch_unwrap = torch._C._functorch.get_unwrapped
 # dropped one's memory] in mode/async_launch.py) frees only untouched pages.
 
 
+_freeing = 0  # frees under way (under the session's lock): one inside another is nested
+
+
 def _release(m: Mark) -> None:
     """The storage died (weakref callback): its block goes back to the GPU's allocator (the
     CPU's release of its memory follows on the host's clock: See Note [Why a storage's CPU
     memory is freed on the host's clock])."""
+    global _freeing
     sess = m.session
     if sess is _session.session and m.block is not None:
-        charges = sess.charges  # the allocator's work is not the host's (Note [The host's
+        clock = sess.charges.clock  # the allocator's work is not the host's (Note [The host's
         # modeled time] in gpu_model/modeled_clock.py; without a model there is no host time to
         # stop: no calls per free). A free on a thread devlab runs (a GPU's worker dropping a
         # queued op's inputs) is not the host's either: bracketed, it would stop the host's
         # clock while the program, outside the simulation, sleeps or loads data.
-        modeled = (charges is not _session.NO_CHARGES
-                   and not getattr(threading.current_thread(), _workers.UNROUTED, False))
-        if modeled:
-            charges.enter()
-        try:
+        if clock is None or getattr(threading.current_thread(), _workers.UNROUTED, False):
             with _session.lock:
                 if m.block is not None:
                     if _hazards.tracking:
                         _hazards.freed(m.index, m.block)
                     sess.devices[m.index].allocator.free(m.block)
                     m.block = None
-        finally:
-            if modeled:
-                charges.leave()
+            return
+        since = clock.wall()  # the bracket's `enter`
+        with _session.lock:
+            _freeing += 1
+            try:
+                if m.block is not None:  # as above
+                    if _hazards.tracking:
+                        _hazards.freed(m.index, m.block)
+                    sess.devices[m.index].allocator.free(m.block)
+                    m.block = None
+            finally:
+                _freeing -= 1
+                # `enter` then and `leave` now at once (a free inside this one, which the
+                # garbage collector may start, is inside its bracket: nothing of its own)
+                if not _freeing:
+                    clock.was_inside(since)
 
 
 class Mark(weakref.ref):

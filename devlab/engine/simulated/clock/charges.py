@@ -46,6 +46,7 @@ from devlab.engine.simulated.base.session import NoCharges
 from devlab.engine.simulated.base.storage_marks import index_of
 from devlab.engine.simulated.clock.roofline import (
     backward_costs,
+    bytes_bound,
     call_cost,
     call_name,
     memory_cost,
@@ -89,6 +90,17 @@ def _facts_of(func: Callable) -> tuple[int, int | None]:
     return kind, names.index("inplace") if "inplace" in names else None
 
 
+# ... and for the fast path's `call_and_leave`, also whether its cost follows from its bytes
+# and its inputs needing gradients alone: a kernel's call (not a read, not sized by its
+# values) of a memory-bound family (not a product's or a lookup's, which read the shapes).
+_fast_facts: dict[Any, tuple[int, int | None, bool]] = {}
+
+
+def _facts_of_fast(func: Callable) -> tuple[int, int | None, bool]:
+    kind, at = _facts.get(func) or _facts_of(func)
+    return kind, at, kind in (_PURE, _WRITES) and bytes_bound(func)
+
+
 def _asked_in_place(at: int | None, args: tuple, kwargs: dict) -> bool:
     """Whether a functional that takes `inplace` at position `at` was asked to write its input
     (F.relu(x, inplace=True); nn.ReLU passes it by keyword, nn.Dropout and nn.Hardtanh by
@@ -122,8 +134,8 @@ class Charges(NoCharges):
     routing mode runs on modeled GPUs, and the host's syncs; the one way to the clock (without a
     model, the session's `NoCharges` charges nothing)."""
 
-    __slots__ = ("_backward", "_costed", "_pending", "_tf32", "_timed", "clock", "enter",
-                 "leave", "spec", "topology")
+    __slots__ = ("_backward", "_by_traffic", "_costed", "_pending", "_tf32", "_timed", "clock",
+                 "enter", "leave", "spec", "topology")
 
     def __init__(self, clock: Clock, topology: Topology | None = None) -> None:
         self.clock = clock
@@ -134,6 +146,7 @@ class Charges(NoCharges):
         self.spec = clock.spec
         self._tf32 = bool(clock.spec.tf32_tflops)  # torch's TF32 switch changes its products
         self._costed: dict[tuple, tuple[OpTime, tuple[OpTime, ...]]] = {}
+        self._by_traffic: dict[tuple, tuple[OpTime, tuple[OpTime, ...]]] = {}  # call_and_leave
         # The machine the GPUs are in: how their collectives move (`devlab.engine.gpu_model.links`).
         self.topology = topology if topology is not None else default_topology(clock.spec)
         self._timed: dict[tuple, CollectiveTime] = {}
@@ -178,6 +191,43 @@ class Charges(NoCharges):
                 stream = _session.current_stream(index)
                 if stream:  # its backward runs on the forward's stream, as CUDA's engine does
                     metadata[_STREAM] = stream
+
+    def call_and_leave(self, func: Callable, args: tuple, kwargs: dict, out: Any, index: int,
+                       fresh: bool) -> None:
+        """`call`, then `leave`: the mode's fast path, whose GPU `index` is on its default
+        stream (Note [The mode's fast path] in simulated/mode/routing.py). A memory-bound
+        call's kernel and backward kernels are what its bytes and its inputs needing gradients
+        make them (`traffic`, `call_cost`), so they are kept by those (`_by_traffic`), not by
+        the signature, and charged with the leave in one hold of the clock's lock; other
+        calls (products, lookups, reads, calls sized by their values) take `call`."""
+        facts = _fast_facts.get(func)
+        if facts is None:
+            facts = _fast_facts[func] = _facts_of_fast(func)
+        kind, inplace_at, bytes_bound = facts
+        # An error before the leave propagates to the mode, whose `finally` then leaves.
+        if not bytes_bound:
+            self.call(func, args, kwargs, out, index, fresh)
+            self.leave()
+            return
+        if not fresh and kind != _WRITES and not _asked_in_place(inplace_at, args, kwargs):
+            self.leave()  # no kernel: a view, a metadata read
+            return
+        nbytes, _, grads = traffic(args, kwargs, out)
+        key = (func, index, nbytes, grads)
+        costed = self._by_traffic.get(key)
+        if costed is None:
+            cost, back = call_cost(self.spec, index, func, args, kwargs, out, nbytes,
+                                   torch.float32, grads)  # the dtype: a product's alone
+            costed = store(key, (cost, tuple(backward_costs(self.spec, back))
+                                 if back is not None else ()), self._by_traffic)
+        cost, back = costed
+        if back:
+            node = out.grad_fn if isinstance(out, Tensor) else None
+            if node is not None:  # as `call` (on the default stream: no stream to note)
+                metadata = node.metadata
+                earlier = metadata.get(_BACKWARD)
+                metadata[_BACKWARD] = back if earlier is None else earlier + back
+        self.clock.kernel_and_leave(cost)
 
     def _cost(self, key: tuple, func: Callable, args: tuple, kwargs: dict, out: Any,
               index: int) -> tuple[OpTime, tuple[OpTime, ...]]:

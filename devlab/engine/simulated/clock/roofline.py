@@ -28,8 +28,8 @@ from devlab.engine.gpu_model.op_costs import BACKWARD_BYTES, family, gemm_backwa
 from devlab.engine.gpu_model.ops_catalog import added, overloads
 from devlab.engine.gpu_model.specs import GpuSpec
 
-__all__ = ["COMPUTE", "LAUNCH", "MEMORY", "OpTime", "call_cost", "call_name", "launches_kernel",
-           "op_time", "signature", "store", "traffic"]
+__all__ = ["COMPUTE", "LAUNCH", "MEMORY", "OpTime", "bytes_bound", "call_cost", "call_name",
+           "launches_kernel", "op_time", "signature", "store", "traffic"]
 
 Tensor = torch.Tensor
 F = torch.nn.functional
@@ -221,6 +221,12 @@ def _family(func: Callable, name: str) -> str:
     if kind is None:
         kind = _families[func] = family(name)
     return kind
+
+
+def bytes_bound(func: Callable) -> bool:
+    """Whether `call_cost` costs a call of `func` by its bytes and its inputs needing gradients
+    alone (a memory-bound family's): not a product's or a lookup's, which read the shapes."""
+    return _family(func, call_name(func)) not in (GEMM, EMBEDDING)
 
 
 def _tensor_args(args: tuple, kwargs: dict) -> list[Tensor]:

@@ -137,6 +137,7 @@ class SimulationMode(TorchFunctionMode):
                 if fast_path:
                     out = _fast(sess, func, args, kwargs)
                     if out is not _MISS:
+                        modeled = False  # the fast path's charge left (call_and_leave)
                         return out
                 if _hazards.armed and func not in _METADATA:
                     _check_host_reads(func, args, kwargs)
@@ -267,7 +268,10 @@ def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
         plain = _plain(func)
     if plain is not True:
         if plain is _FACTORY:
-            return _fast_factory(sess, func, args, kwargs)
+            out = _fast_factory(sess, func, args, kwargs)
+            if out is not _MISS and sess.charges is not _NO_CHARGES:
+                sess.charges.leave()  # as an op's charge leaves (the mode's `leave`)
+            return out
         if plain is False or not plain(args, kwargs):
             return _miss("handler")
     if kwargs and ("device" in kwargs or "pin_memory" in kwargs):
@@ -357,7 +361,8 @@ def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
         _take_workspace(func, index)
     charges = sess.charges
     if charges is not _NO_CHARGES:  # without a model the session's NoCharges charges nothing
-        charges.call(func, args, kwargs, out, index, fresh)
+        # the charge and the mode's `leave` at once: the op's GPU is on its default stream
+        charges.call_and_leave(func, args, kwargs, out, index, fresh)
     return out
 
 
