@@ -8,6 +8,8 @@ fails if the host's time stood still (the clock before it had a host) or ran wit
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -263,3 +265,41 @@ def test_a_storages_free_is_not_the_hosts_time_nor_one_inside_it(t4, monkeypatch
     assert after - before < 0.1  # three sleeps of 0.1 s happened inside the frees
     time.sleep(0.05)
     assert clock.catch_up() - after >= 0.05  # and outside, the host's time runs again
+
+
+GC_INSIDE_THE_CLOCK = """
+import gc
+import torch
+import devlab
+from devlab.engine.simulated.base import session
+devlab.config.simulate_gpus(1, model="T4")
+clock = session.session.charges.clock
+gc.disable()
+class Cycle:
+    pass
+c = Cycle(); c.me = c; c.t = torch.ones(1024, device="cuda")
+del c
+held = torch.cuda.memory_allocated()
+real = clock.wall
+state = {"collected": 0}
+def wall():
+    if clock.lock.locked() and not state["collected"]:
+        state["collected"] = gc.collect()  # as an allocation under the lock may start it
+    return real()
+clock.wall = wall
+x = torch.ones(8, device="cuda") + 1
+clock.wall = real
+print("collected", state["collected"] > 0, "freed", held - torch.cuda.memory_allocated())
+"""
+
+
+def test_a_free_the_garbage_collector_makes_inside_the_clock_does_not_wait_for_it() -> None:
+    # See Note [A free the garbage collector makes] in base/storage_marks.py: the collector,
+    # run inside a section under the clock's lock, frees a simulated tensor held in a cycle; the
+    # free had waited for the lock its own thread held, for ever. In a process of its own, so
+    # that a hang is a timeout here.
+    out = subprocess.run([sys.executable, "-c", GC_INSIDE_THE_CLOCK], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # 4 KiB freed by the collector, less the 512-byte block of the op's output
+    assert out.stdout.split() == ["collected", "True", "freed", "3584"], out.stdout

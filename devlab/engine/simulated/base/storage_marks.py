@@ -11,6 +11,7 @@ when the C++ storage dies. Bytes are counted in CUDA's 512-byte blocks, so
 
 from __future__ import annotations
 
+import gc
 import threading
 import weakref
 from typing import Any
@@ -64,6 +65,24 @@ _functorch_unwrap = torch._C._functorch.get_unwrapped
 
 
 _freeing = 0  # frees under way (under the session's lock): one inside another is nested
+_collecting = False  # the garbage collector is running (`_gc_phase`)
+
+
+# Note [A free the garbage collector makes]
+# The modeled clock's lock is a plain lock, and its sections allocate (spans, records): the
+# garbage collector can run inside one and collect a simulated storage held in a reference
+# cycle (an exception's traceback, an autograd graph), whose free then asks the clock, on the
+# thread that holds its lock, and would wait for it for ever. A free during a collection does
+# the allocator's work alone and leaves the host's clock as it is: its few microseconds count
+# as whatever the clock was counting. The callback is the process's (gc.callbacks), a flag
+# and nothing more, so it stays for the life of the process.
+def _gc_phase(phase: str, info: dict) -> None:
+    global _collecting
+    _collecting = phase == "start"
+
+
+if _gc_phase not in gc.callbacks:
+    gc.callbacks.append(_gc_phase)
 
 
 def _release(m: Mark) -> None:
@@ -77,8 +96,10 @@ def _release(m: Mark) -> None:
         # modeled time] in gpu_model/modeled_clock.py; without a model there is no host time to
         # stop: no calls per free). A free on a thread devlab runs (a GPU's worker dropping a
         # queued op's inputs) is not the host's either: bracketed, it would stop the host's
-        # clock while the program, outside the simulation, sleeps or loads data.
-        if clock is None or getattr(threading.current_thread(), _workers.UNROUTED, False):
+        # clock while the program, outside the simulation, sleeps or loads data. Nor is a
+        # free the garbage collector makes (See Note [A free the garbage collector makes]).
+        if (clock is None or _collecting
+                or getattr(threading.current_thread(), _workers.UNROUTED, False)):
             with _session.lock:
                 if m.block is not None:
                     if _hazards.tracking:
