@@ -458,6 +458,16 @@ def _fake_nvidia_smi(folder: Path, listing: str, status: int) -> None:
     script.chmod(0o755)
 
 
+def _list_on_a_t4_with_first_on_path(folder: Path, monkeypatch) -> subprocess.CompletedProcess:
+    """`nvidia-smi -L` on one simulated T4, with `folder` first on the PATH."""
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    devlab.config.simulate_gpus(1, model="T4")
+    try:
+        return _smi("-L")
+    finally:
+        devlab.simulated.stop()
+
+
 @pytest.mark.parametrize(("listing", "status", "real_runs"), [
     ("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-x)", 0, True),
     ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", 9, False),
@@ -466,12 +476,7 @@ def test_a_real_nvidia_smi_that_lists_gpus_runs_instead(no_simulation, key, tmp_
                                                         monkeypatch, listing, status,
                                                         real_runs):
     _fake_nvidia_smi(tmp_path, listing, status)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    devlab.config.simulate_gpus(1, model="T4")
-    try:
-        r = _smi("-L")
-    finally:
-        devlab.simulated.stop()
+    r = _list_on_a_t4_with_first_on_path(tmp_path, monkeypatch)
     if real_runs:
         assert r.stdout.splitlines()[-1] == "real: -L"  # the real one, with the arguments
     else:
@@ -490,12 +495,7 @@ def test_another_simulating_process_launcher_is_never_taken_for_a_real_one(no_si
         f"#!/bin/sh\n{nvidia_smi.SHIM_MARK} (removed when they stop)\n"
         f"touch {probed}\necho 'GPU 0: a parent launcher (UUID: GPU-p)'\n")
     (tmp_path / "nvidia-smi").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    devlab.config.simulate_gpus(1, model="T4")
-    try:
-        r = _smi("-L")
-    finally:
-        devlab.simulated.stop()
+    r = _list_on_a_t4_with_first_on_path(tmp_path, monkeypatch)
     assert r.stdout.startswith("GPU 0: Tesla T4 (UUID: GPU-"), r.stdout
     assert not probed.exists()
 

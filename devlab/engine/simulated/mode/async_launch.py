@@ -123,11 +123,7 @@ def launch(func: Callable, args: tuple, kwargs: dict) -> Any:
     impl = OPS[func]
     shape = _ops.call(None, impl, (_meta(a), _meta(b)), {})  # shape errors: here, at once
     out = torch.empty(shape.shape, dtype=shape.dtype)
-    _marks.mark_outputs(out, index)
-    _ops.take_workspace(func, index)  # as a product run here takes it
-    if _hazards.tracking:
-        _ops.note_streams(func, index, args, kwargs)
-    _session.session.charges.call(func, args, kwargs, out, index, True)  # type: ignore[union-attr]
+    _count_at_launch(func, args, kwargs, out, index)
     # The worker holds tensors of its own on the user's storages, never the user's tensors.
     # See Note [Why queued work's storages are uncounted] in base/session.py.
     with _DisableTF():
@@ -143,6 +139,17 @@ def launch(func: Callable, args: tuple, kwargs: dict) -> Any:
     _workers.submit(index, _on_worker(product, wout, donor, grad, inference),
                     [m for m in holds if m is not None])
     return out
+
+
+def _count_at_launch(func: Callable, args: tuple, kwargs: dict, out: Tensor, index: int) -> None:
+    """What a product's or a convolution's launch does at once, as the call run here would:
+    its new output counted, the library's workspace taken, the streams noted, the kernel
+    charged."""
+    _marks.mark_outputs(out, index)
+    _ops.take_workspace(func, index)
+    if _hazards.tracking:
+        _ops.note_streams(func, index, args, kwargs)
+    _session.session.charges.call(func, args, kwargs, out, index, True)  # type: ignore[union-attr]
 
 
 def _on_worker(body: Callable[[], None], wout: Tensor, donor: Tensor | None, grad: bool,
@@ -541,11 +548,7 @@ def launch_conv(func: Callable, args: tuple, kwargs: dict) -> Any:
     cargs = tuple(tuple(x) if isinstance(x, list) else x for x in args)
     ckwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
     out = torch.empty(shape, dtype=a.dtype)
-    _marks.mark_outputs(out, index)
-    _ops.take_workspace(func, index)  # as the call run here would ask
-    if _hazards.tracking:
-        _ops.note_streams(func, index, args, kwargs)
-    _session.session.charges.call(func, args, kwargs, out, index, True)  # type: ignore[union-attr]
+    _count_at_launch(func, args, kwargs, out, index)
     # See Note [Why queued work's storages are uncounted] in base/session.py.
     with _DisableTF():
         wargs = tuple(_alias(x) if isinstance(x, Tensor) else x for x in cargs)
