@@ -160,8 +160,20 @@ class _Recorder:
                         backward[id(t)] = back
             return got
 
+        call_and_leave = cls.call_and_leave
+
+        def watched_call_and_leave(self: Any, func: Any, args: tuple, kwargs: dict,
+                                   *rest: Any) -> Any:
+            # The mode's fast path charges through call_and_leave, which is call then leave.
+            if (func not in _CONVOLUTIONS and func not in _BATCH_NORMS) or self is not charges:
+                return call_and_leave(self, func, args, kwargs, *rest)
+            watched_call(self, func, args, kwargs, *rest)
+            self.leave()
+            return None
+
         assert self._undo is not None
         self._undo.set(cls, "call", watched_call)
+        self._undo.set(cls, "call_and_leave", watched_call_and_leave)
 
     def _watch_allocator(self, index: int, allocator: Any) -> None:
         allocate, free, seen = allocator.allocate, allocator.free, self.allocations
