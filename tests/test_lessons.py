@@ -437,8 +437,9 @@ def claims_03(nb: nbformat.NotebookNode, env: Env) -> None:
     # questions does not end the loop early)
     launch_ms = gpu_spec("T4").launch_latency_us / 1000
     assert polled - queued >= (polls + 1) * launch_ms - 1e-6, asked
-    # ... and in wall time: ten steps of a 2048 x 2048 product and sum queued on the simulated
-    # GPU's worker, a timer without a sync stops at the launches, one after it at the work.
+    # ... and in wall time: ten steps of a 1024 x 1024 matrix product and its sum queued on the
+    # simulated GPU's worker, a timer without a sync stops at the launches, one after it at the
+    # work.
     walled = text(cell_with(nb, "def ten_steps():"))
     # Whether the GPU is still working is asked in wall time too, of the simulated GPU's
     # worker thread, before the clock stops: had it done all the work by then, the sync would
