@@ -321,8 +321,9 @@ def test_the_launch_took_the_random_programs_ops(no_simulation, monkeypatch) -> 
     monkeypatch.setattr(_workers, "submit", lambda i, fn, holds=None: (
         launched.append(fn.__qualname__), real(i, fn, holds))[1])
     swaps = []
-    real_swap = _launch._swap
-    monkeypatch.setattr(_launch, "_swap", lambda a, b: (swaps.append(1), real_swap(a, b)))
+    real_swap = _launch._swap  # None in a torch without _swap_data_ptr_ (torch 2.11)
+    if real_swap is not None:
+        monkeypatch.setattr(_launch, "_swap", lambda a, b: (swaps.append(1), real_swap(a, b)))
     devlab.simulated.start(1)
     try:
         _program(1, 1)
@@ -331,7 +332,8 @@ def test_the_launch_took_the_random_programs_ops(no_simulation, monkeypatch) -> 
         devlab.runtime.reset()
     assert launched.count("launch_elementwise.<locals>.elementwise") > 50
     assert launched.count("launch_conv.<locals>.convolution") >= 3
-    assert len(swaps) > 3  # outputs took the memory of dropped, still queued ones
+    # outputs took the memory of dropped, still queued ones, where this torch can swap it
+    assert len(swaps) > 3 or real_swap is None
 
 
 def test_a_queued_op_waits_when_another_thread_reads_it(no_simulation) -> None:
