@@ -105,6 +105,16 @@ def _timed(fn: object, n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def _timed_logged_op(device: str, n: int) -> float:
+    """devlab's logged op on `device`, warmed up, then timed over `n` calls (`_timed`)."""
+    fn, stop = _devlab_logged_op(device)
+    try:
+        _timed(fn, n // 10)
+        return _timed(fn, n)
+    finally:
+        stop()  # type: ignore[operator]
+
+
 def versus_tensorflow(python: str, rounds: int, n: int = 5000) -> None:
     """devlab's logged op against TensorFlow's in `python`, interleaved round by round."""
     from devlab.engine import simulated
@@ -123,20 +133,10 @@ def versus_tensorflow(python: str, rounds: int, n: int = 5000) -> None:
         got: dict[str, list[float]] = {"tf": [], "cpu": [], "simulated GPU": []}
         for _ in range(rounds):
             got["tf"].append(tf_round())
-            fn, stop = _devlab_logged_op("cpu")
-            try:
-                _timed(fn, n // 10)
-                got["cpu"].append(_timed(fn, n))
-            finally:
-                stop()  # type: ignore[operator]
+            got["cpu"].append(_timed_logged_op("cpu", n))
             simulated.start(1)
             try:
-                fn, stop = _devlab_logged_op("cuda:0")
-                try:
-                    _timed(fn, n // 10)
-                    got["simulated GPU"].append(_timed(fn, n))
-                finally:
-                    stop()  # type: ignore[operator]
+                got["simulated GPU"].append(_timed_logged_op("cuda:0", n))
             finally:
                 simulated.stop()
     finally:

@@ -364,10 +364,7 @@ def test_a_convolution_is_named_as_a_gpus_torch_runs_it(tmp_path) -> None:
     kernels = [k.name for k in _kernels(prof)]
     assert sum(n.startswith(MODELED + "aten::cudnn_convolution (") for n in kernels) == 2
     assert not any("mkldnn" in n for n in kernels)
-    path = tmp_path / "trace.json"
-    prof.export_chrome_trace(str(path))
-    ops = [e["name"] for e in json.loads(path.read_text())["traceEvents"]
-           if e.get("cat") == "cpu_op"]
+    ops = _traced_cpu_ops(prof, tmp_path)
     assert ops.count("aten::cudnn_convolution") == 2 and ops.count("aten::_conv_depthwise2d") == 1
     assert ops.count("aten::mkldnn_convolution") == 1
     torch.backends.cudnn.enabled = False
@@ -379,6 +376,14 @@ def test_a_convolution_is_named_as_a_gpus_torch_runs_it(tmp_path) -> None:
         torch.backends.cudnn.enabled = True
     names = {r.key for r in off.key_averages()}
     assert "aten::mkldnn_convolution" in names and "aten::cudnn_convolution" not in names
+
+
+def _traced_cpu_ops(prof, folder) -> list[str]:
+    """The CPU ops' names in the Chrome trace `prof` exports, in order."""
+    path = folder / "trace.json"
+    prof.export_chrome_trace(str(path))
+    return [e["name"] for e in json.loads(path.read_text())["traceEvents"]
+            if e.get("cat") == "cpu_op"]
 
 
 def _names(prof) -> set[str]:
@@ -410,10 +415,7 @@ def test_a_batch_norm_is_named_as_a_gpus_torch_runs_it(tmp_path) -> None:
     kernels = [k.name for k in _kernels(prof)]
     assert sum(n.startswith(MODELED + "aten::cudnn_batch_norm (") for n in kernels) == 6
     assert not any("native_batch_norm" in n for n in kernels)
-    path = tmp_path / "trace.json"
-    prof.export_chrome_trace(str(path))
-    ops = [e["name"] for e in json.loads(path.read_text())["traceEvents"]
-           if e.get("cat") == "cpu_op"]
+    ops = _traced_cpu_ops(prof, tmp_path)
     assert ops.count("aten::cudnn_batch_norm") == 6 and "NativeBatchNormBackward0" not in ops
     assert ops.count("CudnnBatchNormBackward0") == 6
     # Evaluation: cuDNN's forward, CUDA's own backward below cuDNN's node.
