@@ -397,9 +397,80 @@ def test_the_interpreter_exits_cleanly_with_elementwise_work_queued(tmp_path) ->
         "threading.Timer(0.3, gate.set).start()\n"
         "print('queued', imported)\n")
     # no sync: exit drains the queue, and the process ends cleanly; a convolution's launch did
-    # not import sympy (torch's meta computation of it would have; an elementwise launch's
-    # first meta call still imports torch._dynamo, and sympy with it)
+    # not import sympy (torch's meta computation of it would have), nor did the elementwise
+    # launches (test_an_elementwise_launch_imports_no_compiler)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     assert done.returncode == 0 and done.stdout.split() == ["queued", "False"], done.stderr
+
+
+def _meta_layout(impl: Any, args: tuple, kwargs: dict) -> tuple | None:
+    """(shape, strides, dtype) of `impl` on meta tensors standing for `args`; None if torch
+    raises for them."""
+    metas = tuple(torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+                  if isinstance(a, torch.Tensor) else a for a in args)
+    try:
+        out = impl(*metas, **kwargs)
+    except Exception:
+        return None
+    return (out.shape, out.stride(), out.dtype)
+
+
+def test_a_launch_knows_the_common_layouts_as_meta_tensors_give_them() -> None:
+    """`plain_layout` (Note [An elementwise launch's layout without meta tensors]) answers
+    what torch's meta computation answers, on random calls, and declines what it cannot
+    tell."""
+    rng = random.Random(0)
+    dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+    shapes = [(), (0,), (1,), (7,), (3, 1), (1, 5), (4, 5), (2, 0, 3), (2, 3, 4)]
+    answered = declined = 0
+    for _ in range(3000):
+        func, (kind, impl) = rng.choice(list(_launch.ELEMENTWISE.items()))
+        shape = rng.choice(shapes)
+        a = torch.empty(shape, dtype=rng.choice(dtypes))
+        if rng.random() < 0.2 and a.dim() >= 2:
+            a = a.transpose(0, 1)  # other strides
+        pick = rng.random()
+        if pick < 0.4:
+            other: Any = torch.empty(rng.choice([shape, shape, rng.choice(shapes)]),
+                                     dtype=rng.choice(dtypes))
+        elif pick < 0.8:
+            other = rng.choice([2, 0.5, True, -3, 1j])
+        else:
+            other = None
+        args = (a,) if other is None else (a, other)
+        kwargs = {"alpha": 2} if rng.random() < 0.1 else {}
+        tensors = [t for t in args if isinstance(t, torch.Tensor)]
+        got = _launch.plain_layout(kind, impl, args, kwargs, tensors)
+        if got is None:
+            declined += 1
+            continue
+        answered += 1
+        want = _meta_layout(impl, args, kwargs)
+        assert want is not None, (impl, args, kwargs)  # no error meta would have raised
+        if kind == _launch._INPLACE:
+            assert want[0] == a.shape
+        else:
+            assert (tuple(got[0]), got[1], got[2]) == (tuple(want[0]), want[1], want[2]), (
+                impl, [getattr(t, "shape", t) for t in args], kwargs)
+    assert answered > 800 and declined > 800  # both sides were exercised
+
+
+def test_an_elementwise_launch_imports_no_compiler(tmp_path) -> None:
+    """A lesson's first large elementwise op and sum, launched, leave torch._dynamo (and
+    sympy, which it imports: about 2 s and 145 MiB) unimported; a broadcast still asks meta
+    tensors."""
+    script = (
+        "import sys, torch, devlab\n"
+        "devlab.config.simulate_gpus(1)\n"
+        "x = torch.rand(1024, 1024, device='cuda')\n"
+        "y = (x * x + 1).sum(); z = torch.sigmoid(x); x.mul_(x); y.item()\n"
+        "print('dynamo', 'torch._dynamo' in sys.modules)\n"
+        "w = x * torch.rand(1, 1024, device='cuda'); torch.cuda.synchronize()\n"
+        "print('dynamo', 'torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["dynamo", "False", "dynamo", "True"]

@@ -217,12 +217,14 @@ _KEYWORDS = frozenset({"alpha", "dim", "keepdim", "dtype", "p", "ord", "min", "m
 #   expanded, runs here.
 
 
+_BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "atan2", "hypot")
+_UNARY = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "abs", "neg",
+          "reciprocal", "erf", "square", "relu")
+
+
 def _table() -> dict[Callable, tuple[int, Callable]]:
     table: dict[Callable, tuple[int, Callable]] = {}
-    binary = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "atan2", "hypot")
-    unary = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "abs", "neg",
-             "reciprocal", "erf", "square", "clamp")
-    for name in (*binary, *unary, "relu"):
+    for name in (*_BINARY, *_UNARY, "clamp"):
         fn = getattr(torch, name)
         if name != "relu":  # torch.relu has no out=
             table[fn] = table[getattr(Tensor, name)] = (_OUT, fn)
@@ -336,6 +338,79 @@ def _plain_args(args: tuple, kwargs: dict, grad: bool, inference: bool
     return tensors or None
 
 
+# Note [An elementwise launch's layout without meta tensors]
+# Torch computes an elementwise op's output on meta tensors in Python (its `_refs`), whose
+# first call imports torch._dynamo and sympy: 2.2 s and about 145 MiB at a lesson's first large
+# elementwise op, against Binder's memory budget. The common case needs none of it: tensors
+# of one shape, each contiguous (its strides the contiguous ones exactly), and Python numbers.
+# Then TensorIterator's output is contiguous of that shape, of the dtype `torch.result_type`
+# gives (torch's own promotion; two at a time, as TensorIterator folds them); a full
+# reduction's (no dim, no keyword) is a 0-dim tensor of the input's dtype; and no shape or
+# dtype error can arise but an in-place op's result that its float tensor cannot hold, which
+# goes to meta. Anything else (broadcasting, other strides, keywords, complex results) goes to
+# meta as before. tests/test_simulated_async_elementwise.py compares the two on random calls.
+
+
+def _arities() -> dict[Callable, int]:
+    arity: dict[Callable, int] = {}
+    for names, n in ((_BINARY, 2), (_UNARY, 1)):
+        for name in names:
+            for fn in (getattr(torch, name), getattr(Tensor, name + "_", None)):
+                if fn is not None:
+                    arity[fn] = n
+    return arity
+
+
+# The calls `plain_layout` knows, by the positional arguments they take (clamp's, which
+# may be one or three, are not among them), those that take `alpha`, and those whose second
+# argument must be a tensor (torch raises its error for a number; meta tensors tell).
+_ARITY = _arities()
+_TAKES_ALPHA = frozenset({torch.add, torch.sub, Tensor.add_, Tensor.sub_})
+_TENSOR_OTHER = frozenset(f for name in ("maximum", "minimum", "atan2", "hypot")
+                          for f in (getattr(torch, name), getattr(Tensor, name + "_", None))
+                          if f is not None)
+
+
+def _contiguous(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def plain_layout(kind: int, impl: Callable, args: tuple, kwargs: dict, tensors: list[Tensor]
+                 ) -> tuple[torch.Size, tuple[int, ...], torch.dtype] | None:
+    """The output's (shape, strides, dtype) meta tensors would give, for the calls that need
+    no meta tensor to tell (See Note [An elementwise launch's layout without meta
+    tensors]); None for any other call."""
+    shape = tensors[0].shape
+    strides = _contiguous(shape)
+    for t in tensors:
+        if t.shape != shape or t.stride() != strides:
+            return None
+    if kind == _REDUCE:
+        if len(args) != 1 or kwargs:
+            return None
+        return torch.Size(()), (), tensors[0].dtype
+    arity = _ARITY.get(impl)
+    if arity is None or len(args) != arity or args[0] is not tensors[0]:
+        return None
+    if kwargs and (impl not in _TAKES_ALPHA or set(kwargs) != {"alpha"}):
+        return None
+    dtype = tensors[0].dtype
+    if arity == 2:
+        other = args[1]
+        if not isinstance(other, Tensor) and (impl in _TENSOR_OTHER or not isinstance(
+                other, (bool, int, float))):
+            return None
+        with _DisableTF():
+            dtype = torch.result_type(args[0], other)
+    if dtype not in _FLOATS:
+        return None
+    return shape, strides, dtype
+
+
 def launch_elementwise(func: Callable, args: tuple, kwargs: dict) -> Any:
     """Queue a large elementwise op or reduction on its GPU's worker (or any such op behind
     work already queued there) and return its output at once; anything else runs here."""
@@ -362,20 +437,23 @@ def launch_elementwise(func: Callable, args: tuple, kwargs: dict) -> Any:
         if (_internal_overlap(tensors[0]) != 0
                 or any(t.untyped_storage().data_ptr() == own for t in tensors[1:])):
             return _ops.run(func, args, kwargs)
-    metas = tuple(_meta(a) if isinstance(a, Tensor) else a for a in args)
-    try:
-        with _DisableTF():
-            shape = impl(*metas, **kwargs)
-    except Exception:
-        return _ops.run(func, args, kwargs)  # raises torch's error for the real call
-    if not isinstance(shape, Tensor):
-        return _ops.run(func, args, kwargs)
+    layout = plain_layout(kind, impl, args, kwargs, tensors)
+    if layout is None:
+        metas = tuple(_meta(a) if isinstance(a, Tensor) else a for a in args)
+        try:
+            with _DisableTF():
+                shape = impl(*metas, **kwargs)
+        except Exception:
+            return _ops.run(func, args, kwargs)  # raises torch's error for the real call
+        if not isinstance(shape, Tensor):
+            return _ops.run(func, args, kwargs)
+        layout = (shape.shape, shape.stride(), shape.dtype)
     if kind == _INPLACE:
         out = args[0]
         if not out.is_inference():  # an inference tensor has no version counter
             torch.autograd.graph.increment_version(out)
     else:
-        out = torch.empty_strided(shape.shape, shape.stride(), dtype=shape.dtype)
+        out = torch.empty_strided(layout[0], layout[1], dtype=layout[2])
     fresh = _marks.mark_outputs(out, index)
     if _hazards.tracking:
         _ops.note_streams(func, index, args, kwargs)
