@@ -562,6 +562,16 @@ def rows() -> list[Row]:
        square(*zzc), "FP32")
     mm("RTX-3060", "torch.matmul, best of n = 256…6888, FP32 [chsasank]", 7.4,
        SPECS["RTX-3060"], square(*chs), "FP32", calls=1, sync_each=True)
+    # The plain RTX 4070 has no published torch run: two cuBLAS SGEMM (strict FP32, the kernel
+    # FP32 torch.mm calls with TF32 off) runs stand in, each timed as its harness timed it.
+    rtx4070 = SPECS["RTX-4070"]
+    mm("RTX-4070", "cublasSgemm n = 4096, FP32, 50 calls between two events [stefanind]", 22.05,
+       rtx4070, square(4096), "FP32", calls=50)
+    for n, gflops in ((256, 2050), (512, 7976), (1024, 15428), (2048, 17850), (4096, 21900)):
+        alone = predict("mm", ((n, n), (n, n)), "float32", rtx4070).alone
+        out.append(Row("matmul", "RTX-4070",
+                       f"cublasSgemm n = {n}, FP32, each call timed alone [Bl4ckd09]",
+                       gflops / 1000, "TFLOPS", 2 * n**3 / alone / 1e12))
 
     def mem(gpu: str, what: str, published: float, model: float) -> None:
         out.append(Row("memory", gpu, what, published, "GB/s", model))
