@@ -48,8 +48,12 @@ TOTAL_MEMORY: dict[str, int] = {
     # No figure from an RTX 4060 is published: the 8 GB GeForce RTX 3070's "7.78 GiB"
     # (meta-llama/codellama#82) stands in, as the H100 SXM5's does for the H100 PCIe.
     "RTX-4060": _gib(7.78),
-    # No RTX 4070 figure either: the 12 GB RTX 3060's.
-    "RTX-4070": _gib(11.76),
+    # No byte count from a plain RTX 4070 is published; its device query prints "Global memory:
+    # 12.9 GB" (totalGlobalMem / 1e9, Bl4ckd09/cuda-learn), which the 12 GB RTX 3060's bytes
+    # (12.6) do not fit. The bytes are the RTX 4070 Ti's, the same AD104 chip with the same 12
+    # GB of GDDR6X: its deviceQuery printed 4,288,151,552, the low 32 bits of 12,878,086,144
+    # (SCRE4MIE/CUDA), which is 12.9 GB and torch's "11.99 GiB".
+    "RTX-4070": 4_288_151_552 + 2**33,
     "RTX-4090": _gib(23.64),  # "a total capacty of 23.64 GiB" (3DTopia/Phidias-Diffusion#8)
     "RTX-5090": 33_677_180_928,  # 32117 MiB, deviceQuery (aikitoria/open-gpu-kernel-modules#1)
     # No torch figure from an A10G: nvidia-smi shows an A10's 23028 MiB (modal-client#2797);
