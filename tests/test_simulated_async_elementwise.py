@@ -382,6 +382,13 @@ def test_the_switch_takes_the_elementwise_launch_out(no_simulation, monkeypatch)
     assert _workers.idle(0) and torch.equal(y.cpu(), x.cpu() * 2)
 
 
+def _run(script: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`script` in a fresh interpreter with this checkout's devlab."""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+
+
 def test_the_interpreter_exits_cleanly_with_elementwise_work_queued(tmp_path) -> None:
     script = (
         "import threading, torch, devlab\n"
@@ -399,9 +406,7 @@ def test_the_interpreter_exits_cleanly_with_elementwise_work_queued(tmp_path) ->
     # no sync: exit drains the queue, and the process ends cleanly; a convolution's launch did
     # not import sympy (torch's meta computation of it would have), nor did the elementwise
     # launches (test_an_elementwise_launch_imports_no_compiler)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    done = _run(script, tmp_path)
     assert done.returncode == 0 and done.stdout.split() == ["queued", "False"], done.stderr
 
 
@@ -469,8 +474,6 @@ def test_an_elementwise_launch_imports_no_compiler(tmp_path) -> None:
         "print('dynamo', 'torch._dynamo' in sys.modules)\n"
         "w = x * torch.rand(1, 1024, device='cuda'); torch.cuda.synchronize()\n"
         "print('dynamo', 'torch._dynamo' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    done = _run(script, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["dynamo", "False", "dynamo", "True"]
