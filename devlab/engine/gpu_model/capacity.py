@@ -80,7 +80,10 @@ NVML_TOTAL_MIB: dict[str, int] = {
     "A100-80GB": 81920,  # "A100 80GB: 81920MiB" (modal-client PR #2797)
     "H100": 81559,  # "0MiB / 81559MiB", H100 80GB HBM3 (nccl#1264); modal-client PR #2797
     "V100": 32768,  # "Tesla PG500-216, 32768 MiB", a V100 PCIe 32 GB (provider-configs PR #90)
-    "TITAN-RTX": 24219,  # "24,219MiB" from nvidia-smi (lambda-tensorflow-benchmark PR #11)
+    # "13896MiB / 24220MiB", four TITAN RTX under driver 450.57 (index file id 41605354163);
+    # "24,219MiB" under an older driver (lambda-tensorflow-benchmark PR #11). CUDA's own total
+    # (24220.4375 MiB) is at least as large: see NVML_IS_CUDAS.
+    "TITAN-RTX": 24220,
     # "2631MiB / 16160MiB", Tesla V100-SXM2 "with 16GB" (transformers' docs, "Model training
     # anatomy", driver 460.91.03)
     "V100-SXM2-16GB": 16160,
@@ -91,11 +94,33 @@ NVML_TOTAL_MIB: dict[str, int] = {
     "A100-PCIe-40GB": 40960,  # the same 40 GiB of HBM2 as the SXM4 board's 40960
     "A100-PCIe-80GB": 81920,  # the same 80 GiB of HBM2e as the SXM4 board's 81920
     "H100-PCIe": 81920,  # 80 GiB of HBM2e, as the A100 80GB's 81920 (the SXM5's HBM3 says 81559)
+    # The boards of issue 40: each board's own nvidia-smi table (its name in the same row).
+    # "1MiB /  12288MiB", driver 580.95.05 (geerlingguy/raspberry-pi-pcie-devices#790); the
+    # same on 170 W desktop cards (index file ids 17427312792, 40537967030)
+    "RTX-3060": 12288,
+    "RTX-3090": 24576,  # "23357MiB /  24576MiB", driver 595.84 (noonghunna/club-3090#1106)
+    # "2MiB /   8188MiB", an AD107 desktop card (115 W), driver 580.142 (index file id
+    # 52897046956); the same in a 535.171.04 table (index file id 41820643628)
+    "RTX-4060": 8188,
+    "RTX-4070": 12282,  # "430MiB /  12282MiB", driver 550.40.07 (Frogging-Family/nvidia-all#212)
+    "RTX-4090": 24564,  # "507MiB /  24564MiB", driver 550.163.01 (RLinf/RLinf#255)
+    "RTX-5090": 32607,  # "492MiB /  32607MiB", driver 595.71.05 (noonghunna/club-3090#617)
+    "A10G": 23028,  # "8722MiB / 23028MiB", driver 535.247.01 (NVIDIA/DCGM#232)
+    "L40S": 46068,  # "NVIDIA L40S, 595.71.05, 46068 MiB" (akash-network/provider-configs#99)
+    "H200": 143771,  # "0MiB / 143771MiB", driver 550.54.15 (NVIDIA/cuda-samples#311)
+    "B200": 183359,  # "166593MiB / 183359MiB", driver 580.95.05 (NVIDIA/TensorRT-LLM#10278)
 }
+
+# Boards whose published NVML total is CUDA's own, floored to a MiB: Turing's TITAN RTX under
+# the drivers of its tables counts no reserve apart (24220 MiB printed, 24220.4375 MiB to
+# torch), so NVML's bytes are CUDA's and the driver's reserve is none, never negative.
+NVML_IS_CUDAS = frozenset({"TITAN-RTX"})
 
 
 def nvml_total_memory(spec: GpuSpec) -> int:
     """The bytes NVML (and nvidia-smi) report as the board's total memory."""
+    if spec.name in NVML_IS_CUDAS:
+        return total_memory(spec)
     try:
         return NVML_TOTAL_MIB[spec.name] * 1024 * 1024
     except KeyError:
