@@ -52,7 +52,11 @@ TOTAL_MEMORY: dict[str, int] = {
     # 12.9 GB" (totalGlobalMem / 1e9, Bl4ckd09/cuda-learn), which the 12 GB RTX 3060's bytes
     # (12.6) do not fit. The bytes are the RTX 4070 Ti's, the same AD104 chip with the same 12
     # GB of GDDR6X: its deviceQuery printed 4,288,151,552, the low 32 bits of 12,878,086,144
-    # (SCRE4MIE/CUDA), which is 12.9 GB and torch's "11.99 GiB".
+    # (SCRE4MIE/CUDA), which is 12.9 GB and torch's "11.99 GiB". These are a Windows machine's
+    # figures (WDDM gives CUDA nearly all of the board: NVML's 12282 MiB less 0.5; a 4070 SUPER
+    # under Windows prints the same "11.99 GiB", erew123/alltalk_tts#195). Under Linux the other
+    # GeForce boards lose 220 to 490 MiB between NVML and torch; no Linux figure for the plain
+    # 4070 is published (docs/gpu-models.md, "Memory capacity").
     "RTX-4070": 4_288_151_552 + 2**33,
     "RTX-4090": _gib(23.64),  # "a total capacty of 23.64 GiB" (3DTopia/Phidias-Diffusion#8)
     "RTX-5090": 33_677_180_928,  # 32117 MiB, deviceQuery (aikitoria/open-gpu-kernel-modules#1)
