@@ -521,7 +521,11 @@ def _copy_name(span: Any) -> str:
 # The trace's CPU events are in wall time; the clock's spans in modeled seconds. A kernel is
 # placed as far after its launch, in wall time, as the clock has it start after the host's
 # launch (waiting for its stream), and lasts what the clock says: its duration is the modeled
-# one exactly. Where the host's modeled time runs slower than the wall clock (the CPU
+# one exactly. "Its launch" is the `cudaLaunchKernel` event as drawn, inside the op that made
+# it, not the moment the simulation charged it: a backward pass's kernels are charged together
+# at its end, and placed after that moment they would wait on an idle GPU for as long as the
+# CPU took to compute the rest of the backward (HTA read it as launch delays of 100 ms and
+# kernels queued on an idle stream). Where the host's modeled time runs slower than the wall clock (the CPU
 # computing the values), kernels so placed could overlap on their stream; each starts no
 # earlier than the end of the one before it on its track, so gaps, not durations, absorb the
 # difference. Where the host's modeled time follows the wall clock, this is the clock's own
@@ -608,7 +612,7 @@ def activities(rec: _Recorder, events: list[FunctionEvent],
             at_ns = launch.wall_ns
         # See Note [A modeled kernel's place on the trace's time axis].
         key = (span.device, launch.stream)
-        begin = launch.wall_ns + int(round((start - launch.host) * 1e9))
+        begin = at_ns + int(round((start - launch.host) * 1e9))
         begin = max(begin, track_end.get(key, begin), at_ns + launch_ns)
         track_end[key] = begin + dur_ns
         correlation += 1
