@@ -520,25 +520,6 @@ def test_the_table_keeps_the_real_layout_for_any_board():
         assert status == 2 and "'-q'" in err and "--query-gpu" in err
 
 
-def test_every_modeled_board_has_nvmls_total_and_an_nvidia_smi_table():
-    """`DEVLAB_SIMULATE_GPU_MODEL=RTX-4090` and `!nvidia-smi` in a lesson: every board devlab
-    models answers for NVML, with a total above torch's (the driver's reserve), not a KeyError."""
-    from devlab.engine.gpu_model.specs import SPECS
-    from devlab.engine.simulated.instruments import nvidia_smi, nvml_answers
-
-    for model in SPECS:
-        # TITAN RTX's two published figures disagree by 1.4 MiB (nvidia-smi's 24219 MiB under
-        # torch's 24220.44): left as published.
-        if model != "TITAN-RTX":
-            assert NVML_TOTAL_MIB[model] * MiB > TOTAL_MEMORY[model], model
-        d = nvml_answers.Description("k", 1, model, None, [None], 64 * 1024 * MiB)
-        out = nvidia_smi.table(nvml_answers.view_from(d, []), now="Tue Dec  1 00:00:00 2026")
-        assert f"{NVML_TOTAL_MIB[model]}MiB" in out, model
-        # The driver's name for the board ("NVIDIA GeForce RTX 4090"), not the datasheet's
-        # "NVIDIA GeForce RTX 4090 (24 GB)", which nvidia-smi's column cut short.
-        assert nvml_answers.BOARD_NAMES[model] in out and "(" not in nvml_answers.BOARD_NAMES[model]
-
-
 # docs/nvml-validation.md, "After loading a model": transformers' "Model training anatomy"
 # printed 1343 MB after `torch.ones((1, 1)).to("cuda")` and 2631 MB after bert-large-uncased's
 # `.to("cuda")` on a V100-SXM2 16 GB. The first figure is CUDA 11.2's eager context, which the

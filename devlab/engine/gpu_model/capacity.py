@@ -87,20 +87,6 @@ NVML_TOTAL_MIB: dict[str, int] = {
     "A100-PCIe-40GB": 40960,  # the same 40 GiB of HBM2 as the SXM4 board's 40960
     "A100-PCIe-80GB": 81920,  # the same 80 GiB of HBM2e as the SXM4 board's 81920
     "H100-PCIe": 81920,  # 80 GiB of HBM2e, as the A100 80GB's 81920 (the SXM5's HBM3 says 81559)
-    # The boards of issue 40 (published tables quoted in docs/gpu-memory-sources.md). GeForce
-    # cards keep no ECC: nvidia-smi shows (about) the whole memory.
-    "RTX-3060": 12288,  # "1MiB /  12288MiB" (geerlingguy/raspberry-pi-pcie-devices#790)
-    "RTX-3090": 24576,  # "22598MiB /  24576MiB" (noonghunna/club-3090#1128)
-    "RTX-4090": 24564,  # "507MiB /  24564MiB" (RLinf/RLinf#255)
-    "RTX-5090": 32607,  # "29024MiB /  32607MiB" (noonghunna/club-3090#1261)
-    # No RTX 4060 or 4070 table found: an 8 GB GDDR6 card's 8192 (a Quadro RTX 4000's,
-    # akash-network/provider-configs PR #12) and the 12 GB RTX 3060's stand in, as for TOTAL_MEMORY.
-    "RTX-4060": 8192,
-    "RTX-4070": 12288,
-    "A10G": 23028,  # the A10's "23028MiB" (modal-client PR #2797), as for TOTAL_MEMORY
-    "L40S": 46068,  # "L40S: 46068MiB" (modal-client PR #2797)
-    "H200": 143771,  # "143771MiB" (NVIDIA/cuda-samples#311)
-    "B200": 183359,  # "166593MiB / 183359MiB" (NVIDIA/TensorRT-LLM#10278)
 }
 
 

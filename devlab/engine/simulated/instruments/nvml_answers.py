@@ -67,12 +67,6 @@ BOARD_NAMES: dict[str, str] = {
     "H100-PCIe": "NVIDIA H100 PCIe", "TITAN-RTX": "NVIDIA TITAN RTX",
     # deviceQuery's `Device 0: "Tesla V100-SXM2-16GB"` (docs/gpu-memory-sources.md)
     "V100-SXM2-16GB": "Tesla V100-SXM2-16GB",
-    # The boards of issue 40, as the nvidia-smi tables docs/gpu-memory-sources.md quotes name
-    # them ("NVIDIA GeForce RTX 4090", "NVIDIA B200"), and the others by the same rule.
-    "RTX-3060": "NVIDIA GeForce RTX 3060", "RTX-3090": "NVIDIA GeForce RTX 3090",
-    "RTX-4060": "NVIDIA GeForce RTX 4060", "RTX-4070": "NVIDIA GeForce RTX 4070",
-    "RTX-4090": "NVIDIA GeForce RTX 4090", "RTX-5090": "NVIDIA GeForce RTX 5090",
-    "A10G": "NVIDIA A10G", "L40S": "NVIDIA L40S", "H200": "NVIDIA H200", "B200": "NVIDIA B200",
 }
 
 # Published maximum clocks (MHz: graphics and SM, memory) from `nvidia-smi -q` "Max Clocks":
