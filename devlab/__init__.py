@@ -30,6 +30,16 @@ __version__ = "0.1.0"
 
 config.simulate_from_environment()
 
+
+def __getattr__(name: str) -> object:
+    """`devlab.widgets`, the public widgets, imported on first use: they import ipywidgets and
+    matplotlib, which `import devlab` does not need."""
+    if name == "widgets":
+        import importlib
+
+        return importlib.import_module("devlab.fronts.lab.widgets")
+    raise AttributeError(f"module 'devlab' has no attribute {name!r}")
+
 __all__ = [
     "DeviceSpec",
     "Placement",
@@ -59,4 +69,5 @@ __all__ = [
     "try_all_gpus",
     "try_gpu",
     "unload_ipython_extension",
+    "widgets",
 ]

@@ -70,3 +70,14 @@ def test_a_former_module_leaves_its_packages_attribute_of_that_name_alone():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["devlab.core.memory_watch.allocation_timeline", "function",
                                   "devlab.core.memory_watch.allocation_timeline"]
+
+
+def test_the_widgets_are_an_attribute_of_devlab_as_the_readme_names_them():
+    # README and lesson 02 name `devlab.widgets.MemoryMonitor`: after a bare `import devlab`
+    # it must resolve, without importing ipywidgets until it is asked for.
+    code = ("import sys, devlab; before = 'ipywidgets' in sys.modules; "
+            "print(before, devlab.widgets.MemoryMonitor.__module__, devlab.widgets.TimingChart.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "devlab.fronts.lab.widgets.memory_monitor", "TimingChart"]
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        devlab.no_such_name  # noqa: B018

@@ -517,11 +517,37 @@ def _copy_name(span: Any) -> str:
     return f"Memcpy {kind} {label} ({MODELED}{span.name})"
 
 
+# NCCL's kernel for each collective, as CUPTI names it (NCCL 2.19 on: ncclDevKernel_<Op>_<RedOp>_
+# <type>_<ALGO>_<PROTO>): Holistic Trace Analysis finds communication by `^nccl.*Kernel`, so a
+# modeled collective named otherwise was counted as computation, and its communication and
+# overlap analyses found none. The reduction and the type are not in the span: left out.
+_NCCL_KERNELS = {"all_reduce": "AllReduce", "broadcast": "Broadcast", "reduce": "Reduce",
+                 "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
+                 "barrier": "AllReduce"}  # torch's NCCL barrier all-reduces one element
+_COLLECTIVE = re.compile(r"^nccl:(\w+) \([^,]*, [^,]*, (\w+)/(\w*)\)")
+
+
+def _collective_name(span: Any) -> str:
+    """A modeled collective's kernel as NCCL names it, with what the model says after it."""
+    m = _COLLECTIVE.match(span.name)
+    kernel = "ncclDevKernel_SendRecv"  # all_to_all, send_recv, gather, scatter: grouped p2p
+    if m is not None:
+        op, algorithm, protocol = m.groups()
+        if op in _NCCL_KERNELS:
+            kernel = f"ncclDevKernel_{_NCCL_KERNELS[op]}_{algorithm.upper()}"
+            kernel += f"_{protocol.upper()}" if protocol else ""
+    return f"{kernel} ({MODELED}{span.name})"
+
+
 # Note [A modeled kernel's place on the trace's time axis]
 # The trace's CPU events are in wall time; the clock's spans in modeled seconds. A kernel is
 # placed as far after its launch, in wall time, as the clock has it start after the host's
 # launch (waiting for its stream), and lasts what the clock says: its duration is the modeled
-# one exactly. Where the host's modeled time runs slower than the wall clock (the CPU
+# one exactly. "Its launch" is the `cudaLaunchKernel` event as drawn, inside the op that made
+# it, not the moment the simulation charged it: a backward pass's kernels are charged together
+# at its end, and placed after that moment they would wait on an idle GPU for as long as the
+# CPU took to compute the rest of the backward (HTA read it as launch delays of 100 ms and
+# kernels queued on an idle stream). Where the host's modeled time runs slower than the wall clock (the CPU
 # computing the values), kernels so placed could overlap on their stream; each starts no
 # earlier than the end of the one before it on its track, so gaps, not durations, absorb the
 # difference. Where the host's modeled time follows the wall clock, this is the clock's own
@@ -608,7 +634,7 @@ def activities(rec: _Recorder, events: list[FunctionEvent],
             at_ns = launch.wall_ns
         # See Note [A modeled kernel's place on the trace's time axis].
         key = (span.device, launch.stream)
-        begin = launch.wall_ns + int(round((start - launch.host) * 1e9))
+        begin = at_ns + int(round((start - launch.host) * 1e9))
         begin = max(begin, track_end.get(key, begin), at_ns + launch_ns)
         track_end[key] = begin + dur_ns
         correlation += 1
@@ -625,7 +651,7 @@ def activities(rec: _Recorder, events: list[FunctionEvent],
             kind, name = MEMCPY, _copy_name(span)
         else:
             kind = KERNEL
-            name = (MODELED + span.name if span.kind == kinds.COLLECTIVE else
+            name = (_collective_name(span) if span.kind == kinds.COLLECTIVE else
                     _describe(span, op, owner.name if owner is not None else None))
         nbytes = getattr(op, "nbytes", 0) if op is not None else 0
         out.append((Activity(kind, name, span.device, launch.stream, begin, dur_ns,
