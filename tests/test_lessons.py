@@ -17,7 +17,8 @@ interpreter the English notebook runs in (`TRANSLATED_ENVS`), and is read as its
 (`i18n.english_view`: the English cells' sources, the translation's own outputs), so every check
 and claim holds for it as written: its outputs are the English lesson's wherever they are not
 prose. Each run writes its error count and time to test-artifacts/lessons/
-(`lesson_envs.report`).
+(`lesson_envs.report`). A `plain` run is executed once per test run and is also the one
+tests/test_render.py renders (`lesson_envs.plain_run`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The rendered lessons (scripts/render.sh): every notebook, in English and in each translation,
-executed and written to site/ as a static page, widgets drawn as their final state, a switch
+executed (the run of tests/test_lessons.py's `plain` column, `lesson_envs.plain_run`) and
+written to site/ as a static page, widgets drawn as their final state, a switch
 between the languages on every page; pages checked in headless Chromium (one in English, the
 Persian ones right to left)."""
 
