@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import itertools
 import json
 import os
@@ -60,8 +61,9 @@ class Env:
         return self.simulate if self.simulate is not None else lesson_gpus
 
 
+PLAIN = Env("plain")
 ENVS = [
-    Env("plain"),
+    PLAIN,
     Env("sim2", 2, {"DEVLAB_SIMULATE_GPUS": "2"}),
     Env("sim1", 1, {"DEVLAB_SIMULATE_GPUS": "1"}),
     Env("binder"),
@@ -85,10 +87,36 @@ def run(path: Path, env: Env, tmp: Path, shared: Path) -> Ran:
         return _run_binder(path, tmp, binder_env(shared))
     if env.name == "colab":
         return _run_colab(path, tmp)
+    if env.name == "plain":
+        return plain_run(path, shared)
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
     execute(nb, timeout=300, allow_errors=True, env=env.kernel_env)
     return Ran(nb, env, time.perf_counter() - start)
+
+
+def plain_run(path: Path, shared: Path) -> Ran:
+    """`path` executed top to bottom in `plain` (errors kept in their cells, widget state
+    recorded), once per test run in `shared` (`shared_dir`) for every test and worker that
+    reads it: the `plain` column of tests/test_lessons.py, and tests/test_render.py, whose
+    pages show what a learner without a GPU sees, this very run (the six English lessons took
+    93 s, run twice)."""
+    where = shared / "plain-runs"
+    where.mkdir(parents=True, exist_ok=True)
+    stem = f"{path.parent.name}-{path.stem}-{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
+    ran, figures = where / f"{stem}.ipynb", where / f"{stem}.json"
+    with _locked(where / f"{stem}.lock"):
+        if ran.exists():
+            seconds = json.loads(figures.read_text())["seconds"]
+            return Ran(nbformat.read(ran, as_version=4), PLAIN, seconds)
+        nb = nbformat.read(path, as_version=4)
+        start = time.perf_counter()
+        execute(nb, timeout=300, allow_errors=True, env=PLAIN.kernel_env,
+                store_widget_state=True)
+        seconds = time.perf_counter() - start
+        figures.write_text(json.dumps({"seconds": seconds}))
+        nbformat.write(nb, ran)
+        return Ran(nb, PLAIN, seconds)
 
 
 def report(name: str, env: Env, figures: dict[str, object], nb: nbformat.NotebookNode) -> None:

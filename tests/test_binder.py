@@ -35,7 +35,9 @@ from lesson_envs import (
     shared_dir,
 )
 
-pytestmark = pytest.mark.binder
+# One worker runs this module: its tests share the environment's build (70 s), which a second
+# worker would otherwise wait for, idle, on its lock (62 s in a fresh-clone run).
+pytestmark = [pytest.mark.binder, pytest.mark.xdist_group("test_binder")]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,6 +100,22 @@ def test_the_environment_has_the_pinned_cpu_torch_and_devlab(
     with capsys.disabled():
         print(f"\nBinder stand-in environment: built in {figures['install_seconds']} s, "
               f"{figures['venv_mib']} MiB")
+
+
+def test_the_environment_is_the_checkouts_interpreter(built: BinderEnv) -> None:
+    """The lessons' translations run in the checkout's interpreter and not again in Binder's
+    (tests/test_lessons.py, `TRANSLATED_ENVS`), which holds while the two are one: the same
+    Python, and the IPython, ipykernel and notebook executor that handle a translation's text."""
+    probe = ("import json, sys, importlib.metadata as m; print(json.dumps([sys.version] + "
+             "[m.version(d) for d in ('ipython', 'ipykernel', 'nbconvert', 'nbclient')]))")
+    binder = subprocess.run([str(built.venv / "bin" / "python"), "-c", probe], env=built.env(),
+                            capture_output=True, text=True, check=True, cwd=built.home)
+    here = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    assert json.loads(binder.stdout) == json.loads(here.stdout), (
+        f"Binder's interpreter (Python, IPython, ipykernel, nbconvert, nbclient) is "
+        f"{binder.stdout.strip()}, the checkout's {here.stdout.strip()}: run the translations in "
+        f"Binder's too (add \"binder\" to TRANSLATED_ENVS in tests/test_lessons.py)")
 
 
 def test_start_sizes_torch_threads_to_the_cpu_limit(built: BinderEnv) -> None:

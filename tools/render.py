@@ -22,7 +22,7 @@ import html
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -231,12 +231,16 @@ def switch_html(name: str, lang: Language) -> str:
             f'<a href="{index}">devlab lessons</a> · {" ".join(links)}</nav>')
 
 
-def render(names: list[str], out_dir: Path,
-           languages: list[Language] | None = None) -> dict[Path, nbformat.NotebookNode]:
+def render(names: list[str], out_dir: Path, languages: list[Language] | None = None,
+           run_english: Callable[[Path], nbformat.NotebookNode] | None = None,
+           ) -> dict[Path, nbformat.NotebookNode]:
     """Execute each English notebook and write it, in each of `languages` (default: all it
     exists in; a translation with the English run's outputs, `as_translated`), to
     `out_dir/[<lang>/]<stem>.html`, plus an index page of every lesson in every language.
-    Returns each page with the executed notebook it shows (widgets frozen)."""
+    `run_english` executes a notebook as `execute` does (widget state kept, `kernel_env`; the
+    tests pass one that shares its run with tests/test_lessons.py's). Returns each page with
+    the executed notebook it shows (widgets frozen)."""
+    run_english = run_english or execute
     out_dir.mkdir(parents=True, exist_ok=True)
     pages = {}
     for name in names:
@@ -244,7 +248,7 @@ def render(names: list[str], out_dir: Path,
         for lang in languages_of(name):
             if languages is not None and lang not in languages:
                 continue
-            english_run = english_run or execute(source(name, ENGLISH))
+            english_run = english_run or run_english(source(name, ENGLISH))
             nb = copy.deepcopy(english_run) if lang is ENGLISH else as_translated(
                 english_run, nbformat.read(source(name, lang), as_version=4))
             freeze_widgets(nb)

@@ -2,21 +2,18 @@
 `RunIf(min_cuda_gpus=N)`'s reasons), on the installed Lightning and on the copy with bugs seeded
 (NOTICE.md): CPU-only CI passes both; on simulated GPUs the copy's CUDA variants fail."""
 
-import os
 import socket
 
 import pytest
+import ranks
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from copied_lightning import apply_func as copied_apply_func
 from copied_lightning import device_dtype_mixin as copied_mixin
-from copied_lightning import distributed as copied_distributed
 from copied_lightning import memory as copied_memory
 from copied_lightning import transformer as copied_transformer
 from lightning.fabric.utilities import apply_func as lightning_apply_func
 from lightning.fabric.utilities import device_dtype_mixin as lightning_mixin
-from lightning.fabric.utilities import distributed as lightning_distributed
 from lightning.fabric.utilities.testing import _runif_reasons
 from lightning.pytorch.demos import transformer as lightning_transformer
 from lightning.pytorch.utilities import memory as lightning_memory
@@ -34,7 +31,6 @@ APPLY = {"lightning": lightning_apply_func, "copy": copied_apply_func}
 TRANSFORMER = {"lightning": lightning_transformer, "copy": copied_transformer}
 MIXIN = {"lightning": lightning_mixin, "copy": copied_mixin}
 MEMORY = {"lightning": lightning_memory, "copy": copied_memory}
-DISTRIBUTED = {"lightning": lightning_distributed, "copy": copied_distributed}
 
 
 @pytest.mark.parametrize("source", ["lightning", "copy"])
@@ -104,22 +100,10 @@ def test_batch_size_backs_off_on_oom(source, device):
     assert 1 <= batch_size <= 64
 
 
-def _gather_rank(rank, world, port, source, device):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
-    on = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-    mine = torch.full((rank + 1, 2), float(rank), device=on)  # uneven: padded, then trimmed
-    gathered = DISTRIBUTED[source]._gather_all_tensors(mine)
-    assert [g.tolist() for g in gathered] == [[[0.0, 0.0]], [[1.0, 1.0], [1.0, 1.0]]]
-    dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("source", ["lightning", "copy"])
 @pytest.mark.parametrize("device", TWO_GPUS)
 def test_gather_all_tensors_of_uneven_sizes(source, device):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    mp.spawn(_gather_rank, args=(2, port, source, device), nprocs=2, join=True)
+    mp.spawn(ranks.gather_rank, args=(2, port, source, device), nprocs=2, join=True)
