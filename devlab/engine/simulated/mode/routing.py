@@ -174,8 +174,9 @@ class SimulationMode(TorchFunctionMode):
 # Note [The mode's fast path]
 # Most calls a learner's loop makes are one op on tensors of one simulated GPU, with nothing
 # else in play: `_fast` runs those as the full path (`_ops.run`) would, step for step (the
-# call with `tls.index` and `tls.calls` set, `mark_outputs`, `note_streams` once a stream was
-# used, `take_workspace`, the charge), without the full path's questions, which it answers
+# call, without the `tls.index` and `tls.calls` nothing inside it reads: Note [What the fast
+# path's call leaves out]; `mark_outputs`, `note_streams` once a stream was used,
+# `take_workspace`, the charge), without the full path's questions, which it answers
 # once per call (`_plain_calls`) or from a few module flags. A sized factory given a simulated
 # GPU (`torch.empty(1000, device="cuda")`, `torch.zeros`, `ones`, `full`, `rand`, `randn`) is
 # run as `_factories.place` runs it (`_fast_factory`, `_factories.fast_place`), and a tensor's
