@@ -30,10 +30,13 @@ inside `operator.call`, after 200 warm-up repeats, so that callgrind counts thos
     PYTHONHASHSEED=0 valgrind --tool=callgrind --collect-atstart=no \\
         --toggle-collect=_operator_call --callgrind-out-file=add.T4.out \\
         .venv/bin/python benchmarks/op_cost.py --callgrind add T4 2000
-    .venv/bin/python benchmarks/op_cost.py --layers add.T4.out 2000
+    callgrind_annotate add.T4.out  # the summary's total over N: instructions per repeat
 
-`--layers FILE N` reads such a profile (with callgrind_annotate) and prints instructions per
-repeat by layer (mode entry, routing, marking, allocator, clock): docs/op-cost.md shows them.
+`--layers` (it takes no file) times each layer of `a + b` alone instead, in microseconds per
+repeat, interleaved round by round (`--rounds`): an empty function mode's entry, the
+allocator's allocate and free, a mark and its death, the clock's charge, and routing as what is
+left of the total; docs/op-cost.md shows them. `--profile CASE MODE` splits cProfile's time of
+one case by the same layers.
 """
 
 from __future__ import annotations

@@ -408,3 +408,44 @@ def test_random_programs_answer_alike_with_the_fast_path_on_and_off(counted, mod
     assert len(fast) == len(full)
     for i, (x, y) in enumerate(zip(fast, full, strict=True)):
         assert same(x, y), f"step {i}: {x!r} != {y!r}"
+
+
+# --- the free's thread check -------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork here")
+def test_a_forked_childs_free_knows_its_own_main_thread(no_simulation) -> None:
+    # A storage's free asks whether it runs on a thread devlab started (whose frees are not the
+    # host's time) only off the main thread (storage_marks._main_ident); a child forked from
+    # another thread has that thread as its main one, and a thread it starts is not it.
+    import os
+
+    from devlab.engine.simulated.base import storage_marks
+
+    assert storage_marks._main_ident == threading.get_ident()
+    answers: list[str] = []
+
+    def fork_here() -> None:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave without running anything else
+            try:
+                seen: list[int] = []
+                t = threading.Thread(target=lambda: seen.append(threading.get_ident()))
+                t.start()
+                t.join()
+                ok = (storage_marks._main_ident == threading.get_ident()
+                      and storage_marks._main_ident != seen[0])
+                os.write(write, b"yes" if ok else b"no")
+            finally:
+                os._exit(0)
+        os.close(write)
+        answers.append(os.read(read, 16).decode())
+        os.close(read)
+        os.waitpid(pid, 0)
+
+    forker = threading.Thread(target=fork_here)
+    forker.start()
+    forker.join()
+    assert answers == ["yes"]
+    assert storage_marks._main_ident == threading.get_ident()  # the parent's is unchanged

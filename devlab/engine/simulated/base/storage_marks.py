@@ -12,6 +12,7 @@ when the C++ storage dies. Bytes are counted in CUDA's 512-byte blocks, so
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import weakref
 from typing import Any
@@ -34,6 +35,7 @@ Tensor = torch.Tensor
 
 _DisableTF = torch._C.DisableTorchFunction
 _tf_stack_len = torch._C._len_torch_function_stack
+_get_ident = threading.get_ident
 # Tensor types whose untyped_storage() is torch's own (no __torch_function__ of their own).
 PLAIN = (torch.Tensor, torch.nn.Parameter)
 STORAGE_ERRORS = (RuntimeError, NotImplementedError, TypeError, ValueError)
@@ -85,6 +87,22 @@ if _gc_phase not in gc.callbacks:
     gc.callbacks.append(_gc_phase)
 
 
+# The main thread's id (`_release`'s cheap answer to "a thread devlab runs?"): devlab marks
+# only threads it starts (`gpu_workers.UNROUTED`), never the main one, so a free there needs
+# no look at the thread object (`threading.current_thread()` is a Python call and a dict
+# lookup per free). A forked child's main thread is the one that forked.
+_main_ident = threading.main_thread().ident
+
+
+def _main_after_fork() -> None:
+    global _main_ident
+    _main_ident = threading.get_ident()
+
+
+if hasattr(os, "register_at_fork"):  # no fork, no child: Windows
+    os.register_at_fork(after_in_child=_main_after_fork)
+
+
 def _release(m: Mark) -> None:
     """The storage died (weakref callback): its block goes back to the GPU's allocator (the
     CPU's release of its memory follows on the host's clock: See Note [Why a storage's CPU
@@ -98,8 +116,8 @@ def _release(m: Mark) -> None:
         # queued op's inputs) is not the host's either: bracketed, it would stop the host's
         # clock while the program, outside the simulation, sleeps or loads data. Nor is a
         # free the garbage collector makes (See Note [A free the garbage collector makes]).
-        if (clock is None or _collecting
-                or getattr(threading.current_thread(), _workers.UNROUTED, False)):
+        if (clock is None or _collecting or (_get_ident() != _main_ident and getattr(
+                threading.current_thread(), _workers.UNROUTED, False))):
             with _session.lock:
                 if m.block is not None:
                     if _hazards.tracking:

@@ -116,6 +116,8 @@ def traffic(args: tuple, kwargs: dict, out: Any) -> tuple[int, torch.dtype, int]
     """(bytes an op reads and writes, the dtype it computes in, how many of its tensor inputs
     need gradients): it runs for every op on a modeled GPU."""
     read, dtype, grads = _tensors((*args, *kwargs.values()) if kwargs else args)
+    if isinstance(out, Tensor):  # `_tensors((out,))`'s answer for one tensor, without its call
+        return read + out.nbytes, dtype or out.dtype, grads
     written, out_dtype, _ = _tensors((out,))
     return read + written, dtype or out_dtype or torch.float32, grads
 

@@ -106,7 +106,8 @@ class SimulationMode(TorchFunctionMode):
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
         if kwargs is None:
             kwargs = {}
-        if self.session is not _session.session or self.session is None:
+        sess = self.session
+        if sess is not _session.session or sess is None:
             return func(*args, **kwargs)
         try:
             if type(func) is _MethodWrapper:
@@ -128,14 +129,13 @@ class SimulationMode(TorchFunctionMode):
             # The host's time stops at the wall clock's pace while the call is inside the
             # simulation (Note [The host's modeled time] in gpu_model/modeled_clock.py); an op that runs
             # on the host gives its time back (`_ops.run`).
-            sess = self.session
             charges = sess.charges
             modeled = charges is not _NO_CHARGES  # NoCharges' enter and leave do nothing
             if modeled:
                 charges.enter()
             try:
                 if fast_path:
-                    out = _fast(sess, func, args, kwargs)
+                    out = _fast(sess, charges, func, args, kwargs)
                     if out is not _MISS:
                         modeled = False  # the fast path's charge left (call_and_leave)
                         return out
@@ -174,8 +174,9 @@ class SimulationMode(TorchFunctionMode):
 # Note [The mode's fast path]
 # Most calls a learner's loop makes are one op on tensors of one simulated GPU, with nothing
 # else in play: `_fast` runs those as the full path (`_ops.run`) would, step for step (the
-# call with `tls.index` and `tls.calls` set, `mark_outputs`, `note_streams` once a stream was
-# used, `take_workspace`, the charge), without the full path's questions, which it answers
+# call, without the `tls.index` and `tls.calls` nothing inside it reads: Note [What the fast
+# path's call leaves out]; `mark_outputs`, `note_streams` once a stream was used,
+# `take_workspace`, the charge), without the full path's questions, which it answers
 # once per call (`_plain_calls`) or from a few module flags. A sized factory given a simulated
 # GPU (`torch.empty(1000, device="cuda")`, `torch.zeros`, `ones`, `full`, `rand`, `randn`) is
 # run as `_factories.place` runs it (`_fast_factory`, `_factories.fast_place`), and a tensor's
@@ -194,6 +195,24 @@ class SimulationMode(TorchFunctionMode):
 # `fast_path = False` sends every call down the full path (the equivalence test, and the
 # benchmark's before-and-after in one run: benchmarks/op_cost.py).
 
+# Note [What the fast path's call leaves out]
+# The full path's call (`device_rule.call`) sets this thread's `tls.index` (the GPU the op
+# runs on: `current_index()`) and `tls.calls` (calls in progress) around `func`, for what runs
+# inside the call and asks: a dispatch mode (the placement log, `Marking` in
+# dispatch_devices.py, cuFFT's plan watch, a user's mode reading `current_index()`), a CUDA
+# graph's capture (cuda/graphs.py), a backward pass's copies (autograd.py, under a handler).
+# Those are all that read them (`grep -rn "tls.index\|tls.calls\|current_index"`), and the fast
+# path runs a call only where none of them can run inside it: no dispatch mode on the stack, no
+# capture, no saved-tensor hooks, no function mode below, not a handler's call (backward and
+# grad are), and torch has taken the simulation's own mode off the stack while `func` runs, so
+# Python inside it (a torch function written in Python, autocast's CUDA policy in cuda/amp.py,
+# a weakref callback, the garbage collector) reaches none of devlab's routing. The marking,
+# the workspace and the charge after the call read neither (the full path restores both
+# before them). So the fast path does not set them: four thread-local reads and writes per
+# op. The one reader left out is contrived: the Python implementation of a user's custom op
+# (torch.library) asking `current_index()` from inside the op reads the enclosing call's GPU
+# (None at the top level) where the full path gives the op's own.
+
 fast_path = True
 fallbacks: Any = None  # a collections.Counter while a test counts
 _MISS = object()
@@ -201,7 +220,6 @@ _Parameter = torch.nn.Parameter
 _tf_stack_len = torch._C._len_torch_function_stack
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 _saved_tensor_hooks = torch._C._autograd._top_saved_tensors_default_hooks
-_tls = _session.tls
 _NO_CHARGES = _session.NO_CHARGES
 _mark_outputs = _marks.mark_outputs
 _recount = _marks.recount
@@ -259,9 +277,10 @@ def _miss(reason: str) -> object:
     return _MISS
 
 
-def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
+def _fast(sess: Any, charges: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
     """`func(*args, **kwargs)` on its tensors' simulated GPU as `_ops.run` runs it, or `_MISS`
-    (nothing done) where the call needs the full path (Note [The mode's fast path])."""
+    (nothing done) where the call needs the full path (Note [The mode's fast path]); `charges`
+    is the session's."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
     plain = _plain_calls.get(func)
     if plain is None:
@@ -269,8 +288,8 @@ def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
     if plain is not True:
         if plain is _FACTORY:
             out = _fast_factory(sess, func, args, kwargs)
-            if out is not _MISS and sess.charges is not _NO_CHARGES:
-                sess.charges.leave()  # as an op's charge leaves (the mode's `leave`)
+            if out is not _MISS and charges is not _NO_CHARGES:
+                charges.leave()  # as an op's charge leaves (the mode's `leave`)
             return out
         if plain is False or not plain(args, kwargs):
             return _miss("handler")
@@ -325,19 +344,13 @@ def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
         return _miss("stream")
     if fallbacks is not None:
         fallbacks["fast"] += 1
-    # _ops.call, inline
-    tls = _tls
-    prev = getattr(tls, "index", None)
-    tls.index = index
-    tls.calls = getattr(tls, "calls", 0) + 1
+    # _ops.call, inline, without its `tls.index` and `tls.calls`: nothing the call can run
+    # reads them (Note [What the fast path's call leaves out])
     try:
         out = func(*args, **kwargs)
     except Exception as e:
         _errors.torch_error(e)
         raise
-    finally:
-        tls.index = prev
-        tls.calls -= 1
     # mark_outputs, inline for one plain tensor (no host inputs to alias)
     to = type(out)
     if to is Tensor or to is _Parameter:
@@ -359,7 +372,6 @@ def _fast(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
         _note_streams(func, index, args, kwargs)
     if _runs_cublas.get(func) is not False:  # take_workspace asks only of products
         _take_workspace(func, index)
-    charges = sess.charges
     if charges is not _NO_CHARGES:  # without a model the session's NoCharges charges nothing
         # the charge and the mode's `leave` at once: the op's GPU is on its default stream
         charges.call_and_leave(func, args, kwargs, out, index, fresh)
