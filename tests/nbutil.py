@@ -31,12 +31,13 @@ def _kernel_env(checkout_on_path: bool = True) -> dict[str, str]:
 def execute(nb: nbformat.NotebookNode, timeout: int = 600, cwd: Path | None = None,
             allow_errors: bool = False, env: dict[str, str] | None = None,
             kernel_name: str = "python3", checkout_on_path: bool = True,
-            store_widget_state: bool = False) -> nbformat.NotebookNode:
+            store_widget_state: bool = True) -> nbformat.NotebookNode:
     """Execute a notebook in a fresh kernel (this venv's python3) and return it with outputs.
 
     `env` adds to the kernel's environment; `checkout_on_path=False` leaves this checkout off
     its path (a kernel that must import an installed devlab); `store_widget_state` records the
-    widgets' final state in the notebook's metadata, as a page rendered from it needs."""
+    widgets' final state in the notebook's metadata (nbclient's default, which the widget tests
+    read and a page rendered from it needs)."""
     client = NotebookClient(
         nb,
         timeout=timeout,
