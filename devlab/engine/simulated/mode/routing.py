@@ -345,7 +345,7 @@ def _fast(sess: Any, charges: Any, func: Callable, args: tuple, kwargs: dict) ->
     if fallbacks is not None:
         fallbacks["fast"] += 1
     # _ops.call, inline, without its `tls.index` and `tls.calls`: nothing the call can run
-    # reads them (Note [What the fast path's call leaves out])
+    # reads them (See Note [What the fast path's call leaves out])
     try:
         out = func(*args, **kwargs)
     except Exception as e:
