@@ -148,7 +148,7 @@ def call(index: int | None, func: Callable, args: tuple, kwargs: dict,
     unless the call is `watched`, each op inside then placed by its own tensors (See Note
     [Why ops run watched] in `dispatched`)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    prev = getattr(tls, "index", None)
+    prev = _session.current_index()
     tls.index = index
     counted = not watched
     if counted:
