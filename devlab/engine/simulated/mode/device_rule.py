@@ -152,7 +152,7 @@ def call(index: int | None, func: Callable, args: tuple, kwargs: dict,
     tls.index = index
     counted = not watched
     if counted:
-        tls.calls = getattr(tls, "calls", 0) + 1
+        tls.calls = _session.calls_in_progress() + 1
     try:
         return func(*args, **kwargs)
     except Exception as e:

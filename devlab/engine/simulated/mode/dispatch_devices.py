@@ -82,7 +82,7 @@ def run(func: Callable, args: tuple, kwargs: dict) -> tuple[Any, int | None]:
     """Run an op a dispatch mode sees, straight to its kernel; returns (its outputs, the
     simulated GPU it ran on, or None on the host)."""
     with _DisableTF():  # its tensor reads too: a backward pass keeps the function mode pushed
-        if _session.session is None or getattr(tls, "calls", 0):
+        if _session.session is None or _session.calls_in_progress():
             # No simulation, or inside a call the function mode placed: its device stands.
             return func(*args, **kwargs), _session.current_index()
         index, host = _place(func, args, kwargs)
