@@ -619,6 +619,7 @@ def test_a_host_sync_per_step_costs_at_least_twice_the_on_device_log(t4) -> None
     per_step, on_device = (v["time"] for v in r.data["versions"])
     assert per_step >= 2 * on_device, r
     assert "pays the round trip of waking up" in str(r)
+    assert f"at least {gpu_model.HOST_COPY_LATENCY_US:g} µs on the GPU" in str(r)
 
 
 def test_two_modeled_gpus_scale_whatever_the_cores(t4, monkeypatch) -> None:
