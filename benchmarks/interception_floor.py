@@ -21,13 +21,25 @@ ratios to plain CPU PyTorch in the same run:
 
 Without a C compiler (or Python's headers) the native row says why it was not measured. Every
 figure is this CPU's: a simulated GPU is the CPU, and none of these is a GPU's time.
+
+Wall time on a shared machine moves with its load; instructions do not. `--callgrind VARIANT
+CASE N` (VARIANT cpu, empty or native; CASE add or life) runs only N repeats of one case inside
+`operator.call`, after 200 warm-ups, for callgrind to count (the simulation's own counts come
+from `benchmarks/op_cost.py --callgrind`, run the same way):
+
+    PYTHONHASHSEED=0 valgrind --tool=callgrind --collect-atstart=no \\
+        --toggle-collect=_operator_call --callgrind-out-file=add.native.out \\
+        .venv/bin/python benchmarks/interception_floor.py --callgrind native add 2000
+    callgrind_annotate add.native.out  # the summary's total over N: instructions per repeat
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.machinery
 import importlib.util
+import operator
 import shutil
 import statistics
 import subprocess
@@ -46,6 +58,7 @@ import torch  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
 CASES = ("small op", "tensor life")
+_CASE_NAMES = {"add": "small op", "life": "tensor life"}
 
 
 class EmptyMode(TorchFunctionMode):
@@ -112,14 +125,44 @@ def one_round(native: types.ModuleType | None, quick: bool) -> dict[str, dict[st
     return out
 
 
+def callgrind(variant: str, case: str, n: int) -> None:
+    """N repeats of one case alone inside `operator.call` (what callgrind's toggle counts)."""
+    with tempfile.TemporaryDirectory(prefix="devlab-floor-") as folder:
+        native = build_native(Path(folder)) if variant == "native" else None
+        if isinstance(native, str):
+            raise SystemExit(f"the native stand-in could not be built: {native}")
+        mode = (contextlib.nullcontext() if variant == "cpu" else EmptyMode()
+                if variant == "empty" else native_mode(native))
+        with mode:
+            fn, _ = op_cost._case(_CASE_NAMES[case], "cpu")
+
+            def repeat(k: int) -> None:
+                for _ in range(k):
+                    fn()
+            repeat(200)
+            operator.call(repeat, n)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a quarter of the repeats")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--callgrind", nargs=3, metavar=("VARIANT", "CASE", "N"),
+                        help="only N repeats of one case for callgrind: VARIANT cpu, empty or "
+                             "native; CASE add or life")
     opts = parser.parse_args(argv)
     if opts.rounds < 1:
         parser.error(f"--rounds must be at least 1, not {opts.rounds}")
     torch.set_num_threads(1)
+    if opts.callgrind:
+        variant, case, n = opts.callgrind
+        if variant not in ("cpu", "empty", "native") or case not in _CASE_NAMES:
+            parser.error(f"--callgrind takes VARIANT cpu, empty or native and CASE add or life, "
+                         f"not {variant!r} {case!r}")
+        if not n.isdigit() or int(n) < 1:
+            parser.error(f"--callgrind's N must be a whole number of repeats, not {n!r}")
+        callgrind(variant, case, int(n))
+        return
     with tempfile.TemporaryDirectory(prefix="devlab-floor-") as folder:
         native = build_native(Path(folder))
         why = None
