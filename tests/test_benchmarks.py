@@ -81,3 +81,16 @@ def test_the_placement_log_benchmark_says_whether_tensorflow_was_measured() -> N
     assert proc.returncode != 0
     assert "TensorFlow did not start (is it installed there?)" in proc.stderr, proc.stderr
     assert "TensorFlow's costs" not in proc.stdout
+
+
+def test_the_placement_log_benchmarks_round_times_each_place_and_before_needs_tensorflow() -> None:
+    # --before's child: one round of devlab's logged op, as JSON, on each place it names
+    import json
+
+    row = json.loads(_run("benchmarks/placement_log.py", "--round", "200").splitlines()[-1])
+    assert set(row) == {"cpu", "simulated GPU", "modeled T4"}, row
+    assert all(isinstance(v, float) and v > 0 for v in row.values()), row
+    proc = subprocess.run([sys.executable, "benchmarks/placement_log.py", "--before", "."],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "give --tensorflow PYTHON too" in proc.stderr, proc.stderr
