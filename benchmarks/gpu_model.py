@@ -43,6 +43,7 @@ from devlab.engine.gpu_model.calibration import (  # noqa: E402
     Calibration,
     DatasheetRule,
 )
+from devlab.engine.gpu_model.links import host_copy  # noqa: E402
 from devlab.engine.gpu_model.modeled_clock import Clock, OpTime  # noqa: E402
 
 aten = torch.ops.aten
@@ -480,6 +481,65 @@ def item_us(spec: GpuSpec) -> float:
     return clock.now() * 1e6
 
 
+@dataclass(frozen=True)
+class SmallCopy:
+    """Published GPU-side durations of small copies between host memory and a GPU: the mean of
+    `copies` copies of `smallest` to `largest` bytes, in microseconds (See Note [A small
+    copy's fixed time on the GPU] in devlab/engine/gpu_model/links.py)."""
+
+    gpu: str  # the model's board (the board measured, or the nearest the model has)
+    board: str  # the board as the trace names it
+    direction: str  # "device → host" or "host → device"
+    pinned: bool  # the host's side is page-locked
+    smallest: int
+    largest: int
+    copies: int
+    us: float
+    source: str
+
+    @property
+    def what(self) -> str:
+        size = (f"{self.smallest} B" if self.smallest == self.largest else
+                f"{self.smallest}–{self.largest} B")
+        memory = "pinned" if self.pinned else "pageable"
+        n = f"{self.copies} copies" if self.copies > 1 else "1 copy"
+        return f"{self.direction}, {memory}, {size}, GPU side, mean of {n} [{self.source}]"
+
+    def model_us(self) -> float:
+        """The model's GPU-side time of one copy of the largest size (the bytes add at most
+        0.08 µs here: the fixed time is the model's figure)."""
+        return host_copy(SPECS[self.gpu], self.largest, self.pinned).seconds * 1e6
+
+
+# [hta-traces]: CUPTI's `Memcpy DtoH` / `Memcpy HtoD` activities of 1 KiB or less in the real
+# torch.profiler traces Holistic Trace Analysis tests on (facebookresearch/HolisticTraceAnalysis
+# at f4d0062, tests/data/<dir>/...json.gz; the board from each trace's deviceProperties: the
+# "A100-PG509-200" has 40 GB and 108 SMs, an A100 40GB), every copy of that direction and host
+# memory in the trace; their timestamps are whole microseconds. [pytorch#15568]: one nvprof
+# `--print-gpu-trace` line, "3.2000us ... 8B ... Device Pageable Tesla V100-SXM2 ... [CUDA
+# memcpy DtoH]" (the board's memory not stated).
+SMALL_COPIES: tuple[SmallCopy, ...] = (
+    SmallCopy("A100-40GB", "A100-PG509-200", "device → host", False, 8, 984, 48, 1.646,
+              "hta-traces: trace_diff/control"),
+    SmallCopy("V100-SXM2-16GB", "Tesla V100-SXM2-16GB", "device → host", False, 8, 16, 42, 1.810,
+              "hta-traces: trace_diff/test"),
+    SmallCopy("A100-80GB", "A100-SXM4-80GB", "device → host", False, 8, 704, 30, 2.667,
+              "hta-traces: negative_queue_length_values_check/rank0"),
+    SmallCopy("A100-80GB", "A100-SXM4-80GB", "host → device", False, 64, 384, 45, 1.822,
+              "hta-traces: negative_queue_length_values_check/rank0"),
+    SmallCopy("A100-40GB", "A100-PG509-200", "host → device", True, 4, 4, 6, 2.667,
+              "hta-traces: trace_diff/control"),
+    SmallCopy("V100-SXM2-16GB", "Tesla V100-SXM2-16GB", "host → device", True, 4, 4, 7, 3.143,
+              "hta-traces: trace_diff/test"),
+    SmallCopy("A100-40GB", "A100-PG509-200", "host → device", False, 256, 1024, 4, 1.0,
+              "hta-traces: critical_path/alexnet"),
+    SmallCopy("A100-40GB", "A100-PG509-200", "device → host", False, 1, 1, 1, 2.0,
+              "hta-traces: critical_path/cuda_event_sync"),
+    SmallCopy("V100-SXM2-16GB", "Tesla V100-SXM2", "device → host", False, 8, 8, 1, 3.2,
+              "pytorch#15568"),
+)
+
+
 @dataclass
 class Row:
     section: str
@@ -632,6 +692,10 @@ def rows() -> list[Row]:
     lat("A100-80GB", "add of two 512×512, synced after each [Torch-FL#27]", 17.0,
         queued_ops(a100, "add", ((512, 512), (512, 512)), synced=True) * 1e6)
     lat("H100", ".item(), 50,000 calls [pytorch#119202]", 33.0, item_us(h100))
+    lat("RTX-5090", "4-byte copy to pageable memory + cudaStreamSynchronize, median of 2,000 "
+        "[imp#1654]", 32.21, item_us(SPECS["RTX-5090"]))
+    for c in SMALL_COPIES:
+        out.append(Row("small copy", c.gpu, c.what, c.us, "µs", c.model_us()))
     lat("T4", "torch.arange(1024) timed alone with CUDA events [NeuSight label]", 22.2,
         predict("arange", ((1024,),), "int64", t4).alone * 1e6)
     lat("H100", "smallest bmm (16×196×64 by 64×196) timed alone [NeuSight bmm]", 24.1,

@@ -83,6 +83,20 @@ def test_the_placement_log_benchmark_says_whether_tensorflow_was_measured() -> N
     assert "TensorFlow's costs" not in proc.stdout
 
 
+def test_interception_floor_prints_each_variant_and_its_stand_ins_marks_die() -> None:
+    out = _run("benchmarks/interception_floor.py", "--quick", "--rounds", "1")
+    for case in ("small op", "tensor life"):
+        block = out.split(f"{case}:\n")[1]
+        for label in ("cpu", "empty Python mode", "native stand-in", "simulated GPU", "modeled T4"):
+            assert re.search(rf"  {label} +(\d+\.\d\d us +\d+\.\d\dx the CPU|not measured: .+)",
+                             block), block
+    made = re.search(r"native stand-in: (\d+) marks made, (\d+) alive, (\d+) bytes held", out)
+    if made is not None:  # built: each stand-in mark's callback ran when its storage died
+        assert int(made[1]) > 0 and made[2] == "0" and made[3] == "0", out
+    else:
+        assert "not measured: " in out, out
+
+
 def test_the_placement_log_benchmarks_round_times_each_place_and_before_needs_tensorflow() -> None:
     # --before's child: one round of devlab's logged op, as JSON, on each place it names
     import json

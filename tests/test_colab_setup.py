@@ -59,6 +59,18 @@ def test_readme_links_block_is_current_and_without_a_repository_there_is_no_link
             assert dead not in readme, f"README links to {dead!r} with no repository set"
 
 
+def test_links_help_says_what_the_command_does_and_a_wrong_argument_is_refused(capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        links.main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("usage: python -m tools.links [-h] [--write]")
+    assert "--write" in out and "no links" not in out  # the help, not the links' message
+    with pytest.raises(SystemExit) as done:
+        links.main(["--wrte"])  # a typo does not print the links as if nothing were asked
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "unrecognized arguments: --wrte" in err
+
+
 def test_links_follow_pyproject(tmp_path: Path) -> None:
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text('[project]\nname = "devlab"\nversion = "1.2.0"\n'

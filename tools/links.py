@@ -8,10 +8,12 @@ the README shows no badge and the Colab set-up cell says devlab cannot be instal
     python -m tools.links            # print the links (or why there are none)
     python -m tools.links --write    # rewrite the README's links block and the set-up cells
                                      # (and build the translations again: python -m tools.i18n build)
+    python -m tools.links --help     # this usage
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from dataclasses import dataclass
@@ -104,11 +106,26 @@ def readme_with_block(readme: str, home: Home | None) -> str:
     return readme[:start] + readme_block(home) + readme[end + len(README_END):]
 
 
+def parser() -> argparse.ArgumentParser:
+    """`python -m tools.links`'s arguments (`--help` prints what they do)."""
+    p = argparse.ArgumentParser(
+        prog="python -m tools.links",
+        description="Print the Binder and Colab links of every notebook (and of each "
+                    "translation), built from `Repository` under [project.urls] in "
+                    "pyproject.toml at the release tag v{version}; with no Repository set, "
+                    "say why there are none.")
+    p.add_argument("--write", action="store_true",
+                   help="rewrite the README's links block and every notebook's set-up cell, "
+                        "then build the translations again (python -m tools.i18n build)")
+    return p
+
+
 def main(argv: list[str]) -> int:
     from tools import colab_cell
 
+    args = parser().parse_args(argv)  # --help prints the help; a wrong argument, a usage error
     home = project_home()
-    if "--write" in argv:
+    if args.write:
         readme = ROOT / "README.md"
         readme.write_text(readme_with_block(readme.read_text(), home))
         for nb in notebooks():

@@ -32,10 +32,13 @@ from devlab.engine.gpu_model.collectives import (  # noqa: E402  (collectives: i
     collective_time,
 )
 from devlab.engine.gpu_model.links import (  # noqa: E402
+    HOST_COPY_LATENCY_US,
     PAGEABLE_FRACTION,
     TOPOLOGIES,
+    HostCopy,
     Topology,
     default_topology,
+    host_copy,
     host_copy_gbs,
     topologies,
     topology,
@@ -43,7 +46,8 @@ from devlab.engine.gpu_model.links import (  # noqa: E402
 
 __all__ += ["OPS", "TOPOLOGIES", "CollectiveTime", "Topology", "algbw_to_busbw", "bus_factor",
             "busbw_to_algbw", "coalesced_time", "collective_time", "default_topology",
-            "topologies", "topology", "PAGEABLE_FRACTION", "host_copy_gbs"]
+            "topologies", "topology", "PAGEABLE_FRACTION", "host_copy_gbs", "HOST_COPY_LATENCY_US",
+            "HostCopy", "host_copy"]
 from devlab.engine.gpu_model.data_parallel import (  # noqa: E402
     StepTime,
     bucket_sizes,

@@ -15,6 +15,7 @@ Units: GB/s = 10^9 bytes per second, per direction, per GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from devlab.engine.gpu_model.specs import SPECS, GpuSpec, gpu
 
@@ -263,3 +264,44 @@ def host_copy_gbs(spec: GpuSpec, pinned: bool) -> float:
     """GB/s of a copy between host memory and a GPU of `spec`, per direction: the host link's
     rate from (or to) pinned memory, `PAGEABLE_FRACTION` of it from (or to) pageable memory."""
     return spec.host_link_gbs * (1.0 if pinned else PAGEABLE_FRACTION)
+
+
+# Note [A small copy's fixed time on the GPU]
+# Bandwidth alone gives a 4-byte copy (`.item()`) about a nanosecond on the GPU. A copy engine
+# takes one to three microseconds for any copy, however small: the GPU-side `Memcpy DtoH` /
+# `Memcpy HtoD` durations CUPTI records in real torch.profiler traces of copies of 1 to 1024
+# bytes (Holistic Trace Analysis's test traces [hta-traces]: microsecond timestamps, so a mean
+# over many copies is the estimate) are 1.65 us (48 copies device to pageable memory, an A100),
+# 1.81 us (42, a V100-SXM2-16GB), 2.67 and 1.82 us (30 to pageable memory and 45 from it, an
+# A100-SXM4-80GB), and between 1.0 and 3.14 us in rows of 1 to 7 copies; nvprof shows an 8-byte
+# copy to the host on a V100-SXM2 at 3.2 us ([pytorch#15568]). The model takes 1.8 us for both
+# directions and every board: the least largest error over all nine rows (1.0 to 3.2 us: their
+# geometric midpoint is 1.79), and the median of the four rows of 30 copies or more (1.815);
+# the rows show no trend with the board or the direction beyond their spread. Every row, with
+# the model beside it: benchmarks/gpu_model.py (`SMALL_COPIES`), docs/gpu-models.md, "Copies
+# between host and GPU". The host's side of a synchronous copy (its launch, its wait for the
+# GPU and the wake-up: `GpuSpec.launch_latency_us`, `sync_latency_us`) is the clock's, not
+# this. A copy of no bytes runs nothing: aten's copy_impl returns before any CUDA call when its
+# iterator is empty (`iter.numel() == 0`, aten/src/ATen/native/Copy.cpp).
+HOST_COPY_LATENCY_US = 1.8
+
+
+class HostCopy(NamedTuple):
+    """One copy between host memory and a GPU as the GPU's copy engine spends it, in seconds."""
+
+    fixed: float  # the copy engine's fixed time per copy (`HOST_COPY_LATENCY_US`)
+    link: float  # the bytes over the host link (`host_copy_gbs`)
+
+    @property
+    def seconds(self) -> float:
+        return self.fixed + self.link
+
+
+def host_copy(spec: GpuSpec, nbytes: int, pinned: bool) -> HostCopy:
+    """The GPU's time for one copy of `nbytes` between host memory and a GPU of `spec`
+    (`pinned`: the host's side is page-locked): a fixed time per copy, then the bytes at
+    `host_copy_gbs` (See Note [A small copy's fixed time on the GPU])."""
+    if nbytes < 0:
+        raise ValueError(f"a copy of {nbytes} bytes: expected 0 or more bytes")
+    fixed = HOST_COPY_LATENCY_US * 1e-6 if nbytes else 0.0
+    return HostCopy(fixed, nbytes / (host_copy_gbs(spec, pinned) * 1e9))

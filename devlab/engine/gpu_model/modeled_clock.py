@@ -47,7 +47,7 @@ from devlab.engine.gpu_model.kernels import (
     kernel_seconds,
     memory_bound,
 )
-from devlab.engine.gpu_model.links import host_copy_gbs
+from devlab.engine.gpu_model.links import host_copy
 from devlab.engine.gpu_model.specs import GpuSpec
 
 TIMING = QUEUED  # what the clock's times are: ops queued back to back
@@ -325,7 +325,7 @@ class Clock:
              op: str = "copy", pinned: bool = False,
              streams: Mapping[int, int] | None = None) -> None:
         """A copy between the host (None) and a GPU, or between two GPUs; `pinned`: the host's
-        side is pinned memory (the link's rate; pageable memory is staged: `host_copy_gbs`);
+        side is pinned memory (the link's rate; pageable memory is staged: `links.host_copy`);
         on each GPU end, its stream in `streams` (none there: the default stream)."""
         spec = self.spec
         where = (f"GPU:{src}→GPU:{dst}" if src is not None and dst is not None else
@@ -335,6 +335,7 @@ class Clock:
         src = None if src is None else self.queue[src]
         dst = None if dst is None else self.queue[dst]
         within = None
+        fixed = 0.0  # a copy over the host link: its copy engine's time per copy (links.py)
         if src is not None and dst is not None:
             ends = [src, dst] if src != dst else [src]
             if src == dst:  # within one GPU's memory: a copy kernel reads, then writes
@@ -344,7 +345,8 @@ class Clock:
                 seconds = nbytes / (spec.peer_link_gbs * 1e9)
         else:
             ends = [src if src is not None else dst]
-            seconds = nbytes / (host_copy_gbs(spec, pinned) * 1e9)
+            fixed, link = host_copy(spec, nbytes, pinned)
+            seconds = fixed + link
         # On each GPU end, the caller's stream there (a copy between two GPUs runs on the
         # source's and waits for the destination's, as the copy kernels do).
         sides = [(i, streams.get(i, 0) if streams is not None else 0)
@@ -379,7 +381,8 @@ class Clock:
             if self.recording is not None:
                 self.recording.append(within._replace(op=name) if within is not None else
                                       OpTime(name, shown, self._launch, 0.0,  # type: ignore[arg-type]
-                                             seconds, 0, nbytes, waited))
+                                             link if fixed else seconds, 0, nbytes,
+                                             waited, fixed))
 
     def launch_collective(self, index: int) -> float:
         """The host launches a collective on GPU `index`: when its communication stream could

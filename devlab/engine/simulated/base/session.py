@@ -491,6 +491,11 @@ def current_index() -> int | None:
     return tls.__dict__.get("index")
 
 
+def calls_in_progress() -> int:
+    """How many of the function mode's placed calls (`device_rule.call`) this thread is inside."""
+    return tls.__dict__.get("calls", 0)
+
+
 def current_device() -> int:
     """This thread's current simulated GPU (`torch.cuda.current_device()`); 0 in a new thread."""
     return tls.__dict__.get("device", 0)

@@ -23,7 +23,6 @@ from devlab.engine.gpu_model import cufft_plan_keys as _model
 from devlab.engine.simulated.base import session as _session
 from devlab.engine.simulated.base.cuda_errors import entry, user_error
 from devlab.engine.simulated.base.patcher import Patcher
-from devlab.engine.simulated.base.session import tls
 from devlab.engine.simulated.mode import device_rule as _ops
 
 _caches: dict[int, _model.PlanCache] = {}
@@ -80,7 +79,7 @@ def clear_plan_cache(device_index: int) -> None:
 
 def _record(func: Any, args: tuple, kwargs: dict) -> None:
     """Look up, in the running GPU's cache, the plans CUDA makes for this aten FFT op."""
-    index = getattr(tls, "index", None)
+    index = _session.current_index()
     if index is None or _session.session is None:
         return
     packet = func.overloadpacket

@@ -313,7 +313,7 @@ class _Capture:
             # Inside a call the simulation placed (a move), the current index is its
             # destination; one C++ issued (autograd's cast back) stays on its source's GPU,
             # as dispatched.run places it.
-            to_gpu = (_session.current_index() is not None if getattr(_session.tls, "calls", 0)
+            to_gpu = (_session.current_index() is not None if _session.calls_in_progress()
                       else isinstance(src, Tensor) and self.on_gpu(src))
         else:
             src = args[1] if len(args) > 1 else kwargs.get("src")

@@ -60,7 +60,7 @@ def route_copy_backward(out: Tensor, source: int | None, target: int | None) -> 
     saved: list[int | None] = []
 
     def before(grad_outputs: Any) -> None:
-        saved.append(getattr(tls, "index", None))
+        saved.append(_session.current_index())
         tls.index = source
 
     def after(grad_inputs: tuple, grad_outputs: tuple) -> tuple | None:
@@ -86,7 +86,7 @@ def route_copy_backward(out: Tensor, source: int | None, target: int | None) -> 
 def _to_copy(g: Tensor) -> Tensor:
     """A copy of g made on `current_index()`, marked there (or left on the host)."""
     out = torch.ops.aten._to_copy.default(g)
-    index = getattr(tls, "index", None)
+    index = _session.current_index()
     if index is not None:
         _marks.mark_outputs(out, index)
     return out

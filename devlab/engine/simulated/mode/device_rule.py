@@ -148,11 +148,11 @@ def call(index: int | None, func: Callable, args: tuple, kwargs: dict,
     unless the call is `watched`, each op inside then placed by its own tensors (See Note
     [Why ops run watched] in `dispatched`)."""
     __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-    prev = getattr(tls, "index", None)
+    prev = _session.current_index()
     tls.index = index
     counted = not watched
     if counted:
-        tls.calls = getattr(tls, "calls", 0) + 1
+        tls.calls = _session.calls_in_progress() + 1
     try:
         return func(*args, **kwargs)
     except Exception as e:

@@ -48,7 +48,7 @@ _dispatch_mode_at = torch._C._get_dispatch_stack_at  # user modes, bottom first
 def _place(func: Any, args: tuple, kwargs: dict) -> tuple[int | None, list]:
     """(the device of an op torch issued from C++, the storages of its host inputs), adopting
     the host tensors it made for a GPU."""
-    current = getattr(tls, "index", None)
+    current = _session.current_index()
     ts = tensors_of(args, kwargs)
     storages = [storage_of(t) for t in ts]
     # A wrapper subclass (DTensor) is where its inner tensors are; its own storage is empty.
@@ -82,11 +82,11 @@ def run(func: Callable, args: tuple, kwargs: dict) -> tuple[Any, int | None]:
     """Run an op a dispatch mode sees, straight to its kernel; returns (its outputs, the
     simulated GPU it ran on, or None on the host)."""
     with _DisableTF():  # its tensor reads too: a backward pass keeps the function mode pushed
-        if _session.session is None or getattr(tls, "calls", 0):
+        if _session.session is None or _session.calls_in_progress():
             # No simulation, or inside a call the function mode placed: its device stands.
-            return func(*args, **kwargs), getattr(tls, "index", None)
+            return func(*args, **kwargs), _session.current_index()
         index, host = _place(func, args, kwargs)
-        prev = getattr(tls, "index", None)
+        prev = _session.current_index()
         tls.index = index
         try:
             out = func(*args, **kwargs)

@@ -15,6 +15,7 @@ from devlab._helpers.sizes import format_bytes
 from devlab.core import placement_log
 from devlab.core.timing import STEADY, check_options, time_on_device
 from devlab.engine import simulated
+from devlab.engine.gpu_model import HOST_COPY_LATENCY_US
 from devlab.fronts.lab.exercises._common import (
     RETRIES,
     ExerciseResult,
@@ -156,8 +157,10 @@ def norm_logging(
                 f"Why, on the modeled {spec.name}: each step launches small kernels (about "
                 f"{spec.launch_latency_us:g} µs each; they are launch-bound). Keeping the log on "
                 "the device, the host only launches and the GPU works behind it. With .item() "
-                "every step, the host launches a copy to itself, waits until the GPU's queue is "
-                f"empty and pays the round trip of waking up ({spec.sync_latency_us:g} µs), while "
+                "every step, the host launches a copy to itself (at least "
+                f"{HOST_COPY_LATENCY_US:g} µs on the GPU, however small), waits until the GPU's "
+                "queue is empty and pays the round trip of waking up "
+                f"({spec.sync_latency_us:g} µs), while "
                 "the GPU sits idle, then launches the next step.")
         elif info.simulated:
             notes.append("On a simulated GPU a host sync only waits for a CPU thread; on a real "
