@@ -2,25 +2,31 @@
 floor), devlab's log buffered, and rendering a 10,000-op log for display.
 
 Run: .venv/bin/python benchmarks/placement_log.py [--tensorflow PYTHON] [--rounds N]
+     [--before TREE]
 
 `--tensorflow PYTHON` also times TensorFlow's logged op in that interpreter (one with
 TensorFlow installed; the project's environment has none): an eager 8x8 add with
 `tf.debugging.set_log_device_placement(True)`, its output sent to /dev/null so that what is
 timed is the log's work, not a terminal's; interleaved round by round with devlab's logged op
 (TensorFlow's switch, `devlab.debugging.set_log_device_placement`, its lines to /dev/null too:
-an 8x8 add on the CPU and on a simulated GPU), each round a median of its timings; prints both
-and their ratio (issue 39: devlab's at least 2x cheaper). Without it, says TensorFlow was not
-measured.
+an 8x8 add on the CPU, on a simulated GPU and on a modeled T4), each round a median of its
+timings; prints both and their ratio (issue 39: devlab's at least 2x cheaper). Without it,
+says TensorFlow was not measured. `--before TREE` runs devlab's side of each round in a fresh
+process per tree, TREE's devlab (a checkout of the code before a change) and this one's,
+alternating, beside the same TensorFlow process, and prints both trees' figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -115,10 +121,37 @@ def _timed_logged_op(device: str, n: int) -> float:
         stop()  # type: ignore[operator]
 
 
-def versus_tensorflow(python: str, rounds: int, n: int = 5000) -> None:
-    """devlab's logged op against TensorFlow's in `python`, interleaved round by round."""
+_PLACES = ("cpu", "simulated GPU", "modeled T4")
+
+
+def devlab_round(n: int) -> dict[str, float]:
+    """devlab's logged op, µs per op, on the CPU, a simulated GPU and a modeled T4."""
     from devlab.engine import simulated
 
+    got = {"cpu": _timed_logged_op("cpu", n)}
+    for where, model in (("simulated GPU", None), ("modeled T4", "T4")):
+        simulated.start(1, model=model)
+        try:
+            got[where] = _timed_logged_op("cuda:0", n)
+        finally:
+            simulated.stop()
+    return got
+
+
+def _tree_round(tree: Path, n: int) -> dict[str, float]:
+    """`devlab_round` in a fresh process with `tree`'s devlab first on the import path."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    argv = [sys.executable, str(Path(__file__).resolve()), "--round", str(n)]
+    got = subprocess.run(argv, env=env, capture_output=True, text=True, check=True, cwd=tree)
+    return json.loads(got.stdout.strip().splitlines()[-1])
+
+
+def versus_tensorflow(python: str, rounds: int, n: int = 5000, before: str | None = None
+                      ) -> None:
+    """devlab's logged op against TensorFlow's in `python`, interleaved round by round (with
+    `before`, devlab's rounds in a fresh process per tree: `before`'s and this one's)."""
+    here = Path(__file__).resolve().parents[1]
+    trees = {"before": Path(before).resolve(), "after": here} if before else {"this tree": None}
     child = subprocess.Popen([python, "-c", _TF_CHILD], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, bufsize=1)
     try:
@@ -130,27 +163,29 @@ def versus_tensorflow(python: str, rounds: int, n: int = 5000) -> None:
             child.stdin.write(f"{n}\n")  # type: ignore[union-attr]
             return float(child.stdout.readline())  # type: ignore[union-attr]
 
-        got: dict[str, list[float]] = {"tf": [], "cpu": [], "simulated GPU": []}
+        tf: list[float] = []
+        got: dict[str, dict[str, list[float]]] = {t: {w: [] for w in _PLACES} for t in trees}
         for _ in range(rounds):
-            got["tf"].append(tf_round())
-            got["cpu"].append(_timed_logged_op("cpu", n))
-            simulated.start(1)
-            try:
-                got["simulated GPU"].append(_timed_logged_op("cuda:0", n))
-            finally:
-                simulated.stop()
+            tf.append(tf_round())
+            for label, tree in trees.items():
+                row = devlab_round(n) if tree is None else _tree_round(tree, n)
+                for where in _PLACES:
+                    got[label][where].append(row[where])
     finally:
         child.stdin.close()  # type: ignore[union-attr]
         child.wait(timeout=60)
-    tf_us = statistics.median(got["tf"])
     print(f"\nthe logged op, 8x8 add, {rounds} rounds interleaved, {n} ops each "
           f"(median µs/op; ratio: the median of the rounds' TensorFlow / devlab):")
-    print(f"TensorFlow {ready[1]} eager, set_log_device_placement(True)  {tf_us:7.2f} µs/op")
-    for where in ("cpu", "simulated GPU"):
-        ratios = [t / d for t, d in zip(got["tf"], got[where], strict=True)]
-        print(f"devlab, set_log_device_placement(True), {where:14s} "
-              f"{statistics.median(got[where]):7.2f} µs/op   TensorFlow's costs "
-              f"{statistics.median(ratios):.2f}x devlab's (target >= 2)")
+    print(f"TensorFlow {ready[1]} eager, set_log_device_placement(True)  "
+          f"{statistics.median(tf):7.2f} µs/op")
+    for label, tree in trees.items():
+        if tree is not None:
+            print(f"{label} ({tree}):")
+        for where in _PLACES:
+            ratios = [t / d for t, d in zip(tf, got[label][where], strict=True)]
+            print(f"devlab, set_log_device_placement(True), {where:14s} "
+                  f"{statistics.median(got[label][where]):7.2f} µs/op   TensorFlow's costs "
+                  f"{statistics.median(ratios):.2f}x devlab's (target >= 2)")
 
 
 def main() -> None:
@@ -158,8 +193,17 @@ def main() -> None:
     p.add_argument("--tensorflow", metavar="PYTHON",
                    help="an interpreter with TensorFlow: time its logged op beside devlab's")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--before", metavar="TREE",
+                   help="with --tensorflow: also TREE's devlab, a fresh process per tree")
+    p.add_argument("--round", type=int, metavar="N", help=argparse.SUPPRESS)
     opts = p.parse_args()
     torch.set_num_threads(1)
+    if opts.round:  # --before's child: one round of devlab's logged op, as JSON
+        print(json.dumps(devlab_round(opts.round)))
+        return
+    if opts.before and not opts.tensorflow:
+        p.error("--before compares devlab's logged op beside TensorFlow's: give --tensorflow "
+                "PYTHON too")
     try:
         load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
@@ -186,7 +230,7 @@ def main() -> None:
     print(f"10,000-op log: rendered text+HTML in {render_ms:.1f} ms ({len(text.splitlines())} text lines, "
           f"{html.count(chr(10)) + 1} HTML lines), summary in {summary_ms:.1f} ms ({sum(summary.ops_per_device.values())} ops)")
     if opts.tensorflow:
-        versus_tensorflow(opts.tensorflow, opts.rounds)
+        versus_tensorflow(opts.tensorflow, opts.rounds, before=opts.before)
     else:
         print("\nTensorFlow's logged op: not measured (give --tensorflow PYTHON, an interpreter "
               "with TensorFlow installed)")

@@ -95,3 +95,16 @@ def test_interception_floor_prints_each_variant_and_its_stand_ins_marks_die() ->
         assert int(made[1]) > 0 and made[2] == "0" and made[3] == "0", out
     else:
         assert "not measured: " in out, out
+
+
+def test_the_placement_log_benchmarks_round_times_each_place_and_before_needs_tensorflow() -> None:
+    # --before's child: one round of devlab's logged op, as JSON, on each place it names
+    import json
+
+    row = json.loads(_run("benchmarks/placement_log.py", "--round", "200").splitlines()[-1])
+    assert set(row) == {"cpu", "simulated GPU", "modeled T4"}, row
+    assert all(isinstance(v, float) and v > 0 for v in row.values()), row
+    proc = subprocess.run([sys.executable, "benchmarks/placement_log.py", "--before", "."],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "give --tensorflow PYTHON too" in proc.stderr, proc.stderr

@@ -18,6 +18,7 @@ import pytest
 import torch
 from answers import same
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import devlab
 from devlab.core import placement_log
@@ -45,6 +46,17 @@ def _taken(counter: collections.Counter, fn: Any) -> collections.Counter:
         after = collections.Counter(counter)
     after.subtract(before)
     return +after
+
+
+class _Watching(TorchDispatchMode):
+    """A dispatch mode that is not the placement log: it runs what it sees."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _OwnLog(placement_log.PlacementLog):
+    """A user's log built on devlab's: it may do more than record, so no fast path."""
 
 
 def test_a_plain_op_on_one_gpu_takes_the_fast_path(counted) -> None:
@@ -96,10 +108,22 @@ def test_each_unusual_call_falls_back_to_the_full_path(counted) -> None:
             a * b
     assert _taken(counted, hooked) == {"mode or hook": 1}
 
-    def logged() -> None:
-        with placement_log.capture(io.StringIO()):
+    # the placement log alone takes the fast path (test_a_logged_op_takes_the_fast_path); the
+    # log beside another dispatch mode, or a class that is not the log's own, does not
+    def logged_and_watched() -> None:
+        with placement_log.capture(io.StringIO()), _Watching():
             a * b
-    assert _taken(counted, logged)["mode or hook"] == 1
+    assert _taken(counted, logged_and_watched)["mode or hook"] == 1
+
+    def watched_and_logged() -> None:
+        with _Watching(), placement_log.capture(io.StringIO()):
+            a * b
+    assert _taken(counted, watched_and_logged)["mode or hook"] == 1
+
+    def by_a_subclass() -> None:
+        with _OwnLog():
+            a * b
+    assert _taken(counted, by_a_subclass)["mode or hook"] == 1
 
     release = threading.Event()
 
@@ -204,10 +228,10 @@ def test_each_unusual_factory_falls_back_to_the_full_path(counted) -> None:
     assert "fast factory" not in _taken(counted, default_device)
     assert under[0].device == torch.device("cuda:1")
 
-    def logged() -> None:
-        with placement_log.capture(io.StringIO()):
+    def logged_and_watched() -> None:  # the log alone takes it: test_a_logged_op_takes_...
+        with placement_log.capture(io.StringIO()), _Watching():
             torch.zeros(3, device="cuda:0")
-    assert _taken(counted, logged)["mode or hook"] == 1
+    assert _taken(counted, logged_and_watched)["mode or hook"] == 1
 
     settled: list[int] = []  # settings set after the start, read again at the first question
     devlab.simulated.settle_at_first_use(lambda: settled.append(1))
@@ -406,6 +430,70 @@ def test_random_programs_answer_alike_with_the_fast_path_on_and_off(counted, mod
     assert sum(v for k, v in counted.items() if k != "fast") > 0
     fast, full = runs
     assert len(fast) == len(full)
+    for i, (x, y) in enumerate(zip(fast, full, strict=True)):
+        assert same(x, y), f"step {i}: {x!r} != {y!r}"
+
+
+# --- under the placement log ------------------------------------------------------------------
+
+
+def test_a_logged_op_takes_the_fast_path(counted) -> None:
+    # The placement log alone on the dispatch mode stack: a plain op and a sized factory take
+    # the fast path (See Note [The fast path under the log]), and the log's lines name the
+    # op's GPU, also for the aten ops of a torch function made of several.
+    devlab.simulated.start(2)
+    a = torch.ones(8, 8, device="cuda:1")
+    b = torch.full((8, 8), 2.0, device="cuda:1")
+    lines = io.StringIO()
+    with placement_log.capture(lines) as log:
+        assert _taken(counted, lambda: a + b) == {"fast": 1}
+        assert _taken(counted, lambda: torch.zeros(4, device="cuda:1")) == {"fast factory": 1}
+        assert _taken(counted, lambda: torch.nn.functional.linear(a, b)) == {"fast": 1}
+    gpu1 = "/job:localhost/replica:0/task:0/device:GPU:1"
+    assert lines.getvalue().splitlines() == log.lines()
+    assert log.lines()[:2] == [f"Executing op aten::add in device {gpu1}",
+                               f"Executing op aten::zeros in device {gpu1}"]
+    assert log.lines()[-1].startswith("Executing op aten::")
+    assert all(line.endswith(gpu1) for line in log.lines()[2:])
+    assert len(log.lines()) > 3  # linear: a transpose and a product, each on GPU 1
+
+
+def _logged_sequence(seed: int, gpus: int) -> list[Any]:
+    """`_sequence` under the placement log, streaming its lines: what the program saw, then
+    the log's lines as written and as kept, its records and its summary."""
+    lines = io.StringIO()
+    with placement_log.capture(lines) as log:
+        seen = _sequence(seed, gpus)
+    # the lines written as the ops ran (the log's shortcut for an op's line) are the lines
+    # its events give (`Event.text`)
+    assert lines.getvalue().splitlines() == log.lines()
+    seen.append(log.lines())
+    seen.append(log.records())
+    seen.append(log.summary().text())
+    return seen
+
+
+@pytest.mark.usefixtures("modeled_host")
+@pytest.mark.parametrize("model", [None, "T4"])
+@pytest.mark.parametrize("seed", [4, 5])
+def test_random_logged_programs_answer_alike_with_the_fast_path_on_and_off(counted, model,
+                                                                            seed):
+    runs = []
+    for fast in (True, False):
+        routing.fast_path = fast
+        devlab.simulated.start(2, model=model)
+        try:
+            runs.append(_logged_sequence(seed, 2))
+        finally:
+            devlab.simulated.stop()
+            devlab.runtime.reset()
+    routing.fast_path = True
+    assert counted["fast"] > 50  # the logged run took it, and fell back too
+    assert counted["fast factory"] > 5
+    assert sum(v for k, v in counted.items() if k not in ("fast", "fast factory")) > 0
+    fast, full = runs
+    assert len(fast) == len(full)
+    assert len(fast[-3]) > 200  # the log saw the program's ops
     for i, (x, y) in enumerate(zip(fast, full, strict=True)):
         assert same(x, y), f"step {i}: {x!r} != {y!r}"
 

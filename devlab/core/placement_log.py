@@ -34,6 +34,7 @@ from devlab.core.names import DeviceSpec, echo
 from devlab.engine import simulated
 from devlab.engine.aten_overloads import COPY_OPS, COPY_TO_HOST, SYNC_OPS, copy_ends
 from devlab.engine.gpu_model import ops_catalog
+from devlab.engine.simulated.mode import routing as _routing
 
 OP, COPY, SYNC, NOTE, COLLECTIVE = "op", "copy", "sync", "note", "collective"
 
@@ -100,6 +101,27 @@ class Summary:
         )
 
 
+# func -> (func, COPY, COLLECTIVE or OP, an op's host sync's reason or None), by id: an
+# OpOverload hashes in Python (`hash(self._op)`), and the log asked up to three sets per op. The
+# entry holds func, so no other object takes its id while the entry lives.
+_roles: dict[int, tuple[Any, str, str | None]] = {}
+_heads: dict[int, str] = {}  # id(func) -> an op's streamed line before its device
+_gpus: dict[int, torch.device] = {}  # a simulated GPU's index -> torch.device("cuda", index)
+_run_dispatched = simulated.run_dispatched
+
+
+def _role(func: Any) -> tuple[Any, str, str | None]:
+    """What the log does with `func`'s calls (`_roles`' entry, made at its first call)."""
+    if func in COPY_OPS:
+        role = (func, COPY, None)
+    elif func in _COLLECTIVE_OPS:
+        role = (func, COLLECTIVE, None)
+    else:
+        role = (func, OP, SYNC_OPS.get(func))
+    _roles[id(func)] = role
+    return role
+
+
 class PlacementLog(TorchDispatchMode):
     """Records ops, copies and host syncs while active (`with PlacementLog() as log:`).
 
@@ -123,22 +145,38 @@ class PlacementLog(TorchDispatchMode):
         kwargs = kwargs or {}
         # Straight to the kernel, with the simulated GPU it runs on (None: the host or no
         # simulation; then the tensors say where it ran).
-        out, index = simulated.run_dispatched(func, args, kwargs)
-        if func in COPY_OPS:
+        out, index = _run_dispatched(func, args, kwargs)
+        role = _roles.get(id(func))
+        if role is None:
+            role = _role(func)
+        if role[1] is COPY:
             self._record_copy(func, args, kwargs, out, index)
-        elif func in _COLLECTIVE_OPS:
+        elif role[1] is COLLECTIVE:
             self._record_collective(func, args, out, index)
         else:
-            self._raw.append((OP, func, self._device_of(args, out, index)))
-            if func in SYNC_OPS:
-                self._record_sync(self._raw[-1][2], SYNC_OPS[func])
+            raw = self._raw
+            device = self._device_of(args, out, index)
+            raw.append((OP, func, device))
+            if role[2] is not None:
+                self._record_sync(device, role[2])
+            elif self.stream is not None and self._streamed == len(raw) - 1:
+                # the one new line, as _flush_stream writes it (_event(raw).text())
+                head = _heads.get(id(func))
+                if head is None:
+                    head = _heads[id(func)] = f"Executing op {_op_name(func)} in device "
+                self.stream.write(head + _full(device) + "\n")
+                self._streamed = len(raw)
+                return out
         if self.stream is not None:
             self._flush_stream()
         return out
 
     def _device_of(self, args: tuple[Any, ...], out: Any, index: int | None) -> torch.device:
         if index is not None:
-            return torch.device("cuda", index)
+            device = _gpus.get(index)
+            if device is None:  # torch.device("cuda", index), made once per index
+                device = _gpus[index] = torch.device("cuda", index)
+            return device
         for a in args:
             if isinstance(a, torch.Tensor):
                 return a.device
@@ -365,6 +403,9 @@ def _note_finding(finding: Any) -> None:
 
 
 simulated.observe_findings(_note_finding)  # for good: it looks for this thread's logs
+# The mode's fast path runs a call under the log, alone on the dispatch mode stack, as the full
+# path does: See Note [The fast path under the log] in engine/simulated/mode/routing.py.
+_routing.RECORDERS.add(PlacementLog)
 
 
 # Printing a tensor turns dispatch modes off (torch._tensor_str._str), so the log cannot see

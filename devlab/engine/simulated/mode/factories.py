@@ -132,7 +132,7 @@ def fast_place(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
     kw = dict(kwargs, device="cpu")
     with _DisableTF():
         out = _ops.call(index, func, args, kw)
-        # no FakeTensorMode below (no dispatch mode): never a meta tensor here
+        # no FakeTensorMode below (no dispatch mode but the placement log): never a meta tensor
         if func in _EMPTY and type(out) is _Tensor:
             out.zero_()  # See Note [Why empty memory reads as zeros]
     s = out.untyped_storage() if type(out) is _Tensor else None

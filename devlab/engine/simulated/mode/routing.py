@@ -188,7 +188,8 @@ class SimulationMode(TorchFunctionMode):
 # on a non-default current stream (`"stream"`; after a stream was used, an op on the default
 # stream takes the fast path and notes its stream as the full path does); a CUDA graph's
 # capture; queued work on a worker or a worker's error; another function mode below the
-# simulation's (`with torch.device(...)`), a dispatch mode (the placement log, `Marking`),
+# simulation's (`with torch.device(...)`), a dispatch mode other than the placement log alone
+# (`Marking`, a user's mode, the log beside another: See Note [The fast path under the log]),
 # saved-tensor hooks; and among the tensors, a subclass, a host tensor, a tensor without a
 # storage, or two GPUs. `fallbacks`, when a test sets it to a Counter, counts each call taken
 # (`"fast"`, `"fast factory"`) and each reason to fall back (tests/test_simulated_fast_path.py);
@@ -202,16 +203,37 @@ class SimulationMode(TorchFunctionMode):
 # dispatch_devices.py, cuFFT's plan watch, a user's mode reading `current_index()`), a CUDA
 # graph's capture (cuda/graphs.py), a backward pass's copies (autograd.py, under a handler).
 # Those are all that read them (`grep -rn "tls.index\|tls.calls\|current_index"`), and the fast
-# path runs a call only where none of them can run inside it: no dispatch mode on the stack, no
-# capture, no saved-tensor hooks, no function mode below, not a handler's call (backward and
-# grad are), and torch has taken the simulation's own mode off the stack while `func` runs, so
-# Python inside it (a torch function written in Python, autocast's CUDA policy in cuda/amp.py,
-# a weakref callback, the garbage collector) reaches none of devlab's routing. The marking,
-# the workspace and the charge after the call read neither (the full path restores both
-# before them). So the fast path does not set them: four thread-local reads and writes per
-# op. The one reader left out is contrived: the Python implementation of a user's custom op
+# path runs a call without them only where none of them can run inside it: no dispatch mode on
+# the stack (under the placement log it makes the full path's call: Note [The fast path under
+# the log]), no capture, no saved-tensor hooks, no function mode below, not a handler's call
+# (backward and grad are), and torch has taken the simulation's own mode off the stack while
+# `func` runs, so Python inside it (a torch function written in Python, autocast's CUDA
+# policy in cuda/amp.py, a weakref callback, the garbage collector) reaches none of devlab's
+# routing. The marking, the workspace and the charge after the call read neither (the full
+# path restores both before them). So the fast path does not set them: four thread-local
+# reads and writes per op. The one reader left out is contrived: the Python implementation of a user's custom op
 # (torch.library) asking `current_index()` from inside the op reads the enclosing call's GPU
 # (None at the top level) where the full path gives the op's own.
+
+# Note [The fast path under the log]
+# The placement log is a dispatch mode: torch runs its `__torch_dispatch__` for each aten op
+# inside the call, and it runs the op with `dispatch_devices.run`, which reads this thread's
+# `tls.calls` (a call the function mode placed is in progress: its GPU stands, nothing inside
+# is placed or marked again) and `tls.index` (that GPU, the log line's device), then records a
+# tuple and writes its line. It reads nothing else of the simulation's, asks nothing of the
+# full path's questions and changes no state the fast path reads. So with the log alone on
+# this thread's dispatch mode stack (`_recorder_alone`: one mode, of a class in `RECORDERS`,
+# exactly; the log adds its own, and a subclass, which may do more, is not it), the fast path
+# takes the call, and makes it as the full path does: `device_rule.call`, which sets both
+# around `func` (the factory's `fast_place` makes that call already). Everything else is the
+# full path's step for step, as without the log: the full path, too, runs a small op under the
+# log as any op (an asynchronous launch stays on the host under a dispatch mode:
+# `async_launch.carried_state`), marks after the call and charges the same kernel; the log's
+# own Python runs inside the call, where a modeled host's time is the model's. Any other
+# dispatch mode (`Marking`, cuFFT's plan watch, FakeTensorMode, a user's), or the log beside
+# one, takes the full path ("mode or hook"). tests/test_simulated_fast_path.py checks that a
+# logged op takes the fast path and that random logged programs give the same lines, records,
+# values, memory figures and modeled times with the fast path on and off.
 
 fast_path = True
 fallbacks: Any = None  # a collections.Counter while a test counts
@@ -219,11 +241,13 @@ _MISS = object()
 _Parameter = torch.nn.Parameter
 _tf_stack_len = torch._C._len_torch_function_stack
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
+_dispatch_mode_at = torch._C._get_dispatch_stack_at
 _saved_tensor_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _NO_CHARGES = _session.NO_CHARGES
 _mark_outputs = _marks.mark_outputs
 _recount = _marks.recount
 _take_workspace = _ops.take_workspace
+_call = _ops.call
 _note_streams = _ops.note_streams
 _current_stream = _session.current_stream
 _runs_cublas = _ops._runs_cublas  # func -> whether it runs cuBLAS, as take_workspace learns it
@@ -232,6 +256,18 @@ _runs_cublas = _ops._runs_cublas  # func -> whether it runs cuBLAS, as take_work
 # handler would run the call as any op runs (async_launch's small products)
 _plain_calls: dict[Callable, Any] = {}
 _FACTORY = object()  # ... or a sized factory: `_fast_factory` decides
+
+
+# The dispatch modes under which the fast path still runs a call, each alone on the stack: a
+# mode that runs every op it sees with `dispatch_devices.run` and only records (the placement
+# log adds its class: core/placement_log.py). Its exact class: a subclass may do more.
+# See Note [The fast path under the log].
+RECORDERS: set[type] = set()
+
+
+def _recorder_alone() -> bool:
+    """Whether this thread's dispatch mode stack is one mode of a class in `RECORDERS`."""
+    return _dispatch_stack_len() == 1 and type(_dispatch_mode_at(0)) in RECORDERS
 
 
 def _plain(func: Callable) -> Any:
@@ -261,7 +297,8 @@ def _fast_factory(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
         return _miss("hazards")
     if _workers._pending_total or _workers._alert:
         return _miss("queued work")
-    if _tf_stack_len() or _dispatch_stack_len() or _saved_tensor_hooks(False) is not None:
+    if (_tf_stack_len() or _saved_tensor_hooks(False) is not None
+            or (_dispatch_stack_len() and not _recorder_alone())):
         return _miss("mode or hook")
     out = _factories.fast_place(sess, func, args, kwargs)
     if type(out) is str:
@@ -301,7 +338,11 @@ def _fast(sess: Any, charges: Any, func: Callable, args: tuple, kwargs: dict) ->
         return _miss("hazards")
     if _workers._pending_total or _workers._alert:
         return _miss("queued work")
-    if _tf_stack_len() or _dispatch_stack_len() or _saved_tensor_hooks(False) is not None:
+    if _tf_stack_len() or _saved_tensor_hooks(False) is not None:
+        return _miss("mode or hook")
+    # a dispatch mode: only the placement log, alone (See Note [The fast path under the log])
+    logged = _dispatch_stack_len()
+    if logged and not _recorder_alone():
         return _miss("mode or hook")
     index = None
     for a in (*args, *kwargs.values()) if kwargs else args:
@@ -344,13 +385,16 @@ def _fast(sess: Any, charges: Any, func: Callable, args: tuple, kwargs: dict) ->
         return _miss("stream")
     if fallbacks is not None:
         fallbacks["fast"] += 1
-    # _ops.call, inline, without its `tls.index` and `tls.calls`: nothing the call can run
-    # reads them (See Note [What the fast path's call leaves out])
-    try:
-        out = func(*args, **kwargs)
-    except Exception as e:
-        _errors.torch_error(e)
-        raise
+    if logged:  # the log's dispatch reads the call's GPU and that a call is in progress
+        out = _call(index, func, args, kwargs)
+    else:
+        # _ops.call, inline, without its `tls.index` and `tls.calls`: nothing the call can run
+        # reads them (See Note [What the fast path's call leaves out])
+        try:
+            out = func(*args, **kwargs)
+        except Exception as e:
+            _errors.torch_error(e)
+            raise
     # mark_outputs, inline for one plain tensor (no host inputs to alias)
     to = type(out)
     if to is Tensor or to is _Parameter:
