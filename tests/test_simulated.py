@@ -1157,6 +1157,43 @@ def test_memory_a_gpu_hands_out_reads_as_zeros(two) -> None:
         assert int(layer.weight.count_nonzero()) == 0 and layer.weight.device.type == "cuda"
 
 
+def test_the_zeros_of_empty_memory_are_no_op_of_the_program(two) -> None:
+    """The simulation's zeros (Note [Why empty memory reads as zeros]) are not an op the program
+    ran: under the placement log and under torch.profiler, `torch.empty(..., device="cuda")`
+    is `aten::empty` alone, as on a GPU (it had shown an `aten::zero_` on CPU:0 after it), on
+    the fast path and the full path, and its memory still reads as zeros."""
+    import io
+
+    from torch.profiler import profile
+
+    from devlab.core import placement_log
+    from devlab.engine.simulated.mode import routing
+
+    for fast in (True, False):
+        routing.fast_path = fast
+        try:
+            for _ in range(5):
+                old = torch.full((64, 64), float("nan"), device="cuda:1")
+                del old
+                out = io.StringIO()
+                with placement_log.capture(out):
+                    x = torch.empty(64, 64, device="cuda:1")
+                    y = torch.empty(3, dtype=torch.int64, device="cuda:0")
+                lines = out.getvalue().splitlines()
+                assert len(lines) == 2 and all("aten::empty in device" in ln for ln in lines), lines
+                assert lines[0].endswith("GPU:1") and lines[1].endswith("GPU:0"), lines
+                assert int(x.count_nonzero()) == 0 and int(y.count_nonzero()) == 0
+                del x
+                with profile() as prof:
+                    x = torch.empty(64, 64, device="cuda:1")
+                names = {e.key for e in prof.key_averages()}
+                assert "aten::empty" in names and "aten::zero_" not in names, names
+                assert int(x.count_nonzero()) == 0
+                del x
+        finally:
+            routing.fast_path = True
+
+
 def test_torch_compile_runs_uncompiled_with_right_values_and_says_so(two, capfd) -> None:
     """Compiled code is CUDA code, and dynamo traced through the simulation's mode to wrong
     values (x * 2 + 1 gave 2 for 1 with the eager and aot_eager backends): while simulating,

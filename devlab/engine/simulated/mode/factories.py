@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +30,29 @@ _SIZED = ops_catalog.callables("sized")
 # there last: NaNs, in a program that trains on weights it forgot to initialize (pytorch/
 # examples' FSDP2 Transformer leaves its layers as `to_empty` made them). CUDA promises nothing
 # of it, and memory its caching allocator reuses within a program holds that program's values.
+# The zeros are the simulation's, not an op of the program's: while something watches ops (the
+# placement log or another dispatch mode, torch.profiler) they are written without an aten op
+# (`memset`), so that `torch.empty(n, device="cuda")` shows `aten::empty` alone, as on a GPU, not
+# an `aten::zero_` on the CPU after it; unwatched, `zero_()` is the cheaper call.
 _EMPTY = ops_catalog.callables("empty")
+_memset = ctypes.memset
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_profiling = torch._C._autograd._profiler_enabled
+
+
+def _zero(out: torch.Tensor) -> None:
+    """Fill a new `empty` tensor's storage with zeros (Note [Why empty memory reads as zeros])."""
+    if not (_dispatch_modes() or _profiling()):
+        out.zero_()
+        return
+    try:
+        s = out.untyped_storage()
+    except _marks.STORAGE_ERRORS:  # a layout without one storage (sparse): its own op
+        out.zero_()
+        return
+    n = s.nbytes()
+    if n:
+        _memset(s.data_ptr(), 0, n)
 
 
 def _nbytes(func: Callable, args: tuple, kwargs: dict) -> int:
@@ -77,7 +100,7 @@ def place(func: Callable, args: tuple, kwargs: dict, device: Any) -> Any:
         if isinstance(out, torch.Tensor) and _meta(out):
             return out  # under a FakeTensorMode (DTensor's sharding propagation): no memory
         if func in _EMPTY and isinstance(out, torch.Tensor):
-            out.zero_()  # See Note [Why empty memory reads as zeros]
+            _zero(out)  # See Note [Why empty memory reads as zeros]
     _marks.mark_outputs(out, target)
     _session.session.charges.factory(func, args, out, target)  # type: ignore[union-attr]
     return out
@@ -134,7 +157,7 @@ def fast_place(sess: Any, func: Callable, args: tuple, kwargs: dict) -> Any:
         out = _ops.call(index, func, args, kw)
         # no FakeTensorMode below (no dispatch mode but the placement log): never a meta tensor
         if func in _EMPTY and type(out) is _Tensor:
-            out.zero_()  # See Note [Why empty memory reads as zeros]
+            _zero(out)  # See Note [Why empty memory reads as zeros]
     s = out.untyped_storage() if type(out) is _Tensor else None
     if s is not None and getattr(s, _marks.MARK, None) is None:
         _marks.mark_one(s, index)  # mark_outputs' step for a fresh storage
