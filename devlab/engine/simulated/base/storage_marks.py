@@ -71,13 +71,16 @@ _collecting = False  # the garbage collector is running (`_gc_phase`)
 
 
 # Note [A free the garbage collector makes]
-# The modeled clock's lock is a plain lock, and its sections allocate (spans, records): the
-# garbage collector can run inside one and collect a simulated storage held in a reference
-# cycle (an exception's traceback, an autograd graph), whose free then asks the clock, on the
-# thread that holds its lock, and would wait for it for ever. A free during a collection does
-# the allocator's work alone and leaves the host's clock as it is: its few microseconds count
-# as whatever the clock was counting. The callback is the process's (gc.callbacks), a flag
-# and nothing more, so it stays for the life of the process.
+# The modeled clock's sections allocate (spans, records): the garbage collector can run inside
+# one and collect a simulated storage held in a reference cycle (an exception's traceback, an
+# autograd graph), whose free then asks the clock on the thread that holds its lock. The lock
+# is re-entrant (See Note [The clock's lock, entered again by its own thread] in
+# gpu_model/modeled_clock.py; a plain lock waited for itself for ever), but the free's
+# `was_inside` would move the host's time halfway through a section outside the simulation
+# (`record`'s, a `reset`). So a free during a collection does the allocator's work alone and
+# leaves the host's clock as it is: its few microseconds count as whatever the clock was
+# counting. The callback is the process's (gc.callbacks), a flag and nothing more, so it stays
+# for the life of the process.
 def _gc_phase(phase: str, info: dict) -> None:
     global _collecting
     _collecting = phase == "start"
