@@ -33,7 +33,7 @@ gc.disable()
 x = torch.ones(64, 64, device="cuda")
 y = x * 2  # a kernel on the stream, so that a synchronize waits for something
 state = {"nested": 0, "finalized": 0}
-owned = getattr(clock.lock, "_is_owned", clock.lock.locked)  # (a plain lock's: locked())
+owned = getattr(clock.lock, "_is_owned", None) or clock.lock.locked  # (a plain lock: locked())
 class Cycle:
     def __del__(self):
         state["finalized"] += 1
