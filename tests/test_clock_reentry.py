@@ -136,3 +136,50 @@ def test_a_finalizer_collected_inside_the_clock_runs_and_charges_as_just_after_i
         assert nested["times"]["host"] >= max(nested["times"]["free"]) > 0.0
     else:  # the op's kernel was charged: the stream moved past the first two ops'
         assert nested["times"]["busy"][0] > _run(AFTER, call, "synchronize")["times"]["busy"][0]
+
+
+# A collection that starts halfway through the allocator's split (its `Block` made) and frees
+# a simulated tensor held in a cycle, whose block is the split segment's neighbour (See Note
+# [A free the garbage collector makes inside the allocator] in base/storage_marks.py).
+INSIDE_THE_ALLOCATOR = """
+import gc, json
+import torch
+import devlab
+from devlab.engine.gpu_model.caching_allocator import state_machine
+devlab.config.simulate_gpus(1)
+gc.disable()
+class Cycle:
+    pass
+c = Cycle(); c.me = c; c.t = torch.ones(128, device="cuda")  # the segment's first 512 bytes
+del c
+real = state_machine._new_block
+state = {"collected": 0}
+def new_block(cls):
+    if not state["collected"]:
+        state["collected"] = gc.collect()
+    return real(cls)
+state_machine._new_block = new_block
+y = torch.ones(128, device="cuda")  # split off the segment's cached rest
+state_machine._new_block = real
+allocated = torch.cuda.memory_allocated()
+z = torch.ones(256, device="cuda")
+del y, z
+blocks = [(b["size"], b["state"]) for seg in torch.cuda.memory_snapshot() for b in seg["blocks"]]
+print(json.dumps({"collected": state["collected"], "allocated": allocated,
+                  "after": torch.cuda.memory_allocated(), "blocks": blocks}))
+"""
+
+
+def test_a_free_the_collector_makes_inside_the_allocator_waits_for_its_call() -> None:
+    out = subprocess.run([sys.executable, "-c", INSIDE_THE_ALLOCATOR], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # The nested free had merged its block with the half-split neighbour: an IndexError the
+    # weakref callback swallowed ("Exception ignored in: <function _release ...>").
+    assert "Exception ignored" not in out.stderr, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["collected"] > 0
+    assert got["allocated"] == 512  # the cycle's block freed by the time the op returned
+    # Everything freed merges back into the one 2 MiB segment (the corrupted pool kept two
+    # free neighbours apart).
+    assert got["after"] == 0 and got["blocks"] == [[2 * 1024 * 1024, "inactive"]], got
