@@ -178,10 +178,13 @@ class Clock:
     # it interrupts, so no section writes back a value it read before a point where the
     # collector may start: between a section's first read of the state it changes and its
     # last write there is no allocation and no call (the wall clock is read first; `_kernels`
-    # and `copy` make their keys first, read the host's time afresh for each kernel and write
-    # it before the timeline's spans; `collective` and `join` set the streams before their
-    # spans; `reset` makes its lists, then sets them; the wall clock's last exit, `_left`,
-    # never moves back). A nested call then sees either what the section had not touched yet
+    # and `copy` make their keys first, and `_kernels` reads the host's time afresh for each
+    # kernel and writes it before its record; `collective` and `join` set the streams before
+    # their spans; `reset` makes its lists, then sets them; the wall clock's last exit,
+    # `_left`, never moves back). One exception: while a timeline or a profile watches,
+    # `_kernels` writes the host's time after the kernels' spans, as before, because a
+    # profile's spans note the host's time before the launches (`profiler_kineto._Spans`), and
+    # a call nested at a span there loses what it added to the host's time. A nested call then sees either what the section had not touched yet
     # or what it has written, and whatever it changes stays: the two calls are one order or
     # the other, and no stream moves back (a section that reads several
     # streams and writes only the host's time from a fresh comparison, `sync`, may count part
@@ -291,7 +294,8 @@ class Clock:
         n = max(queue) + 1
         free, busy, compute, comm = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
         side: dict[tuple[int, int], float] = {}
-        with self.lock:  # made first, then set (Note [The clock's lock, entered again ...])
+        # Made first, then set: See Note [The clock's lock, entered again by its own thread].
+        with self.lock:
             left = self.wall()  # the wall clock's time for host == 0
             self.queue = queue
             self.free, self.busy, self.compute, self.side = free, busy, compute, side
@@ -329,6 +333,8 @@ class Clock:
         """`kernels`' work; the caller holds the lock."""
         free, busy, queue, recording = self.free, self.busy, self.queue, self.recording
         compute, side, spans = self.compute, self.side, self.spans
+        if spans is not None:  # a timeline or a profile watches: the host's time at the end
+            host = self.host  # (a profile's spans note the host's time before the launches)
         for t in ts:
             device = queue[t.device]
             work = kernel_seconds(t.floor, t.compute, t.memory)
@@ -337,7 +343,10 @@ class Clock:
             # From here to the host's write, nothing the garbage collector may start at (no
             # allocation, no call): See Note [The clock's lock, entered again by its own
             # thread]. (`max(a, b)` is a call, and makes a tuple in CPython 3.11.)
-            host = self.host + t.launch
+            if spans is None:
+                host = self.host + t.launch
+            else:
+                host += t.launch
             at = free[device] if not sid else side[key] if key in side else 0.0
             busy_until = compute[device]
             ready = at if at >= busy_until else busy_until
@@ -348,13 +357,18 @@ class Clock:
             else:
                 free[device] = end
             busy[device] += work
-            self.host = host
+            if spans is None:
+                self.host = host
+                if recording is not None:
+                    recording.append(t)
+                continue
             if recording is not None:
                 recording.append(t)
-            if spans is not None:
-                if host > ready:  # the GPU idled until the host launched this kernel
-                    spans.append(Span(t.device, COMPUTE, WAIT_HOST, WAIT_HOST, ready, host))
-                spans.append(Span(t.device, COMPUTE, KERNEL, t.op, start, start + work))
+            if host > ready:  # the GPU idled until the host launched this kernel
+                spans.append(Span(t.device, COMPUTE, WAIT_HOST, WAIT_HOST, ready, host))
+            spans.append(Span(t.device, COMPUTE, KERNEL, t.op, start, start + work))
+        if spans is not None:
+            self.host = host
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
              op: str = "copy", pinned: bool = False,
@@ -486,7 +500,7 @@ class Clock:
             end = self.comm[q] if until is None else until
             was = self.free[q]
             if end > was:
-                self.free[q] = end  # before the span (Note [The clock's lock, entered ...])
+                self.free[q] = end  # before the span (as `collective`)
                 if self.spans is not None:
                     self.spans.append(Span(index, COMPUTE, WAIT_COMM, WAIT_COMM, was, end))
 
@@ -529,7 +543,7 @@ class Clock:
 
     def wait_for(self, index: int, stream: int, until: float) -> None:
         """Stream `stream` of GPU `index` starts later work no earlier than `until`."""
-        key = (index, stream)  # made before the lock (Note [The clock's lock, entered ...])
+        key = (index, stream)  # made before the lock, as `_kernels`' keys
         with self.lock:
             if stream == 0:
                 if until > self.free[self.queue[index]]:

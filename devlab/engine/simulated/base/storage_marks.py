@@ -150,8 +150,9 @@ def _release(m: Mark) -> None:
         if (clock is None or _collecting or (_get_ident() != _main_ident and getattr(
                 threading.current_thread(), _workers.UNROUTED, False))):
             if _collecting and _session.lock._is_owned():
-                _deferred.append(m)  # See Note [A free the garbage collector makes inside
-                return  # the allocator]
+                # See Note [A free the garbage collector makes inside the allocator]
+                _deferred.append(m)
+                return
             with _session.lock:
                 if _deferred:
                     _settle_deferred()
