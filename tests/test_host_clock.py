@@ -283,7 +283,7 @@ held = torch.cuda.memory_allocated()
 real = clock.wall
 state = {"collected": 0}
 def wall():
-    if clock.lock.locked() and not state["collected"]:
+    if clock.lock._is_owned() and not state["collected"]:
         state["collected"] = gc.collect()  # as an allocation under the lock may start it
     return real()
 clock.wall = wall

@@ -152,7 +152,8 @@ class Clock:
 
     def __init__(self, spec: GpuSpec, count: int, queues: list[int] | None = None) -> None:
         self.spec = spec
-        self.lock = threading.Lock()
+        # Re-entrant: See Note [The clock's lock, entered again by its own thread].
+        self.lock = threading.RLock()
         # The wall clock (seconds) the host's time follows outside the simulation.
         self.wall = host_wall_clock()
         self.reset(count, queues)
@@ -164,6 +165,37 @@ class Clock:
         self._sync = spec.sync_latency_us * 1e-6
         self._held = 0  # calls inside the simulation now (`enter` minus `leave`), all threads
         self._modeled_only = 0  # blocks in `hold`: the host's own work is not its time either
+
+    # Note [The clock's lock, entered again by its own thread]
+    # A section under `lock` may allocate (a side stream's key, a `Span`, an `OpTime`, the
+    # tuple CPython 3.11 makes for a call of `max`), and an allocation may start Python's
+    # cyclic garbage collector, on the thread that holds the lock; so may a call on CPython
+    # 3.12 and later, which collects at its eval breaker. The collector runs finalizers there:
+    # a `__del__` or `weakref.finalize` of an object in a reference cycle that touches a
+    # simulated GPU (`torch.cuda.synchronize()`, an event, an op) calls the clock again. With a
+    # plain lock that thread waited for itself for ever (a lesson's cell that never ends); the
+    # lock is re-entrant, so the nested call runs at once. It must not be lost to the section
+    # it interrupts, so no section writes back a value it read before a point where the
+    # collector may start: between a section's first read of the state it changes and its
+    # last write there is no allocation and no call (the wall clock is read first; `_kernels`
+    # and `copy` make their keys first, and `_kernels` reads the host's time afresh for each
+    # kernel and writes it before its record; `collective` and `join` set the streams before
+    # their spans; `reset` makes its lists, then sets them; the wall clock's last exit,
+    # `_left`, never moves back). One exception: while a timeline or a profile watches,
+    # `_kernels` writes the host's time after the kernels' spans, as before, because a
+    # profile's spans note the host's time before the launches (`profiler_kineto._Spans`), and
+    # a call nested at a span there loses what it added to the host's time. A nested call then sees either what the section had not touched yet
+    # or what it has written, and whatever it changes stays: the two calls are one order or
+    # the other, and no stream moves back (a section that reads several
+    # streams and writes only the host's time from a fresh comparison, `sync`, may count part
+    # of a nested call's work: a wait between the two orders'). The one nested caller that would
+    # move the host's time halfway through a section outside the simulation (`record`'s, the
+    # profiler's, a `reset`) is a storage's free, and a free the collector makes charges
+    # nothing (See Note [A free the garbage collector makes] in
+    # simulated/base/storage_marks.py). Without a collection nothing changes: the same
+    # arithmetic in the same order (`a if a >= b else b` for `max(a, b)`: the same float), so
+    # every modeled time is what the plain lock gave (tests/test_clock_reentry.py; the cost:
+    # docs/op-cost.md, "The fifth pass: the clock").
 
     # Note [The host's modeled time]
     # On a GPU machine the host's time passes whatever the host does; the simulation adds one
@@ -198,11 +230,13 @@ class Clock:
         reading the wall clock, then taking the lock only after others came and went, is one
         order of `enter` and `leave`, so every time is one they give."""
         with self.lock:
+            now = self.wall()  # first: Note [The clock's lock, entered again by its own thread]
             if not self._held:
                 gap = since - self._left
                 if gap > 0.0:
                     self.host += gap
-                self._left = self.wall()
+                if now > self._left:  # (a call nested at the read has left later)
+                    self._left = now
 
     def host_work(self, seconds: float) -> None:
         """The host computed for `seconds` inside a call (an op on host tensors): host time."""
@@ -229,10 +263,16 @@ class Clock:
 
     def _leave(self) -> None:
         """`leave`'s work; the caller holds the lock."""
-        if self._held:
-            self._held -= 1
-        if not self._held:
-            self._left = self.wall()
+        held = self._held
+        if held > 1:
+            self._held = held - 1
+            return
+        # The wall clock first, then the state (Note [The clock's lock, entered again by its
+        # own thread]): a call nested at the read finds the host still inside.
+        now = self.wall()
+        self._held = 0
+        if now > self._left:  # (after a nested call that left later: never back)
+            self._left = now
 
     # Note [Streams on the modeled clock]
     # `free[q]` is when GPU q's default stream is done; `side[(i, id)]` when simulated GPU i's
@@ -251,26 +291,21 @@ class Clock:
         queue = list(range(count)) if queues is None else list(queues)
         if len(queue) != count:
             raise ValueError(f"queues has {len(queue)} entries for {count} simulated GPUs")
+        n = max(queue) + 1
+        free, busy, compute, comm = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+        side: dict[tuple[int, int], float] = {}
+        # Made first, then set: See Note [The clock's lock, entered again by its own thread].
         with self.lock:
-            self.host = 0.0
-            self._left = self.wall()  # the wall clock's time for host == 0
+            left = self.wall()  # the wall clock's time for host == 0
             self.queue = queue
-            self.free = [0.0] * (max(queue) + 1)
-            self.busy = [0.0] * (max(queue) + 1)
-            self.compute = [0.0] * (max(queue) + 1)
-            self.side: dict[tuple[int, int], float] = {}
-            # When each GPU's communication stream (NCCL's own) is done.
-            self.comm = [0.0] * (max(queue) + 1)
+            self.free, self.busy, self.compute, self.side = free, busy, compute, side
+            self.comm = comm  # when each GPU's communication stream (NCCL's own) is done
+            self.host = 0.0
+            self._left = left
 
     def _pos(self, index: int, stream: int) -> float:
         """When stream `stream` of simulated GPU `index` is done (the caller holds the lock)."""
         return self.free[self.queue[index]] if stream == 0 else self.side.get((index, stream), 0.0)
-
-    def _set(self, index: int, stream: int, t: float) -> None:
-        if stream == 0:
-            self.free[self.queue[index]] = t
-        else:
-            self.side[(index, stream)] = t
 
     def kernel(self, t: OpTime, streams: Mapping[int, int] | None = None) -> None:
         """A kernel of cost `t`, launched after the host's earlier work, on its GPU's stream in
@@ -298,28 +333,42 @@ class Clock:
         """`kernels`' work; the caller holds the lock."""
         free, busy, queue, recording = self.free, self.busy, self.queue, self.recording
         compute, side, spans = self.compute, self.side, self.spans
-        host = self.host
+        if spans is not None:  # a timeline or a profile watches: the host's time at the end
+            host = self.host  # (a profile's spans note the host's time before the launches)
         for t in ts:
             device = queue[t.device]
             work = kernel_seconds(t.floor, t.compute, t.memory)
-            host += t.launch
             sid = streams.get(t.device, 0) if streams is not None else stream
-            at = free[device] if not sid else side.get((t.device, sid), 0.0)
-            ready = max(at, compute[device])
+            key = (t.device, sid) if sid else None  # made before the state is read
+            # From here to the host's write, nothing the garbage collector may start at (no
+            # allocation, no call): See Note [The clock's lock, entered again by its own
+            # thread]. (`max(a, b)` is a call, and makes a tuple in CPython 3.11.)
+            if spans is None:
+                host = self.host + t.launch
+            else:
+                host += t.launch
+            at = free[device] if not sid else side[key] if key in side else 0.0
+            busy_until = compute[device]
+            ready = at if at >= busy_until else busy_until
             start = host if host > ready else ready
             end = compute[device] = start + work
             if sid:
-                side[(t.device, sid)] = end
+                side[key] = end
             else:
                 free[device] = end
             busy[device] += work
+            if spans is None:
+                self.host = host
+                if recording is not None:
+                    recording.append(t)
+                continue
             if recording is not None:
                 recording.append(t)
-            if spans is not None:
-                if host > ready:  # the GPU idled until the host launched this kernel
-                    spans.append(Span(t.device, COMPUTE, WAIT_HOST, WAIT_HOST, ready, host))
-                spans.append(Span(t.device, COMPUTE, KERNEL, t.op, start, start + work))
-        self.host = host
+            if host > ready:  # the GPU idled until the host launched this kernel
+                spans.append(Span(t.device, COMPUTE, WAIT_HOST, WAIT_HOST, ready, host))
+            spans.append(Span(t.device, COMPUTE, KERNEL, t.op, start, start + work))
+        if spans is not None:
+            self.host = host
 
     def copy(self, src: int | None, dst: int | None, nbytes: int, blocking: bool,
              op: str = "copy", pinned: bool = False,
@@ -351,21 +400,47 @@ class Clock:
         # source's and waits for the destination's, as the copy kernels do).
         sides = [(i, streams.get(i, 0) if streams is not None else 0)
                  for i in dict.fromkeys((src_i, dst_i)) if i is not None]
+        # The one or two ends, as the streams' keys (a side stream's is its `side` key): made
+        # here, so that from the reads to the writes under the lock nothing allocates (See
+        # Note [The clock's lock, entered again by its own thread]).
+        first = sides[0]
+        second = sides[1] if len(sides) > 1 else None
+        waited = self._sync if blocking and dst is None else 0.0
+        waits = blocking and (src is None or dst is None)
+        compute_at = ends[0] if within is not None else None  # a copy kernel: the compute
+        other = ends[1] if len(ends) > 1 else None
         with self.lock:
             self.host += self._launch
-            ready = max((self._pos(i, s) for i, s in sides), default=0.0)
-            if within is not None:  # a copy kernel: the GPU's compute
-                ready = max(ready, self.compute[ends[0]])  # type: ignore[index]
-            start = max(self.host, ready)
+            side = self.side  # (`in`, not `get`: a call, where 3.12 may collect)
+            ready = (self.free[self.queue[first[0]]] if not first[1] else
+                     side[first] if first in side else 0.0)
+            if second is not None:
+                at = (self.free[self.queue[second[0]]] if not second[1] else
+                      side[second] if second in side else 0.0)
+                if at > ready:
+                    ready = at
+            if compute_at is not None:
+                busy_until = self.compute[compute_at]
+                if busy_until > ready:
+                    ready = busy_until
+            host = self.host
+            start = host if host >= ready else ready
             end = start + seconds
-            if within is not None:
-                self.compute[ends[0]] = end  # type: ignore[index]
-            for i, s in sides:
-                self._set(i, s, end)
-            for e in ends:
-                self.busy[e] += seconds  # type: ignore[index]
-            waited = self._sync if blocking and dst is None else 0.0
-            if blocking and (src is None or dst is None):
+            if compute_at is not None:
+                self.compute[compute_at] = end
+            if first[1]:
+                self.side[first] = end
+            else:
+                self.free[self.queue[first[0]]] = end
+            if second is not None:
+                if second[1]:
+                    self.side[second] = end
+                else:
+                    self.free[self.queue[second[0]]] = end
+            self.busy[ends[0]] += seconds  # type: ignore[index]
+            if other is not None:
+                self.busy[other] += seconds
+            if waits:
                 # cudaMemcpy from pageable host memory, or to the host: the host waits for it
                 # (and wakes up after a copy to the host, as after any sync).
                 self.host = end + waited
@@ -399,20 +474,23 @@ class Clock:
         agreed start) for `seconds`; `join`: the GPU's queue waits for it (a blocking
         collective, or a work waited on); `ready`: when this rank alone could have started
         it (a timeline shows the wait for the others). Returns its end."""
-        with self.lock:
+        end = start + seconds
+        with self.lock:  # the state first, then the timeline's spans (Note [The clock's
+            # lock, entered again by its own thread])
             q = self.queue[index]
-            end = start + seconds
+            self.comm[q] = end
+            was = self.free[q]
+            joins = join and end > was
+            if joins:
+                self.free[q] = end
             spans = self.spans
             if spans is not None and record is not None:
                 if ready is not None and start > ready:
                     spans.append(Span(index, COMM, WAIT_RANKS, WAIT_RANKS, ready, start))
                 spans.append(Span(index, COMM, COLLECTIVE,
                                   f"{record.op}: {format_bytes(record.nbytes)}", start, end))
-            self.comm[q] = end
-            if join and end > self.free[q]:
-                if spans is not None:
-                    spans.append(Span(index, COMPUTE, WAIT_COMM, WAIT_COMM, self.free[q], end))
-                self.free[q] = end
+            if joins and spans is not None:
+                spans.append(Span(index, COMPUTE, WAIT_COMM, WAIT_COMM, was, end))
             if record is not None and self.recording is not None:
                 self.recording.append(record)
             return end
@@ -423,11 +501,11 @@ class Clock:
         with self.lock:
             q = self.queue[index]
             end = self.comm[q] if until is None else until
-            if end > self.free[q]:
+            was = self.free[q]
+            if end > was:
+                self.free[q] = end  # before the span (as `collective`)
                 if self.spans is not None:
-                    self.spans.append(Span(index, COMPUTE, WAIT_COMM, WAIT_COMM, self.free[q],
-                                           end))
-                self.free[q] = end
+                    self.spans.append(Span(index, COMPUTE, WAIT_COMM, WAIT_COMM, was, end))
 
     def ready(self, index: int) -> float:
         """When GPU `index`'s queue is done (its compute stream)."""
@@ -468,9 +546,13 @@ class Clock:
 
     def wait_for(self, index: int, stream: int, until: float) -> None:
         """Stream `stream` of GPU `index` starts later work no earlier than `until`."""
+        key = (index, stream)  # made before the lock, as `_kernels`' keys
         with self.lock:
-            if until > self._pos(index, stream):
-                self._set(index, stream, until)
+            if stream == 0:
+                if until > self.free[self.queue[index]]:
+                    self.free[self.queue[index]] = until
+            elif until > (self.side[key] if key in self.side else 0.0):
+                self.side[key] = until
 
     def done(self, until: float) -> bool:
         """Whether work ending at `until` has ended by the host's time now (an event query)."""

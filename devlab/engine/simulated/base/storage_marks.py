@@ -71,13 +71,16 @@ _collecting = False  # the garbage collector is running (`_gc_phase`)
 
 
 # Note [A free the garbage collector makes]
-# The modeled clock's lock is a plain lock, and its sections allocate (spans, records): the
-# garbage collector can run inside one and collect a simulated storage held in a reference
-# cycle (an exception's traceback, an autograd graph), whose free then asks the clock, on the
-# thread that holds its lock, and would wait for it for ever. A free during a collection does
-# the allocator's work alone and leaves the host's clock as it is: its few microseconds count
-# as whatever the clock was counting. The callback is the process's (gc.callbacks), a flag
-# and nothing more, so it stays for the life of the process.
+# The modeled clock's sections allocate (spans, records): the garbage collector can run inside
+# one and collect a simulated storage held in a reference cycle (an exception's traceback, an
+# autograd graph), whose free then asks the clock on the thread that holds its lock. The lock
+# is re-entrant (See Note [The clock's lock, entered again by its own thread] in
+# gpu_model/modeled_clock.py; a plain lock waited for itself for ever), but the free's
+# `was_inside` would move the host's time halfway through a section outside the simulation
+# (`record`'s, a `reset`). So a free during a collection does the allocator's work alone and
+# leaves the host's clock as it is: its few microseconds count as whatever the clock was
+# counting. The callback is the process's (gc.callbacks), a flag and nothing more, so it stays
+# for the life of the process.
 def _gc_phase(phase: str, info: dict) -> None:
     global _collecting
     _collecting = phase == "start"
@@ -85,6 +88,34 @@ def _gc_phase(phase: str, info: dict) -> None:
 
 if _gc_phase not in gc.callbacks:
     gc.callbacks.append(_gc_phase)
+
+
+# Note [A free the garbage collector makes inside the allocator]
+# The session's lock is re-entrant, and the allocator's work under it allocates (a split's
+# `Block`, a segment's lists, a snapshot's dicts): a collection can start halfway through an
+# allocation, between the cached block taken off its pool's list and the split's rest put
+# back, and a free it makes there (`_release` on the same thread, let in by the re-entrant
+# lock) merged its block with that half-split neighbour: the pool's lists and the segment's
+# blocks went out of step (an IndexError the weakref callback swallowed, the block never
+# freed, two free neighbours never merged again). Such a free, a collection's on the thread
+# that holds the session's lock, is deferred (`_deferred`) and done by `_settle_deferred`
+# once the allocator's call it interrupted has returned: at the end of `_charge` (so an op's
+# allocation that set off the collection reads its memory figures with the free done) and at
+# the next free, check or mark. So the allocator sees the free just after the call, one
+# order of the two, and a free made anywhere else is as before.
+_deferred: list[Mark] = []
+
+
+def _settle_deferred() -> None:
+    """Do the frees deferred while the allocator worked (See Note [A free the garbage
+    collector makes inside the allocator]); the caller holds the session's lock."""
+    while _deferred:
+        m = _deferred.pop(0)
+        if m.block is not None and m.session is _session.session:
+            if _hazards.tracking:
+                _hazards.freed(m.index, m.block)
+            m.session.devices[m.index].allocator.free(m.block)
+            m.block = None
 
 
 # The main thread's id (`_release`'s cheap answer to "a thread devlab runs?"): devlab marks
@@ -118,7 +149,13 @@ def _release(m: Mark) -> None:
         # free the garbage collector makes (See Note [A free the garbage collector makes]).
         if (clock is None or _collecting or (_get_ident() != _main_ident and getattr(
                 threading.current_thread(), _workers.UNROUTED, False))):
+            if _collecting and _session.lock._is_owned():
+                # See Note [A free the garbage collector makes inside the allocator]
+                _deferred.append(m)
+                return
             with _session.lock:
+                if _deferred:
+                    _settle_deferred()
                 if m.block is not None:
                     if _hazards.tracking:
                         _hazards.freed(m.index, m.block)
@@ -129,6 +166,8 @@ def _release(m: Mark) -> None:
         with _session.lock:
             _freeing += 1
             try:
+                if _deferred:
+                    _settle_deferred()
                 if m.block is not None:  # as above
                     if _hazards.tracking:
                         _hazards.freed(m.index, m.block)
@@ -319,6 +358,8 @@ def _charge(dev: DeviceState, m: Mark, nbytes: int) -> OutOfMemory | None:
         for watch in dev.watches:
             if alloc > watch.peak:
                 watch.peak = alloc
+    if _deferred:  # frees a collection made inside this allocation, after it and its peak
+        _settle_deferred()  # (See Note [A free the garbage collector makes inside the allocator])
     return None
 
 
@@ -349,6 +390,8 @@ def check_fits(index: int, nbytes: int) -> None:
         if not dev.opened:
             dev.open()
         fits = a.refusal(nbytes, _session.current_stream(index)) is None
+        if _deferred:  # (Note [A free the garbage collector makes inside the allocator])
+            _settle_deferred()
     if not fits:
         _workers.drain(index)
         with _session.lock:
