@@ -415,20 +415,31 @@ def _steps(rng: random.Random, ops: list, live: list, streams: list, seen: list,
 @pytest.mark.parametrize("model", [None, "T4"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_programs_answer_alike_with_the_fast_path_on_and_off(counted, model, seed):
-    runs = []
-    for fast in (True, False):
-        routing.fast_path = fast
-        devlab.simulated.start(2, model=model)
-        try:
-            runs.append(_sequence(seed, 2))
-        finally:
-            devlab.simulated.stop()
-            devlab.runtime.reset()
-    routing.fast_path = True
+    fast, full = _on_and_off(_sequence, seed, model)
     assert counted["fast"] > 50  # the fast run took it, and fell back too
     assert counted["fast factory"] > 5
     assert sum(v for k, v in counted.items() if k != "fast") > 0
-    fast, full = runs
+    _same_steps(fast, full)
+
+
+def _on_and_off(program: Any, seed: int, model: str | None) -> list[list[Any]]:
+    """What `program(seed, 2)` saw on two simulated GPUs with the fast path on, then off."""
+    runs = []
+    try:
+        for fast in (True, False):
+            routing.fast_path = fast
+            devlab.simulated.start(2, model=model)
+            try:
+                runs.append(program(seed, 2))
+            finally:
+                devlab.simulated.stop()
+                devlab.runtime.reset()
+    finally:
+        routing.fast_path = True
+    return runs
+
+
+def _same_steps(fast: list[Any], full: list[Any]) -> None:
     assert len(fast) == len(full)
     for i, (x, y) in enumerate(zip(fast, full, strict=True)):
         assert same(x, y), f"step {i}: {x!r} != {y!r}"
@@ -478,24 +489,12 @@ def _logged_sequence(seed: int, gpus: int) -> list[Any]:
 @pytest.mark.parametrize("seed", [4, 5])
 def test_random_logged_programs_answer_alike_with_the_fast_path_on_and_off(counted, model,
                                                                             seed):
-    runs = []
-    for fast in (True, False):
-        routing.fast_path = fast
-        devlab.simulated.start(2, model=model)
-        try:
-            runs.append(_logged_sequence(seed, 2))
-        finally:
-            devlab.simulated.stop()
-            devlab.runtime.reset()
-    routing.fast_path = True
+    fast, full = _on_and_off(_logged_sequence, seed, model)
     assert counted["fast"] > 50  # the logged run took it, and fell back too
     assert counted["fast factory"] > 5
     assert sum(v for k, v in counted.items() if k not in ("fast", "fast factory")) > 0
-    fast, full = runs
-    assert len(fast) == len(full)
     assert len(fast[-3]) > 200  # the log saw the program's ops
-    for i, (x, y) in enumerate(zip(fast, full, strict=True)):
-        assert same(x, y), f"step {i}: {x!r} != {y!r}"
+    _same_steps(fast, full)
 
 
 # --- the free's thread check -------------------------------------------------------------------
