@@ -470,6 +470,31 @@ def test_a_hung_spawned_pair_is_reported(two, hang_timeout, capfd, tmp_path, mon
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("devlab-hang-")] == []
 
 
+def test_a_killed_parents_slots_file_is_swept_by_the_next_launch(tmp_path, monkeypatch) -> None:
+    # See Note [The slots file of a launch whose parent was killed] in fork_safety/hang_report.py
+    import subprocess
+    import tempfile
+
+    from devlab.engine.simulated.torch_distributed.fork_safety import hang_report
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = tmp_path / f"devlab-hang-{int(gone.stdout)}-abc123"  # a SIGKILLed parent's
+    dead.write_bytes(b"\0" * 16)
+    other = tmp_path / "devlab-hang-notapid"  # not a launch's name: left alone
+    other.write_bytes(b"")
+    path = hang_report._slots_file(2)
+    try:
+        assert os.path.basename(path).startswith(f"devlab-hang-{os.getpid()}-")
+        assert not dead.exists() and other.exists()
+        again = hang_report._slots_file(2)  # this process's own file survives the next sweep
+        assert os.path.exists(path) and os.path.exists(again)
+        os.unlink(again)
+    finally:
+        os.unlink(path)
+
+
 def _waits_for_the_parent(ready: Any) -> None:
     ready.wait(30)  # idle while the parent computes: a pool's worker waiting for work
 

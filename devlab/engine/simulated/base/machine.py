@@ -127,7 +127,8 @@ def _start_time(pid: int) -> str | None:
     return fields[19].decode() if len(fields) > 19 else None
 
 
-def _alive(pid: int, start: str | None) -> bool:
+def alive(pid: int, start: str | None = None) -> bool:
+    """Whether process `pid` still runs (and, given its start time, is still that process)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -162,7 +163,7 @@ def entries(key: str, skip: int | None = None) -> list[Entry]:
         if not pid_text.isdecimal() or int(pid_text) == skip:
             continue
         if name.startswith("."):  # a write cut short: its writer is gone, or it is mid-write
-            if not _alive(int(pid_text), None):
+            if not alive(int(pid_text)):
                 _unlink(full)
             continue
         try:
@@ -171,7 +172,7 @@ def entries(key: str, skip: int | None = None) -> list[Entry]:
         except (OSError, ValueError):
             continue  # replaced or removed while read
         pid = int(data.get("pid", pid_text))
-        if not _alive(pid, data.get("start")):
+        if not alive(pid, data.get("start")):
             _unlink(full)
             continue
         found.append(Entry(pid, str(data.get("name", "")),

@@ -32,6 +32,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from devlab.engine.simulated.base import machine as _machine
+
 HANG_ENV = "DEVLAB_HANG_TIMEOUT"
 DEFAULT_HANG_TIMEOUT = 180.0
 # A rank the hang report stops exits with this (timeout(1)'s code), so launchers name it.
@@ -245,8 +247,31 @@ class _Watched:
         return self.fn(index, *args)
 
 
+# Note [The slots file of a launch whose parent was killed]
+# The launch's parent unlinks its slots file when the launch ends (`_unlink`, a finalizer for
+# elastic's context), which a SIGKILL of the parent skips. The file's name holds the parent's
+# pid, and each new launch sweeps the files of parents no longer alive, as the machine's
+# register sweeps its entries (base/machine.py), so none outlives the next launch on this host.
+_SLOTS_PREFIX = "devlab-hang-"
+
+
+def _sweep_slots_files() -> None:
+    folder = tempfile.gettempdir()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(_SLOTS_PREFIX):
+            continue
+        pid_text = name[len(_SLOTS_PREFIX):].split("-", 1)[0]
+        if pid_text.isdigit() and not _machine.alive(int(pid_text)):
+            _unlink(os.path.join(folder, name))
+
+
 def _slots_file(count: int) -> str:
-    fd, path = tempfile.mkstemp(prefix="devlab-hang-")
+    _sweep_slots_files()  # See Note [The slots file of a launch whose parent was killed]
+    fd, path = tempfile.mkstemp(prefix=f"{_SLOTS_PREFIX}{os.getpid()}-")
     try:
         now = time.monotonic()
         os.write(fd, b"".join(SLOT.pack(now) for _ in range(count)))
