@@ -202,8 +202,9 @@ class SimulationMode(TorchFunctionMode):
 # inside the call and asks: a dispatch mode (the placement log, `Marking` in
 # dispatch_devices.py, cuFFT's plan watch, a user's mode reading `current_index()`), a CUDA
 # graph's capture (cuda/graphs.py), a backward pass's copies (autograd.py, under a handler).
-# Those are all that read them (`grep -rn "tls.index\|tls.calls\|current_index"`), and the fast
-# path runs a call without them only where none of them can run inside it: no dispatch mode on
+# Those are all that read them
+# (`grep -rn "tls.index\|tls.calls\|current_index\|calls_in_progress"`), and the fast path
+# runs a call without them only where none of them can run inside it: no dispatch mode on
 # the stack (under the placement log it makes the full path's call: Note [The fast path under
 # the log]), no capture, no saved-tensor hooks, no function mode below, not a handler's call
 # (backward and grad are), and torch has taken the simulation's own mode off the stack while
@@ -211,9 +212,9 @@ class SimulationMode(TorchFunctionMode):
 # policy in cuda/amp.py, a weakref callback, the garbage collector) reaches none of devlab's
 # routing. The marking, the workspace and the charge after the call read neither (the full
 # path restores both before them). So the fast path does not set them: four thread-local
-# reads and writes per op. The one reader left out is contrived: the Python implementation of a user's custom op
-# (torch.library) asking `current_index()` from inside the op reads the enclosing call's GPU
-# (None at the top level) where the full path gives the op's own.
+# reads and writes per op. The one reader left out is contrived: the Python implementation of
+# a user's custom op (torch.library) asking `current_index()` from inside the op reads the
+# enclosing call's GPU (None at the top level) where the full path gives the op's own.
 
 # Note [The fast path under the log]
 # The placement log is a dispatch mode: torch runs its `__torch_dispatch__` for each aten op
